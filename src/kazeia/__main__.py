@@ -1,0 +1,3 @@
+from kazeia.cli.main import main
+
+raise SystemExit(main())

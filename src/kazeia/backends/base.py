@@ -1,0 +1,78 @@
+"""The backend interface: what the scheduler needs, nothing more.
+
+A backend says whether it can run a node (`supports`) and runs it (`compute`). Synchronous backends
+(ref, cpu) finish the op inside `compute`; asynchronous ones (htp) only queue it and finish in
+`synchronize`. Either way a backend reports every op it finished through the scheduler's hooks, with
+what it knows about how it ran it (`OpInfo`), so tracing never needs to know which backend ran what.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kazeia.graph.builder import Graph
+from kazeia.graph.tensor import Tensor
+
+
+@dataclass
+class OpInfo:
+    """How an op ran: backend name, path inside the backend (cpu, hvx, hmx, ref), batch id if batched."""
+
+    backend: str
+    path: str
+    batch: int | None = None
+    index: int = -1  # node index in the graph
+    extra: dict = field(default_factory=dict)
+
+
+class Hooks(Protocol):
+    def on_enqueue(self, node: Tensor, info: OpInfo) -> None: ...
+
+    def on_complete(self, node: Tensor, info: OpInfo) -> None: ...
+
+
+class Backend:
+    """Base class; capability attributes are class attributes."""
+
+    name: str = "?"  # device name the user types: CPU, HTP0, REF
+    is_async: bool = False
+    float_dtype: str = "float32"
+
+    def __init__(self) -> None:
+        self.hooks: list[Hooks] = []
+        self.node_index: dict[int, int] = {}
+
+    # --- scheduling ---
+    def supports(self, node: Tensor) -> bool:
+        raise NotImplementedError
+
+    def compute(self, node: Tensor) -> None:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait for everything queued so far (no-op for synchronous backends)."""
+
+    def begin_graph(self, graph: Graph) -> None:
+        self.node_index = {id(n): i for i, n in enumerate(graph.nodes)}
+
+    def end_graph(self) -> None:
+        self.synchronize()
+
+    def foreign_write(self, root: Tensor) -> None:
+        """Another backend wrote `root`'s storage; drop anything cached about its contents."""
+
+    # --- hooks ---
+    def _info(self, node: Tensor, path: str, batch: int | None = None, **extra) -> OpInfo:
+        return OpInfo(self.name, path, batch, self.node_index.get(id(node), -1), dict(extra))
+
+    def emit_enqueue(self, node: Tensor, info: OpInfo) -> None:
+        for h in self.hooks:
+            h.on_enqueue(node, info)
+
+    def emit_complete(self, node: Tensor, info: OpInfo) -> None:
+        for h in self.hooks:
+            h.on_complete(node, info)
+
+    def close(self) -> None:
+        """Release resources (device sessions)."""

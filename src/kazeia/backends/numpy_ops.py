@@ -1,0 +1,241 @@
+"""Op kernels in numpy, written once for any float dtype: `ref` runs them in float64, `cpu` in float32.
+
+Each kernel reads its sources through the backend (`load`, `weight_matrix`) and writes the result through
+it (`store`), so the same code serves the oracle (which keeps float64 shadows) and the fast path (which
+caches dequantized weights). Arrays are shaped (ne3, ne2, ne1, ne0) like the tensors' numpy views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kazeia.errors import UnsupportedError
+from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
+from kazeia.graph.tensor import TFlag, Tensor, array
+
+Kernel = Callable[["NumpyOps", Tensor], None]
+KERNELS: dict[str, Kernel] = {}
+
+
+def kernel(op: str):
+    def deco(fn: Kernel) -> Kernel:
+        KERNELS[op] = fn
+        return fn
+    return deco
+
+
+class NumpyOps:
+    """What kernels need from a backend (implemented by RefBackend and CpuBackend)."""
+
+    ft: type  # np.float32 or np.float64
+
+    def load(self, t: Tensor) -> np.ndarray:
+        raise NotImplementedError
+
+    def weight_matrix(self, t: Tensor) -> np.ndarray:
+        """A 2-D weight (flags WEIGHT) as an (N, K) float array, cached."""
+        raise NotImplementedError
+
+    def store(self, t: Tensor, values: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+def _broadcast_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """ggml_repeat semantics: each dim of b divides the target dim (tile when not 1)."""
+    reps = tuple(s // d for s, d in zip(shape, b.shape))
+    if all(d == 1 or r == 1 for d, r in zip(b.shape, reps)):
+        return np.broadcast_to(b, shape)
+    return np.tile(b, reps)
+
+
+@kernel("ADD")
+def _add(be: NumpyOps, n: Tensor) -> None:
+    a, b = be.load(n.src[0]), be.load(n.src[1])
+    be.store(n, a + _broadcast_to(b, a.shape))
+
+
+@kernel("MUL")
+def _mul(be: NumpyOps, n: Tensor) -> None:
+    a, b = be.load(n.src[0]), be.load(n.src[1])
+    be.store(n, a * _broadcast_to(b, a.shape))
+
+
+@kernel("SCALE")
+def _scale(be: NumpyOps, n: Tensor) -> None:
+    x = be.load(n.src[0])
+    be.store(n, x * be.ft(n.params["scale"]) + be.ft(n.params.get("bias", 0.0)))
+
+
+@kernel("RMS_NORM")
+def _rms_norm(be: NumpyOps, n: Tensor) -> None:
+    x = be.load(n.src[0])
+    # sum of squares in float64 whatever the compute dtype (as ggml does), then scale in compute dtype
+    mean = np.einsum("...i,...i->...", x, x, dtype=np.float64) / x.shape[-1]
+    inv = (1.0 / np.sqrt(mean + n.params["eps"])).astype(be.ft)
+    be.store(n, x * inv[..., None])
+
+
+@kernel("GET_ROWS")
+def _get_rows(be: NumpyOps, n: Tensor) -> None:
+    a, ids = n.src[0], n.src[1]
+    idx = array(ids).astype(np.int64)  # (ne3, ne2, ne1, n)
+    if idx.min(initial=0) < 0 or idx.max(initial=0) >= a.ne[1]:
+        raise IndexError(f"{n.name}: row id out of range [0, {a.ne[1]})")
+    out = np.empty(n.ne[::-1], dtype=be.ft)
+    for i12 in range(ids.ne[2]):
+        for i11 in range(ids.ne[1]):
+            sel = idx[0, i12, i11]
+            if a.flags & TFlag.WEIGHT and a.ne[2] == a.ne[3] == 1:
+                out[i12, i11] = be.load_rows(a, sel)
+            else:
+                out[i12, i11] = be.load(a)[i12 % a.ne[3], i11 % a.ne[2]][sel]
+    be.store(n, out)
+
+
+@kernel("MUL_MAT")
+def _mul_mat(be: NumpyOps, n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    y = be.load(b)  # (b3, b2, M, K)
+    if a.flags & TFlag.WEIGHT and a.ne[2] == a.ne[3] == 1:
+        w = be.weight_matrix(a)  # (N, K)
+        out = (y.reshape(-1, a.ne[0]) @ w.T).reshape(n.ne[::-1])
+    else:
+        x = be.load(a)  # (a3, a2, N, K)
+        r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
+        if r2 > 1:
+            x = np.repeat(x, r2, axis=1)
+        if r3 > 1:
+            x = np.repeat(x, r3, axis=0)
+        out = np.matmul(y, x.swapaxes(-1, -2))
+    be.store(n, out)
+
+
+def rope_angles(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float, ft) -> tuple:
+    """cos/sin of theta[t, i] = pos[t] * freq_scale * base^(-2i/n_dims), computed in float64."""
+    inv_freq = freq_base ** (-np.arange(0, n_dims, 2, dtype=np.float64) / n_dims)
+    theta = (pos.astype(np.float64) * freq_scale)[:, None] * inv_freq[None, :]
+    return np.cos(theta).astype(ft), np.sin(theta).astype(ft)
+
+
+@kernel("ROPE")
+def _rope(be: NumpyOps, n: Tensor) -> None:
+    p = n.params
+    if p.get("ext_factor", 0.0) != 0.0:
+        raise UnsupportedError(f"{n.name}: YaRN rope (ext_factor != 0) is not supported")
+    x = be.load(n.src[0])  # (ne3, T, H, D)
+    pos = array(n.src[1]).reshape(-1)  # I32 [T]
+    nd = p["n_dims"]
+    cos, sin = rope_angles(pos, nd, p["freq_base"], p["freq_scale"], be.ft)
+    cos = (cos * be.ft(p.get("attn_factor", 1.0)))[None, :, None, :]  # (1, T, 1, nd/2)
+    sin = (sin * be.ft(p.get("attn_factor", 1.0)))[None, :, None, :]
+    out = x.copy()
+    if p["mode"] == ROPE_NEOX:
+        x0, x1 = x[..., : nd // 2], x[..., nd // 2: nd]
+        out[..., : nd // 2] = x0 * cos - x1 * sin
+        out[..., nd // 2: nd] = x0 * sin + x1 * cos
+    elif p["mode"] == ROPE_NORM:
+        x0, x1 = x[..., 0:nd:2], x[..., 1:nd:2]
+        out[..., 0:nd:2] = x0 * cos - x1 * sin
+        out[..., 1:nd:2] = x0 * sin + x1 * cos
+    else:
+        raise UnsupportedError(f"{n.name}: rope mode {p['mode']}")
+    be.store(n, out)
+
+
+def _softmax_rows(s: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; a row that is entirely -inf gives zeros (never NaN)."""
+    m = np.max(s, axis=-1, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)
+    e = np.exp(s - m)
+    z = np.sum(e, axis=-1, keepdims=True)
+    return e / np.where(z == 0, 1.0, z)
+
+
+def _alibi_slopes(n_head: int, max_bias: float, ft) -> np.ndarray:
+    if max_bias <= 0.0:
+        return np.ones(n_head, dtype=ft)
+    n_floor = 2 ** int(np.floor(np.log2(n_head)))
+    m0 = 2.0 ** (-max_bias / n_floor)
+    m1 = 2.0 ** (-(max_bias / 2.0) / n_floor)
+    h = np.arange(n_head)
+    return np.where(h < n_floor, m0 ** (h + 1), m1 ** (2 * (h - n_floor) + 1)).astype(ft)
+
+
+@kernel("SOFT_MAX")
+def _soft_max(be: NumpyOps, n: Tensor) -> None:
+    x = be.load(n.src[0])  # (ne3, H, T, n_kv)
+    s = x * be.ft(n.params["scale"])
+    if len(n.src) > 1 and n.src[1] is not None:
+        mask = be.load(n.src[1])[:, :, : x.shape[2], : x.shape[3]]
+        slopes = _alibi_slopes(x.shape[1], n.params.get("max_bias", 0.0), be.ft)[None, :, None, None]
+        s = s + slopes * _broadcast_to(mask, (mask.shape[0], x.shape[1], x.shape[2], x.shape[3]))
+    with np.errstate(invalid="ignore", over="ignore"):
+        be.store(n, _softmax_rows(s))
+
+
+@kernel("FLASH_ATTN_EXT")
+def _flash_attn_ext(be: NumpyOps, n: Tensor) -> None:
+    q = be.load(n.src[0])  # (S, H, T, D)
+    k = be.load(n.src[1])  # (S, Hkv, n_kv, D)
+    v = be.load(n.src[2])  # (S, Hkv, n_kv, Dv)
+    mask = be.load(n.src[3]) if len(n.src) > 3 and n.src[3] is not None else None
+    H, T = q.shape[1], q.shape[2]
+    g = H // k.shape[1]
+    k = np.repeat(k, g, axis=1)
+    v = np.repeat(v, g, axis=1)
+    s = np.matmul(q, k.swapaxes(-1, -2)) * be.ft(n.params["scale"])  # (S, H, T, n_kv)
+    cap = n.params.get("softcap", 0.0)
+    if cap:
+        s = be.ft(cap) * np.tanh(s / be.ft(cap))
+    if mask is not None:
+        m = mask[:, :, :T, : s.shape[-1]]  # (S|1, H|1, T, n_kv)
+        slopes = _alibi_slopes(H, n.params.get("max_bias", 0.0), be.ft)[None, :, None, None]
+        s = s + slopes * m
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = _softmax_rows(s)
+    o = np.matmul(p, v)  # (S, H, T, Dv)
+    be.store(n, o.transpose(0, 2, 1, 3))  # result [Dv, H, T] -> numpy (S, T, H, Dv)
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-x))
+
+
+@kernel("GLU")
+def _glu(be: NumpyOps, n: Tensor) -> None:
+    if n.params["glu_op"] != "SWIGLU":
+        raise UnsupportedError(f"{n.name}: GLU variant {n.params['glu_op']}")
+    a, b = be.load(n.src[0]), be.load(n.src[1])
+    if n.params.get("swapped"):
+        a, b = b, a
+    be.store(n, _silu(a) * b)
+
+
+@kernel("UNARY")
+def _unary(be: NumpyOps, n: Tensor) -> None:
+    if n.params["unary_op"] != "SILU":
+        raise UnsupportedError(f"{n.name}: unary op {n.params['unary_op']}")
+    be.store(n, _silu(be.load(n.src[0])))
+
+
+@kernel("SET_ROWS")
+def _set_rows(be: NumpyOps, n: Tensor) -> None:
+    src, ids = n.src[0], n.src[1]
+    vals = be.load(src)  # (s3, s2, n_rows, ne0)
+    idx = array(ids).astype(np.int64)
+    if idx.min(initial=0) < 0 or idx.max(initial=0) >= n.ne[1]:
+        raise IndexError(f"{n.name}: row id out of range [0, {n.ne[1]})")
+    be.store_rows(n, idx, vals)
+
+
+@kernel("CPY")
+def _cpy(be: NumpyOps, n: Tensor) -> None:
+    be.store(n, be.load(n.src[0]).reshape(n.ne[::-1]))
+
+
+@kernel("CONT")
+def _cont(be: NumpyOps, n: Tensor) -> None:
+    be.store(n, be.load(n.src[0]).reshape(n.ne[::-1]))

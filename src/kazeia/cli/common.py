@@ -1,0 +1,115 @@
+"""Flags shared by the commands that run a model (llama-cli names), and building a session from them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from kazeia.backends.weights import WeightCache
+from kazeia.engine.context import Context, Model
+from kazeia.engine.default_model import default_model_path
+from kazeia.engine.devices import DeviceOptions, make_backends
+from kazeia.engine.scheduler import Router, Scheduler
+from kazeia.engine.tokenizer import GGUFTokenizer
+from kazeia.errors import KazeiaError
+from kazeia.graph.tensor import GGMLType
+
+_limits = None  # threadpoolctl limiter kept alive for the whole process
+
+
+def set_threads(n: int | None) -> None:
+    global _limits
+    if n is None or n <= 0:
+        return
+    from threadpoolctl import threadpool_limits
+
+    _limits = threadpool_limits(limits=n)
+
+
+def add_model_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
+    g = p.add_argument_group("model and context")
+    g.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+    if prompt:
+        g.add_argument("-p", "--prompt", help="prompt text")
+        g.add_argument("--n-prompt", type=int, default=None, metavar="N",
+                       help="use a deterministic synthetic prompt of exactly N tokens (llama-bench style)")
+    g.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
+    g.add_argument("-ub", "--ubatch-size", type=int, default=512, help="micro-batch size for prefill (default 512)")
+    g.add_argument("-t", "--threads", type=int, default=None, help="CPU threads for BLAS")
+    g.add_argument("-fa", "--flash-attn", choices=["on", "off"], default="on", help="flash attention (default on)")
+    g.add_argument("-ctk", "--cache-type-k", choices=["f16", "f32"], default="f16")
+    g.add_argument("-ctv", "--cache-type-v", choices=["f16", "f32"], default="f16")
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("device")
+    g.add_argument("-dev", "--device", default="CPU", help="CPU, HTP0 (emulated Hexagon NPU) or REF (float64)")
+    g.add_argument("--htp-profile", default=None, help="HTP version profile: robust (default) or 2026-05; "
+                                                       "env KAZEIA_HTP_PROFILE")
+    g.add_argument("--vtcm", type=int, default=None, metavar="BYTES",
+                   help="HTP VTCM size in bytes (default 8388608); env KAZEIA_HTP_VTCM")
+    g.add_argument("--fault", action="append", default=[], metavar="NAME",
+                   help="HTP fault injection (repeatable): see `kazeia htp faults`")
+    g.add_argument("--cpu-ops", default=None, metavar="OPS", help="run these ops on the CPU (MUL_MAT,ROPE,...)")
+    g.add_argument("--cpu-nodes", default=None, metavar="REGEX", help="run nodes whose name matches on the CPU")
+    g.add_argument("--sync", action="store_true",
+                   help="one op per batch, waited on (GGML_HEXAGON_OPBATCH=1 GGML_HEXAGON_OPQUEUE=1)")
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
+
+
+def device_options(args: argparse.Namespace) -> DeviceOptions:
+    env: dict[str, str] = {}
+    if getattr(args, "sync", False):
+        env["GGML_HEXAGON_OPBATCH"] = "1"
+        env["GGML_HEXAGON_OPQUEUE"] = "1"
+    return DeviceOptions(htp_profile=getattr(args, "htp_profile", None), vtcm_bytes=getattr(args, "vtcm", None),
+                         htp_env=env, fault=list(getattr(args, "fault", []) or []))
+
+
+@dataclass
+class Session:
+    model: Model
+    tok: GGUFTokenizer
+    ctx: Context
+    scheduler: Scheduler
+
+
+def model_path(args: argparse.Namespace) -> str:
+    return args.model if getattr(args, "model", None) else default_model_path()
+
+
+def open_session(args: argparse.Namespace, model: Model | None = None, device: str | None = None) -> Session:
+    set_threads(getattr(args, "threads", None))
+    model = model or Model.load(model_path(args))
+    tok = GGUFTokenizer.from_gguf(model.file)
+    backends = make_backends(device or args.device, device_options(args), WeightCache())
+    router = Router.from_args(getattr(args, "cpu_ops", None), getattr(args, "cpu_nodes", None))
+    sched = Scheduler(backends, router)
+    n_ctx = min(args.ctx_size, model.args.n_ctx_train) if args.ctx_size > 0 else model.args.n_ctx_train
+    types = {"f16": GGMLType.F16, "f32": GGMLType.F32}
+    ctx = Context(model, sched, n_ctx=n_ctx, n_ubatch=args.ubatch_size, flash_attn=args.flash_attn == "on",
+                  type_k=types[args.cache_type_k], type_v=types[args.cache_type_v])
+    return Session(model, tok, ctx, sched)
+
+
+def prompt_tokens(args: argparse.Namespace, s: Session) -> list[int]:
+    from kazeia.engine.generate import synthetic_prompt
+
+    if getattr(args, "n_prompt", None) is not None:
+        if args.n_prompt <= 0:
+            raise KazeiaError("--n-prompt must be positive")
+        return synthetic_prompt(args.n_prompt, s.model.args.n_vocab, s.tok.is_control)
+    if not args.prompt:
+        raise KazeiaError("nothing to do: give -p PROMPT, --n-prompt N, or -cnv for a chat")
+    ids = s.tok.encode(args.prompt)
+    if not ids:
+        raise KazeiaError("the prompt encodes to no tokens")
+    return ids
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("", "0")

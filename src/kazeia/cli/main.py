@@ -1,0 +1,58 @@
+"""The `kazeia` command: one module per subcommand, errors as one line and an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+
+from kazeia import __version__
+from kazeia.errors import DeviceDeathError, KazeiaError
+
+SUBCOMMANDS = ["run", "make_model", "bench", "htp", "trace", "replay", "compare", "bisect", "determinism",
+               "oracle", "investigate"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kazeia", description=__doc__)
+    p.add_argument("--version", action="version", version=f"kazeia {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(f"kazeia.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"kazeia.cli.{name}":
+                continue  # a command that is not built yet
+            raise
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except DeviceDeathError as e:
+        print(str(e), file=sys.stderr)
+        if getattr(args, "verbose", False):
+            traceback.print_exc()
+        return e.exit_code
+    except KazeiaError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if getattr(args, "verbose", False):
+            traceback.print_exc()
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

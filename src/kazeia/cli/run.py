@@ -1,0 +1,90 @@
+"""kazeia run: generate text like llama-cli (completion by default, chat with -cnv)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kazeia.cli.common import add_common, add_device_args, add_model_args, open_session, prompt_tokens
+from kazeia.engine.chat import ChatSession
+from kazeia.engine.generate import GenerationResult, Sampler, SamplingParams, generate
+from kazeia.engine.tokenizer import StreamDecoder
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("run", help="generate text from a prompt, or chat (-cnv)")
+    add_model_args(p)
+    add_device_args(p)
+    g = p.add_argument_group("generation")
+    g.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (-1: until EOS)")
+    g.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("-s", "--seed", type=int, default=0, help="sampling seed (default 0)")
+    g.add_argument("-cnv", "--conversation", action="store_true", help="interactive chat with the chat template")
+    g.add_argument("-st", "--single-turn", action="store_true", help="chat: answer -p once, then exit")
+    g.add_argument("-sys", "--system-prompt", default=None, help="chat: system message")
+    g.add_argument("--reasoning", choices=["on", "off"], default=None, help="Qwen3 thinking on/off (chat)")
+    g.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
+    add_common(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def _stats(res: GenerationResult) -> str:
+    return (f"[ prompt: {res.prompt_tokens} tokens, {res.prompt_tps:.1f} tokens/s | "
+            f"generation: {len(res.tokens)} tokens, {res.gen_tps:.1f} tokens/s | stop: {res.stop} ]")
+
+
+def _stream(s, out) -> tuple[StreamDecoder, callable]:
+    dec = StreamDecoder(s.tok)
+
+    def on_token(tid: int) -> None:
+        out.write(dec.push(tid))
+        out.flush()
+
+    return dec, on_token
+
+
+def main(args: argparse.Namespace) -> int:
+    s = open_session(args)
+    sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
+    if args.conversation or args.single_turn:
+        return _chat(args, s, sampler)
+    ids = prompt_tokens(args, s)
+    if not args.no_display_prompt and args.n_prompt is None:
+        sys.stdout.write(s.tok.decode(ids))
+        sys.stdout.flush()
+    _, on_token = _stream(s, sys.stdout)
+    res = generate(s.ctx, ids, args.n_predict, sampler, s.tok.is_eog, on_token)
+    sys.stdout.write("\n")
+    print(_stats(res), file=sys.stderr)
+    return 130 if res.stop == "interrupted" else 0
+
+
+def _chat(args: argparse.Namespace, s, sampler: Sampler) -> int:
+    thinking = None if args.reasoning is None else args.reasoning == "on"
+    chat = ChatSession(s.ctx, s.tok, args.system_prompt, thinking)
+    first = args.prompt
+    while True:
+        if first is not None:
+            user, first = first, None
+        else:
+            if args.single_turn:
+                return 0
+            try:
+                user = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return 0
+        if not user.strip():
+            continue
+        fed = chat.prompt_tokens_for(user)
+        dec, on_token = _stream(s, sys.stdout)
+        res = generate(s.ctx, fed, args.n_predict, sampler, s.tok.is_eog, on_token)
+        sys.stdout.write("\n")
+        print(_stats(res), file=sys.stderr)
+        reply = res.tokens[:-1] if res.stop == "eos" else res.tokens
+        chat.add_reply(fed, reply, s.tok.decode(reply, skip_special=True))
+        if res.stop == "interrupted" or args.single_turn:
+            return 130 if res.stop == "interrupted" else 0

@@ -1,0 +1,170 @@
+"""A loaded model and an inference context: KV cache, micro-batches, graph building and running.
+
+`Model.load(path)` reads the GGUF (memory-mapped), picks the architecture file and checks the weights.
+`Context.decode(tokens)` splits tokens into micro-batches of at most n_ubatch, builds (or reuses) the graph
+for each, lets the graph allocator place intermediates, writes the inputs, runs the scheduler and returns
+the logits of the requested rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+from kazeia.engine.scheduler import Scheduler
+from kazeia.errors import ContextOverflowError, KazeiaError
+from kazeia.gguf.reader import GGUFFile, load_gguf
+from kazeia.graph.alloc import GraphAllocator
+from kazeia.graph.builder import Graph
+from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, array, make_tensor
+from kazeia.models.base import ModelArgs, arch_module, require_weights, weight_tensors
+from kazeia.models.transformer import GraphOptions, Inputs, LayerCache, make_inputs
+
+FA_KV_PAD = 256  # llama.cpp pads the attended KV length to 256 cells with flash attention
+
+
+@dataclass
+class Model:
+    file: GGUFFile
+    args: ModelArgs
+    arch: ModuleType
+    weights: dict[str, Tensor]
+    weight_buffer: Buffer
+
+    @classmethod
+    def load(cls, path: str) -> Model:
+        f = load_gguf(path)
+        arch = arch_module(f.architecture)
+        args = ModelArgs.from_gguf(f)
+        buf, weights = weight_tensors(f)
+        require_weights(f, weights, arch.required_weights(args))
+        return cls(f, args, arch, weights, buf)
+
+    @property
+    def path(self) -> str:
+        return self.file.path
+
+
+class KVCache:
+    """Per-layer K and V caches [n_embd_kv, size]; cell i holds position i (one sequence)."""
+
+    def __init__(self, args: ModelArgs, size: int, type_k: GGMLType = GGMLType.F16,
+                 type_v: GGMLType = GGMLType.F16) -> None:
+        self.size = size
+        self.layers: list[LayerCache] = []
+        tensors = []
+        for il in range(args.n_layer):
+            k = make_tensor(type_k, (args.n_embd_kv, size), name=f"cache_k_l{il}")
+            v = make_tensor(type_v, (args.n_embd_kv, size), name=f"cache_v_l{il}")
+            tensors += [k, v]
+            self.layers.append(LayerCache(k, v))
+        total = sum((t.nbytes + Buffer.ALIGN - 1) // Buffer.ALIGN * Buffer.ALIGN for t in tensors)
+        self.buffer = Buffer.zeros("kv_cache", total, BufferUsage.ANY)
+        off = 0
+        for t in tensors:
+            t.buffer, t.offset = self.buffer, off
+            off += (t.nbytes + Buffer.ALIGN - 1) // Buffer.ALIGN * Buffer.ALIGN
+        self.n_past = 0
+
+    def clear(self) -> None:
+        self.buffer.data[:] = 0
+        self.n_past = 0
+
+
+@dataclass
+class _BuiltGraph:
+    graph: Graph
+    inputs: Inputs
+    logits: Tensor
+
+
+class Context:
+    def __init__(self, model: Model, scheduler: Scheduler, n_ctx: int = 4096, n_ubatch: int = 512,
+                 flash_attn: bool = True, type_k: GGMLType = GGMLType.F16, type_v: GGMLType = GGMLType.F16) -> None:
+        if n_ctx <= 0 or n_ubatch <= 0:
+            raise KazeiaError("context size and micro-batch size must be positive")
+        self.model = model
+        self.args = model.args
+        self.scheduler = scheduler
+        self.n_ctx = n_ctx
+        self.n_ubatch = n_ubatch
+        self.opts = GraphOptions(flash_attn=flash_attn)
+        self.kv = KVCache(model.args, n_ctx, type_k, type_v)
+        self.allocator = GraphAllocator()
+        self._graphs: dict[tuple[int, int, int], _BuiltGraph] = {}
+        self.last_graph: Graph | None = None
+        self.on_ubatch = None  # optional callback(ubatch_index, n_tokens) for progress
+
+    @property
+    def n_past(self) -> int:
+        return self.kv.n_past
+
+    def reset(self) -> None:
+        self.kv.clear()
+
+    def _n_kv(self, n_end: int) -> int:
+        pad = FA_KV_PAD if self.opts.flash_attn else 32
+        return min(self.kv.size, (n_end + pad - 1) // pad * pad)
+
+    def _graph_for(self, n_tokens: int, n_kv: int, n_out: int) -> _BuiltGraph:
+        key = (n_tokens, n_kv, n_out)
+        bg = self._graphs.get(key)
+        if bg is None:
+            inp = make_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn)
+            graph, logits = self.model.arch.build(self.args, self.model.weights, inp, self.kv.layers, n_kv,
+                                                  self.opts)
+            bg = _BuiltGraph(graph, inp, logits)
+            if len(self._graphs) > 8:
+                self._graphs.clear()
+            self._graphs[key] = bg
+        self.allocator.allocate(bg.graph)
+        return bg
+
+    def decode(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
+        """Feed tokens at the next positions; returns logits [n_out, n_vocab] of the last micro-batch
+        (its last row only unless all_logits)."""
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            raise KazeiaError("nothing to decode: empty token list")
+        if self.n_past + tokens.size > self.n_ctx:
+            raise ContextOverflowError(
+                f"{tokens.size} tokens do not fit in the context: {self.n_past} used of {self.n_ctx} "
+                f"(raise -c, up to the model's {self.args.n_ctx_train})")
+        if tokens.min() < 0 or tokens.max() >= self.args.n_vocab:
+            raise KazeiaError(f"token id out of range [0, {self.args.n_vocab})")
+        logits = None
+        for i, start in enumerate(range(0, tokens.size, self.n_ubatch)):
+            chunk = tokens[start:start + self.n_ubatch]
+            last = start + self.n_ubatch >= tokens.size
+            want_all = all_logits and last
+            logits = self._decode_ubatch(chunk, want_all, compute_logits=last)
+            if self.on_ubatch:
+                self.on_ubatch(i, chunk.size)
+        return logits
+
+    def _decode_ubatch(self, tokens: np.ndarray, all_logits: bool, compute_logits: bool = True) -> np.ndarray:
+        T = tokens.size
+        p0 = self.n_past
+        n_kv = self._n_kv(p0 + T)
+        n_out = T if all_logits else 1
+        bg = self._graph_for(T, n_kv, n_out)
+        self._write_inputs(bg.inputs, tokens, p0, n_kv, all_logits)
+        self.last_graph = bg.graph
+        self.scheduler.compute(bg.graph)
+        self.kv.n_past = p0 + T
+        out = array(bg.logits)[0, 0]  # (n_out, n_vocab)
+        return np.array(out, dtype=np.float32)
+
+    def _write_inputs(self, inp: Inputs, tokens: np.ndarray, p0: int, n_kv: int, all_logits: bool) -> None:
+        T = tokens.size
+        pos = np.arange(p0, p0 + T)
+        array(inp.tokens)[...] = tokens.astype(np.int32)
+        array(inp.pos)[...] = pos.astype(np.int32)
+        array(inp.kv_idx)[...] = pos.astype(np.int64)
+        cells = np.arange(n_kv)
+        visible = cells[None, :] <= pos[:, None]  # causal: a token sees itself and the past
+        m = array(inp.mask)[0, 0]  # (T, n_kv)
+        m[...] = np.where(visible, 0.0, -np.inf).astype(m.dtype)
+        array(inp.out_ids)[...] = (np.arange(T) if all_logits else np.array([T - 1])).astype(np.int32)

@@ -1,0 +1,105 @@
+"""Sampling and the generation loop (prefill, then one token at a time until EOS or -n)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kazeia.engine.context import Context
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    seed: int = 0
+
+
+class Sampler:
+    """Greedy when temp <= 0; else top-k, then top-p, then temperature softmax, seeded."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def sample(self, logits: np.ndarray) -> int:
+        p = self.params
+        logits = np.asarray(logits, dtype=np.float64).reshape(-1)
+        if p.temp <= 0:
+            return int(np.argmax(logits))
+        idx = np.argsort(-logits, kind="stable")
+        if p.top_k > 0:
+            idx = idx[: p.top_k]
+        z = logits[idx] / p.temp
+        probs = np.exp(z - z.max())
+        probs /= probs.sum()
+        if 0 < p.top_p < 1:
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+            idx, probs = idx[:keep], probs[:keep] / probs[:keep].sum()
+        return int(idx[self.rng.choice(len(idx), p=probs)])
+
+
+@dataclass
+class GenerationResult:
+    prompt_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    prompt_seconds: float = 0.0
+    gen_seconds: float = 0.0
+    stop: str = "length"  # length | eos | interrupted
+    last_logits: np.ndarray | None = None
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def gen_tps(self) -> float:
+        # the first generated token comes from the prefill logits; decode steps produce the rest
+        n = max(len(self.tokens) - 1, 0)
+        return n / self.gen_seconds if self.gen_seconds > 0 and n else 0.0
+
+
+def generate(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
+             is_eog: Callable[[int], bool], on_token: Callable[[int], None] | None = None) -> GenerationResult:
+    """Prefill `prompt` then sample up to n_predict tokens (n_predict < 0: until EOS or the context is full)."""
+    res = GenerationResult(prompt_tokens=len(prompt))
+    t0 = time.perf_counter()
+    logits = ctx.decode(prompt)
+    res.prompt_seconds = time.perf_counter() - t0
+    res.last_logits = logits[-1]
+    t1 = time.perf_counter()
+    try:
+        while n_predict < 0 or len(res.tokens) < n_predict:
+            tid = sampler.sample(logits[-1])
+            res.tokens.append(tid)
+            if is_eog(tid):
+                res.stop = "eos"
+                break
+            if on_token:
+                on_token(tid)
+            if n_predict >= 0 and len(res.tokens) >= n_predict:
+                break
+            if ctx.n_past >= ctx.n_ctx:
+                res.stop = "context"
+                break
+            logits = ctx.decode([tid])
+            res.last_logits = logits[-1]
+    except KeyboardInterrupt:
+        res.stop = "interrupted"
+    res.gen_seconds = time.perf_counter() - t1
+    return res
+
+
+def synthetic_prompt(n: int, n_vocab: int, is_control: Callable[[int], bool], seed: int = 0) -> list[int]:
+    """A deterministic prompt of exactly n tokens (llama-bench style random ids, no control tokens)."""
+    rng = np.random.default_rng(seed)
+    out: list[int] = []
+    while len(out) < n:
+        for t in rng.integers(0, n_vocab, size=n - len(out)):
+            if not is_control(int(t)):
+                out.append(int(t))
+    return out

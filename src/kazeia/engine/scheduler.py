@@ -1,0 +1,125 @@
+"""The scheduler: places every node of a graph on a backend and runs the graph.
+
+Placement: routing rules first (ops or node names forced to a fallback backend, gates), then the first
+backend in priority order whose `supports` says yes. Before a node runs, every asynchronous backend that
+last wrote one of its inputs is synchronized (like a ggml_backend_sched split boundary). Memory is shared
+host memory, so no copies are needed, only waits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kazeia.backends.base import Backend, Hooks
+from kazeia.errors import UnsupportedError
+from kazeia.graph.builder import Graph
+from kazeia.graph.tensor import Tensor
+
+# A gate looks at a node and may name the backend it must run on (or None to let placement decide).
+Gate = Callable[[Tensor], "str | None"]
+
+
+@dataclass
+class Router:
+    """User routing: `cpu_ops` (ggml op names or descs), `cpu_nodes` (regex on node names), gates."""
+
+    cpu_ops: set[str] = field(default_factory=set)
+    cpu_nodes: re.Pattern | None = None
+    gates: list[Gate] = field(default_factory=list)
+    fallback: str = "CPU"
+
+    @classmethod
+    def from_args(cls, cpu_ops: str | None = None, cpu_nodes: str | None = None) -> Router:
+        ops = {o.strip().upper() for o in (cpu_ops or "").split(",") if o.strip()}
+        pattern = re.compile(cpu_nodes) if cpu_nodes else None
+        return cls(cpu_ops=ops, cpu_nodes=pattern)
+
+    def forced(self, node: Tensor) -> tuple[str, str] | None:
+        """(backend name, reason) if a rule decides for this node."""
+        if node.op in self.cpu_ops or node.desc() in self.cpu_ops:
+            return self.fallback, f"--cpu-ops {node.desc()}"
+        if self.cpu_nodes is not None and self.cpu_nodes.search(node.name):
+            return self.fallback, f"--cpu-nodes {self.cpu_nodes.pattern}"
+        for gate in self.gates:
+            target = gate(node)
+            if target:
+                return target, getattr(gate, "reason", "gate")
+        return None
+
+
+@dataclass
+class Placement:
+    node: str
+    op: str
+    backend: str
+    reason: str
+
+
+class Scheduler:
+    def __init__(self, backends: list[Backend], router: Router | None = None) -> None:
+        if not backends:
+            raise ValueError("at least one backend is needed")
+        self.backends = backends
+        self.by_name = {b.name: b for b in backends}
+        self.router = router or Router()
+        self.hooks: list[Hooks] = []
+        self.placements: list[Placement] = []
+        self._last_writer: dict[int, Backend] = {}  # data address of a root tensor -> backend that wrote it
+
+    def add_hook(self, hook: Hooks) -> None:
+        self.hooks.append(hook)
+        for b in self.backends:
+            b.hooks.append(hook)
+
+    def remove_hook(self, hook: Hooks) -> None:
+        self.hooks.remove(hook)
+        for b in self.backends:
+            if hook in b.hooks:
+                b.hooks.remove(hook)
+
+    def place(self, node: Tensor) -> tuple[Backend, str]:
+        forced = self.router.forced(node)
+        if forced is not None:
+            name, reason = forced
+            b = self.by_name.get(name)
+            if b is not None and b.supports(node):
+                return b, reason
+        for b in self.backends:
+            if b.supports(node):
+                return b, "supported" if b is self.backends[0] else f"not supported by {self.backends[0].name}"
+        raise UnsupportedError(f"no backend can run {node.name} ({node.desc()} "
+                               f"{node.type.name}{node.shape_str()})")
+
+    def compute(self, graph: Graph) -> None:
+        self.placements = []
+        for b in self.backends:
+            b.begin_graph(graph)
+        for node in graph.nodes:
+            if not node.is_computed:
+                continue
+            backend, reason = self.place(node)
+            self.placements.append(Placement(node.name, node.desc(), backend.name, reason))
+            self._wait_for_inputs(node, backend)
+            backend.compute(node)
+            root = node.root
+            self._last_writer[root.data_addr] = backend
+            for other in self.backends:
+                if other is not backend:
+                    other.foreign_write(root)
+        for b in self.backends:
+            b.end_graph()
+
+    def _wait_for_inputs(self, node: Tensor, backend: Backend) -> None:
+        for s in node.src:
+            if s is None:
+                continue
+            writer = self._last_writer.get(s.root.data_addr)
+            if writer is not None and writer is not backend and writer.is_async:
+                writer.synchronize()
+
+    def synchronize(self) -> None:
+        for b in self.backends:
+            b.synchronize()
+

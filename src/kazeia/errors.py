@@ -1,0 +1,55 @@
+"""User-facing errors: each one becomes a one-line message and exit status 2 in the CLI."""
+
+from __future__ import annotations
+
+
+class KazeiaError(Exception):
+    """An error the user can act on (bad file, bad flag, unsupported model). Printed without a traceback."""
+
+    exit_code = 2
+
+
+class GGUFError(KazeiaError):
+    """A GGUF file that cannot be read: the message names the file and the problem."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class UnsupportedError(KazeiaError):
+    """An architecture, tensor type, op or device that kazeia does not handle."""
+
+
+class ContextOverflowError(KazeiaError):
+    """The prompt (plus generation) does not fit in the context."""
+
+
+class DumpFileError(KazeiaError):
+    """A dump file that is corrupt, foreign or from an unknown format version."""
+
+
+class DeviceDeathError(KazeiaError):
+    """The (emulated) device session died; raised on the host at its next blocking read.
+
+    `code` is the host-visible error (0x2e = AEE_EINTERRUPTED); `message` is what the host printed.
+    The host cannot know which op died; `last_enqueued` is what it had logged last. The emulator
+    additionally records `faulting` (ground truth) for forensics and tests.
+    """
+
+    exit_code = 3
+
+    def __init__(self, message: str, code: int, last_enqueued: str | None = None, faulting: str | None = None,
+                 cause: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.last_enqueued = last_enqueued
+        self.faulting = faulting
+        self.cause = cause
+
+
+class DeviceOpError(KazeiaError):
+    """An op on the device returned a non-OK status that the host chose to surface (robust profile)."""
+
+    exit_code = 3

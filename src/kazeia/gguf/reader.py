@@ -1,0 +1,229 @@
+"""Reading GGUF files: a bounds-checked header scan, then gguf-py's memory-mapped reader.
+
+The scan walks the header with every length checked against the bytes that remain before anything is
+read or allocated, so a corrupt count or dimension cannot make us loop or allocate past what the file
+could hold. Only then does `gguf.GGUFReader` map the file (zero-copy: weight data stays in the mmap).
+Every problem becomes a `GGUFError` that names the file and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+from kazeia.errors import GGUFError
+
+GGUF_MAGIC = b"GGUF"
+MAX_DIMS = 4
+MAX_NAME = 64  # GGML_MAX_NAME, including the terminating NUL
+MAX_KEY = 65535
+
+# value type -> (struct code, size) for scalars; 8 = string, 9 = array
+_SCALARS = {0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4), 6: ("f", 4),
+            7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8)}
+_STRING, _ARRAY = 8, 9
+_KNOWN_TYPES = frozenset(int(t) for t in GGML_QUANT_SIZES)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type: GGMLQuantizationType
+    ne: tuple[int, int, int, int]
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+@dataclass
+class GGUFFile:
+    path: str
+    version: int
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    data: np.ndarray  # uint8 memmap of the whole file
+    alignment: int
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def require(self, key: str) -> Any:
+        if key not in self.metadata:
+            raise GGUFError(self.path, f"missing required key '{key}'")
+        return self.metadata[key]
+
+    @property
+    def architecture(self) -> str:
+        return str(self.require("general.architecture"))
+
+
+class _Cursor:
+    def __init__(self, path: str, buf: memoryview, pos: int = 0):
+        self.path, self.buf, self.pos = path, buf, pos
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise GGUFError(self.path, f"truncated header: {what} needs {n} bytes at offset {self.pos}, "
+                                       f"file has {len(self.buf)}")
+
+    def unpack(self, code: str, size: int, what: str):
+        self.need(size, what)
+        v = struct.unpack_from("<" + code, self.buf, self.pos)[0]
+        self.pos += size
+        return v
+
+    def string(self, what: str, limit: int | None = None) -> str:
+        n = self.unpack("Q", 8, what + " length")
+        if limit is not None and n > limit:
+            raise GGUFError(self.path, f"absurd {what} length {n}")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise GGUFError(self.path, f"{what} is not valid UTF-8 at offset {self.pos - n}") from None
+
+    def skip_value(self, vtype: int, key: str, depth: int = 0) -> None:
+        if vtype in _SCALARS:
+            self.need(_SCALARS[vtype][1], f"value of '{key}'")
+            self.pos += _SCALARS[vtype][1]
+        elif vtype == _STRING:
+            n = self.unpack("Q", 8, f"string length of '{key}'")
+            self.need(n, f"string of '{key}'")
+            self.pos += n
+        elif vtype == _ARRAY:
+            if depth > 4:
+                raise GGUFError(self.path, f"array nesting too deep in '{key}'")
+            etype = self.unpack("I", 4, f"array type of '{key}'")
+            count = self.unpack("Q", 8, f"array count of '{key}'")
+            if etype in _SCALARS:
+                self.need(count * _SCALARS[etype][1], f"array '{key}' of {count} elements")
+                self.pos += count * _SCALARS[etype][1]
+            elif etype in (_STRING, _ARRAY):
+                min_size = 8 if etype == _STRING else 12
+                if count * min_size > len(self.buf) - self.pos:
+                    raise GGUFError(self.path, f"absurd array count {count} for '{key}' (file too small)")
+                for _ in range(count):
+                    self.skip_value(etype, key, depth + 1)
+            else:
+                raise GGUFError(self.path, f"unknown array element type {etype} in '{key}'")
+        else:
+            raise GGUFError(self.path, f"unknown value type {vtype} for key '{key}'")
+
+
+def _scan_header(path: str, buf: memoryview) -> None:
+    """Walk the whole header with bounds checks; raise GGUFError on the first problem."""
+    if len(buf) < 4 or bytes(buf[:4]) != GGUF_MAGIC:
+        got = bytes(buf[:4])
+        raise GGUFError(path, f"bad magic {got!r} (expected b'GGUF'): not a GGUF file")
+    c = _Cursor(path, buf, 4)
+    version = c.unpack("I", 4, "version")
+    if version not in (2, 3):
+        hint = " (big-endian files are not supported)" if version & 0xFFFF == 0 and version else ""
+        raise GGUFError(path, f"unsupported GGUF version {version}{hint}")
+    n_tensors = c.unpack("Q", 8, "tensor count")
+    n_kv = c.unpack("Q", 8, "key/value count")
+    remaining = len(buf) - c.pos
+    if n_kv * 13 > remaining:  # key length + 1 char + value type, at least
+        raise GGUFError(path, f"absurd key/value count {n_kv} for a file of {len(buf)} bytes")
+    if n_tensors * 24 > remaining:  # name length + n_dims + type + offset, at least
+        raise GGUFError(path, f"absurd tensor count {n_tensors} for a file of {len(buf)} bytes")
+    for i in range(n_kv):
+        key = c.string(f"key #{i}", MAX_KEY)
+        vtype = c.unpack("I", 4, f"value type of '{key}'")
+        c.skip_value(vtype, key)
+    for i in range(n_tensors):
+        name = c.string(f"tensor name #{i}", 1 << 16)
+        n_dims = c.unpack("I", 4, f"n_dims of '{name}'")
+        if n_dims == 0 or n_dims > MAX_DIMS:
+            raise GGUFError(path, f"tensor '{name}' has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        c.need(8 * n_dims, f"dims of '{name}'")
+        dims = struct.unpack_from(f"<{n_dims}Q", buf, c.pos)
+        c.pos += 8 * n_dims
+        n = 1
+        for d in dims:
+            if d == 0 or d > 1 << 40:
+                raise GGUFError(path, f"tensor '{name}' has an absurd dimension {d}")
+            n *= d
+        if n > 8 * len(buf) + 1024:  # even 1-bit types could not hold this many elements in this file
+            raise GGUFError(path, f"tensor '{name}' has {n} elements, more than the file could hold")
+        ttype = c.unpack("I", 4, f"type of '{name}'")
+        if ttype not in _KNOWN_TYPES:
+            raise GGUFError(path, f"tensor '{name}' has unknown tensor type {ttype}")
+        c.unpack("Q", 8, f"offset of '{name}'")
+
+
+def _field_value(field) -> Any:
+    v = field.contents()
+    if isinstance(v, np.generic):
+        v = v.item()
+    return v
+
+
+def load_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Open, validate and memory-map a GGUF file. Raises GGUFError with a one-line reason."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise GGUFError(path, "no such file")
+    if os.path.isdir(path):
+        raise GGUFError(path, "is a directory, not a GGUF file")
+    size = os.path.getsize(path)
+    if size < 24:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head != GGUF_MAGIC:
+            raise GGUFError(path, f"bad magic {head!r} (expected b'GGUF'): not a GGUF file")
+        raise GGUFError(path, f"truncated header: file has only {size} bytes")
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    _scan_header(path, memoryview(mm))
+    del mm
+    try:
+        reader = GGUFReader(path, "r")
+    except GGUFError:
+        raise
+    except Exception as e:  # gguf-py raises ValueError/IndexError/KeyError on damage we did not foresee
+        raise GGUFError(path, f"unreadable GGUF ({type(e).__name__}: {e})") from None
+    return _from_reader(path, reader, size)
+
+
+def _from_reader(path: str, reader: GGUFReader, size: int) -> GGUFFile:
+    metadata: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            metadata[key] = _field_value(field)
+        except Exception as e:
+            raise GGUFError(path, f"bad value for key '{key}' ({type(e).__name__})") from None
+    alignment = int(metadata.get("general.alignment", 32))
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(path, f"general.alignment {alignment} is not a power of two")
+    tensors: dict[str, TensorInfo] = {}
+    for rt in reader.tensors:
+        name = rt.name
+        if len(name.encode()) >= MAX_NAME:
+            raise GGUFError(path, f"tensor name '{name[:40]}...' is longer than {MAX_NAME - 1} bytes")
+        if name in tensors:
+            raise GGUFError(path, f"duplicate tensor name '{name}'")
+        try:
+            qtype = GGMLQuantizationType(int(rt.tensor_type))
+        except ValueError:
+            raise GGUFError(path, f"tensor '{name}' has unknown type {int(rt.tensor_type)}") from None
+        ne = tuple(int(d) for d in rt.shape) + (1,) * (4 - len(rt.shape))
+        bs, ts = GGML_QUANT_SIZES[qtype]
+        if ne[0] % bs:
+            raise GGUFError(path, f"tensor '{name}' row length {ne[0]} is not a multiple of the "
+                                  f"{qtype.name} block size {bs}")
+        nbytes = ne[0] // bs * ts * ne[1] * ne[2] * ne[3]
+        start = int(rt.data_offset)
+        if start + nbytes > size:
+            raise GGUFError(path, f"tensor '{name}' data [{start}, {start + nbytes}) runs past the end of "
+                                  f"file ({size} bytes)")
+        tensors[name] = TensorInfo(name, qtype, ne, start, nbytes)
+    version = int(reader.fields["GGUF.version"].parts[-1][0])
+    return GGUFFile(path, version, metadata, tensors, reader.data, alignment)

@@ -1,0 +1,166 @@
+"""Writing synthetic GGUF models (kazeia make-model) with gguf-py's GGUFWriter.
+
+Weights are seeded random, scaled so activations stay in the range real models show: projections
+~N(0, 1/fan_in), norm weights ~1, embeddings ~N(0, 1). Quantization goes through gguf-py (byte-exact with
+llama.cpp's reference quantizers for Q4_0/Q4_1/Q8_0). A synthetic byte-level BPE tokenizer sized to the
+vocabulary and a ChatML template make text prompts and chat work.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+
+from kazeia.errors import KazeiaError
+from kazeia.gguf.synth_tokenizer import CHATML_TEMPLATE, make_vocab
+
+T = GGMLQuantizationType
+TYPES = {"q4_0": T.Q4_0, "q4_1": T.Q4_1, "q8_0": T.Q8_0, "f16": T.F16, "f32": T.F32}
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    arch: str = "qwen3"
+    n_layer: int = 2
+    n_embd: int = 256
+    n_ff: int = 512
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_vocab: int = 1024
+    n_ctx: int = 4096
+    rope_base: float = 1e6
+    rms_eps: float = 1e-6
+    wtype: str = "q4_0"
+    tied: bool = True
+    seed: int = 0
+
+
+PRESETS = {
+    "tiny": SynthConfig(),
+    # the real Qwen3-4B shapes (vocabulary smaller than the real 151936, still > 16384 rows so that the
+    # tied lm_head stays on the CPU under the HTP's supports_op limits, as it does for the real model)
+    "qwen3-4b": SynthConfig(n_layer=36, n_embd=2560, n_ff=9728, n_head=32, n_head_kv=8, head_dim=128,
+                            n_vocab=32768, n_ctx=40960, rope_base=1e6, rms_eps=1e-6),
+    "smollm2-135m": SynthConfig(arch="llama", n_layer=30, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3,
+                                head_dim=64, n_vocab=49152, n_ctx=8192, rope_base=1e5, rms_eps=1e-5),
+}
+
+
+def preset(name: str, **overrides) -> SynthConfig:
+    if name not in PRESETS:
+        raise KazeiaError(f"unknown preset '{name}' (have: {', '.join(PRESETS)})")
+    cfg = PRESETS[name]
+    if name == "tiny" and overrides.get("arch") == "llama":
+        cfg = replace(cfg, rope_base=1e4, rms_eps=1e-5)
+    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def validate(cfg: SynthConfig) -> None:
+    if cfg.arch not in ("qwen3", "llama"):
+        raise KazeiaError(f"make-model: --arch must be qwen3 or llama, not {cfg.arch}")
+    if cfg.wtype not in TYPES:
+        raise KazeiaError(f"make-model: --type must be one of {', '.join(TYPES)}")
+    for k in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab", "n_ctx"):
+        if getattr(cfg, k) <= 0:
+            raise KazeiaError(f"make-model: {k} must be positive")
+    if cfg.n_head % cfg.n_head_kv:
+        raise KazeiaError("make-model: n_head must be a multiple of n_head_kv")
+    if cfg.head_dim % 2:
+        raise KazeiaError("make-model: head_dim must be even (rope rotates pairs)")
+    qt = TYPES[cfg.wtype]
+    if qt not in (T.F16, T.F32):
+        for k in ("n_embd", "n_ff"):
+            if getattr(cfg, k) % 32:
+                raise KazeiaError(f"make-model: {k}={getattr(cfg, k)} must be a multiple of 32 for {cfg.wtype}")
+        if (cfg.n_head * cfg.head_dim) % 32:
+            raise KazeiaError("make-model: n_head*head_dim must be a multiple of 32 for quantized types")
+
+
+def _weights(cfg: SynthConfig):
+    """Yield (name, float32 array in numpy order (rows, cols), is_matrix)."""
+    rng = np.random.default_rng(cfg.seed)
+    E, F, Dq, Dkv = cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+
+    def lin(n_out, n_in):
+        return (rng.standard_normal((n_out, n_in), dtype=np.float32) / np.float32(np.sqrt(n_in)))
+
+    def norm_w(n):
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    # embeddings ~N(0, 16/E): tied logits then have a std of a few units, like trained models
+    emb = rng.standard_normal((cfg.n_vocab, E), dtype=np.float32) * np.float32(4 / np.sqrt(E))
+    yield "token_embd.weight", emb, True
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        yield p + "attn_norm.weight", norm_w(E), False
+        yield p + "attn_q.weight", lin(Dq, E), True
+        yield p + "attn_k.weight", lin(Dkv, E), True
+        yield p + "attn_v.weight", lin(Dkv, E), True
+        if cfg.arch == "qwen3":
+            yield p + "attn_q_norm.weight", norm_w(cfg.head_dim), False
+            yield p + "attn_k_norm.weight", norm_w(cfg.head_dim), False
+        yield p + "attn_output.weight", lin(E, Dq), True
+        yield p + "ffn_norm.weight", norm_w(E), False
+        yield p + "ffn_gate.weight", lin(F, E), True
+        yield p + "ffn_up.weight", lin(F, E), True
+        yield p + "ffn_down.weight", lin(E, F), True
+    yield "output_norm.weight", norm_w(E), False
+    if not cfg.tied:
+        yield "output.weight", lin(cfg.n_vocab, E), True
+
+
+def encode_tensor(arr: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
+    if qtype == T.F32:
+        return arr.astype(np.float32), T.F32
+    if qtype == T.F16:
+        return arr.astype(np.float16), T.F16
+    return quantize(arr, qtype), qtype
+
+
+def write_model(cfg: SynthConfig, path: str | os.PathLike) -> dict:
+    """Write the synthetic model; returns a summary (config, tensor count, bytes)."""
+    validate(cfg)
+    path = os.fspath(path)
+    qtype = TYPES[cfg.wtype]
+    w = GGUFWriter(path, cfg.arch)
+    w.add_name(f"kazeia synthetic {cfg.arch}")
+    w.add_block_count(cfg.n_layer)
+    w.add_context_length(cfg.n_ctx)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_feed_forward_length(cfg.n_ff)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.n_head_kv)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_base)
+    w.add_layer_norm_rms_eps(cfg.rms_eps)
+    w.add_vocab_size(cfg.n_vocab)
+    w.add_file_type({T.F32: 0, T.F16: 1, T.Q4_0: 2, T.Q4_1: 3, T.Q8_0: 7}[qtype])
+    w.add_quantization_version(2)
+    w.add_uint32("kazeia.synthetic.seed", cfg.seed)
+    vocab = make_vocab(cfg.n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2" if cfg.arch == "qwen3" else "smollm")
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    w.add_bos_token_id(vocab.bos_id)
+    w.add_eos_token_id(vocab.eos_id)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+    n = 0
+    for name, arr, is_matrix in _weights(cfg):
+        data, t = encode_tensor(arr, qtype) if is_matrix else (arr, T.F32)
+        w.add_tensor(name, data, raw_dtype=t if t not in (T.F32, T.F16) else None)
+        n += 1
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {"path": path, "tensors": n, "bytes": os.path.getsize(path), "config": asdict(cfg)}

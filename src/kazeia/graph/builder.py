@@ -1,0 +1,228 @@
+"""Building graphs the ggml way: op constructors that compute result shapes, and a DFS-ordered graph.
+
+Each constructor mirrors the ggml function of the same name (ggml_mul_mat, ggml_rope_ext, ...): same
+operand order, same result shape, same op name. `Graph.expand(t)` adds t and everything it depends on in
+depth-first order (src[0] before src[1]), as ggml_build_forward_expand does, so our node order, and thus
+the order ops reach a backend, matches llama.cpp's.
+"""
+
+from __future__ import annotations
+
+from kazeia.graph.tensor import GGMLType, Tensor, TFlag, contiguous_strides, make_tensor
+
+F32 = GGMLType.F32
+
+
+def _ne4(ne) -> tuple[int, int, int, int]:
+    ne = tuple(int(x) for x in ne)
+    return ne + (1,) * (4 - len(ne))  # type: ignore[return-value]
+
+
+def _result(op: str, t: GGMLType, ne, srcs, name: str = "", **params) -> Tensor:
+    return make_tensor(t, _ne4(ne), name=name, op=op, src=tuple(srcs), params=params)
+
+
+def _view_of(a: Tensor, op: str, ne, nb, offs: int, name: str) -> Tensor:
+    root = a.root
+    return Tensor(type=a.type, ne=_ne4(ne), nb=tuple(nb), name=name, op=op, src=(a,),
+                  view_src=root, view_offs=a.view_offs + offs, layer=a.layer)
+
+
+def can_repeat(a: Tensor, b: Tensor) -> bool:
+    """ggml_can_repeat(b, a): b broadcasts to a's shape."""
+    return all(a.ne[i] % b.ne[i] == 0 for i in range(4))
+
+
+# ---------------------------------------------------------------------------------------------
+# views
+
+
+def view(a: Tensor, ne, nb, offset: int = 0, name: str = "") -> Tensor:
+    """ggml_view_Nd: ne and nb of the same length (nb[0] included); missing dims are 1."""
+    ne4 = _ne4(ne)
+    nb4 = list(nb)
+    while len(nb4) < 4:
+        nb4.append(nb4[-1] * ne4[len(nb4) - 1])
+    return _view_of(a, "VIEW", ne4, nb4, offset, name or f"{a.name} (view)")
+
+
+def view_2d(a: Tensor, ne0: int, ne1: int, nb1: int, offset: int = 0, name: str = "") -> Tensor:
+    return view(a, (ne0, ne1), (a.nb[0], nb1), offset, name)
+
+
+def view_3d(a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int, offset: int = 0, name: str = "") -> Tensor:
+    return view(a, (ne0, ne1, ne2), (a.nb[0], nb1, nb2), offset, name)
+
+
+def reshape(a: Tensor, *ne: int, name: str = "") -> Tensor:
+    ne4 = _ne4(ne)
+    if ne4[0] * ne4[1] * ne4[2] * ne4[3] != a.nelements:
+        raise ValueError(f"reshape of {a.name} {a.ne} to {ne4}: element count differs")
+    if not a.is_contiguous():
+        raise ValueError(f"reshape of non-contiguous tensor {a.name}")
+    return _view_of(a, "RESHAPE", ne4, contiguous_strides(a.type, ne4), 0, name or f"{a.name} (reshaped)")
+
+
+def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int, name: str = "") -> Tensor:
+    """ggml_permute: source dim i goes to position axis_i."""
+    axes = (ax0, ax1, ax2, ax3)
+    if sorted(axes) != [0, 1, 2, 3]:
+        raise ValueError(f"bad permutation {axes}")
+    ne = [0] * 4
+    nb = [0] * 4
+    for i, ax in enumerate(axes):
+        ne[ax] = a.ne[i]
+        nb[ax] = a.nb[i]
+    return _view_of(a, "PERMUTE", ne, nb, 0, name or f"{a.name} (permuted)")
+
+
+def transpose(a: Tensor, name: str = "") -> Tensor:
+    return permute(a, 1, 0, 2, 3, name=name or f"{a.name} (transposed)")
+
+
+# ---------------------------------------------------------------------------------------------
+# compute ops
+
+
+def cont(a: Tensor, name: str = "") -> Tensor:
+    return _result("CONT", a.type, a.ne, (a,), name or f"{a.name} (cont)")
+
+
+def cpy(a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    """Copy a into b (converting type); the result is a view of b."""
+    if a.nelements != b.nelements:
+        raise ValueError("cpy: element counts differ")
+    r = _view_of(b, "CPY", b.ne, b.nb, 0, name or f"{a.name} (copy of {b.name})")
+    r.op, r.src = "CPY", (a, b)
+    return r
+
+
+def get_rows(a: Tensor, ids: Tensor, name: str = "") -> Tensor:
+    """Rows of a (any type) picked by I32 ids -> F32 [a.ne0, n_ids, ids.ne1, ids.ne2]."""
+    return _result("GET_ROWS", F32, (a.ne[0], ids.ne[0], ids.ne[1], ids.ne[2]), (a, ids), name)
+
+
+def set_rows(dst: Tensor, src: Tensor, ids: Tensor, name: str = "") -> Tensor:
+    """Write rows of src into dst at I64 ids (converting to dst's type); the result is a view of dst."""
+    r = _view_of(dst, "SET_ROWS", dst.ne, dst.nb, 0, name)
+    r.src = (src, ids, dst)
+    return r
+
+
+def rms_norm(a: Tensor, eps: float, name: str = "") -> Tensor:
+    return _result("RMS_NORM", F32, a.ne, (a,), name, eps=float(eps))
+
+
+def _binary(op: str, a: Tensor, b: Tensor, name: str) -> Tensor:
+    if not can_repeat(a, b):
+        raise ValueError(f"{op}: {b.name}{b.ne} does not broadcast to {a.name}{a.ne}")
+    return _result(op, F32, a.ne, (a, b), name)
+
+
+def add(a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    return _binary("ADD", a, b, name)
+
+
+def mul(a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    return _binary("MUL", a, b, name)
+
+
+def scale(a: Tensor, s: float, bias: float = 0.0, name: str = "") -> Tensor:
+    return _result("SCALE", F32, a.ne, (a,), name, scale=float(s), bias=float(bias))
+
+
+def mul_mat(a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    """ggml_mul_mat: a [K, N, ...] (weights), b [K, M, ...] -> [N, M, b.ne2, b.ne3]."""
+    if a.ne[0] != b.ne[0]:
+        raise ValueError(f"mul_mat {a.name} x {b.name}: K differs ({a.ne[0]} vs {b.ne[0]})")
+    if b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+        raise ValueError(f"mul_mat {a.name} x {b.name}: cannot broadcast batch dims")
+    return _result("MUL_MAT", F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), (a, b), name)
+
+
+ROPE_NORM = 0
+ROPE_NEOX = 2
+
+
+def rope_ext(a: Tensor, pos: Tensor, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0,
+             n_ctx_orig: int = 0, ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0,
+             beta_slow: float = 1.0, name: str = "") -> Tensor:
+    """Rotary embedding over [head_dim, n_head, n_tokens]; pos is I32 [n_tokens]."""
+    if mode not in (ROPE_NORM, ROPE_NEOX):
+        raise ValueError(f"rope mode {mode} is not supported")
+    return _result("ROPE", F32, a.ne, (a, pos), name, n_dims=int(n_dims), mode=int(mode),
+                   freq_base=float(freq_base), freq_scale=float(freq_scale), n_ctx_orig=int(n_ctx_orig),
+                   ext_factor=float(ext_factor), attn_factor=float(attn_factor), beta_fast=float(beta_fast),
+                   beta_slow=float(beta_slow))
+
+
+def soft_max_ext(a: Tensor, mask: Tensor | None, scale_: float, max_bias: float = 0.0, name: str = "") -> Tensor:
+    return _result("SOFT_MAX", F32, a.ne, (a, mask) if mask is not None else (a,), name,
+                   scale=float(scale_), max_bias=float(max_bias))
+
+
+def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale_: float, max_bias: float = 0.0,
+                   softcap: float = 0.0, name: str = "") -> Tensor:
+    """q [D, T, H], k [D, n_kv, H_kv], v [Dv, n_kv, H_kv], mask [n_kv, T] -> [Dv, H, T] (permuted)."""
+    if q.ne[2] % k.ne[2]:
+        raise ValueError("flash_attn_ext: query heads must be a multiple of kv heads")
+    srcs = (q, k, v, mask) if mask is not None else (q, k, v)
+    return _result("FLASH_ATTN_EXT", F32, (v.ne[0], q.ne[2], q.ne[1], q.ne[3]), srcs, name,
+                   scale=float(scale_), max_bias=float(max_bias), softcap=float(softcap), prec="f32")
+
+
+def swiglu_split(a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    """GLU op, SWIGLU variant, split form: silu(a) * b."""
+    if a.ne != b.ne:
+        raise ValueError("swiglu_split: operand shapes differ")
+    return _result("GLU", F32, a.ne, (a, b), name, glu_op="SWIGLU", swapped=0)
+
+
+def silu(a: Tensor, name: str = "") -> Tensor:
+    return _result("UNARY", F32, a.ne, (a,), name, unary_op="SILU")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Graph:
+    """Nodes in execution order (DFS from each expanded output, sources first) plus the leaves."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+        self._seen: set[int] = set()
+
+    def expand(self, t: Tensor) -> Tensor:
+        self._visit(t)
+        return t
+
+    def _visit(self, t: Tensor) -> None:
+        # iterative DFS (models have thousands of chained nodes): post-order, src[0] first
+        stack: list[tuple[Tensor, int]] = [(t, 0)]
+        while stack:
+            cur, i = stack.pop()
+            if i == 0:
+                if id(cur) in self._seen:
+                    continue
+                self._seen.add(id(cur))
+            srcs = [s for s in cur.src if s is not None]
+            while i < len(srcs) and id(srcs[i]) in self._seen:
+                i += 1
+            if i < len(srcs):
+                stack.append((cur, i + 1))
+                stack.append((srcs[i], 0))
+                continue
+            (self.leafs if cur.op == "NONE" else self.nodes).append(cur)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def node(self, name: str) -> Tensor:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def outputs(self) -> list[Tensor]:
+        return [n for n in self.nodes if n.flags & TFlag.OUTPUT]
