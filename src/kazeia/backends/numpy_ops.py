@@ -13,7 +13,7 @@ import numpy as np
 
 from kazeia.errors import UnsupportedError
 from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
-from kazeia.graph.tensor import TFlag, Tensor, array
+from kazeia.graph.tensor import Tensor, TFlag, array
 
 Kernel = Callable[["NumpyOps", Tensor], None]
 KERNELS: dict[str, Kernel] = {}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kazeia.engine.context import Context
@@ -21,9 +23,16 @@ def _raise(msg: str):
     raise TemplateError(msg)
 
 
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """transformers' tojson: plain JSON, no HTML escaping (jinja2's own filter turns '<' into \\u003c)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def render_chat(template: str | None, messages: list[dict], tok: GGUFTokenizer, add_generation_prompt: bool = True,
                 enable_thinking: bool | None = None) -> str:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # the environment transformers' apply_chat_template uses: {% break %}/{% continue %} and its tojson
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:

@@ -2,7 +2,8 @@
 
 The vocabulary and merges come from `tokenizer.ggml.*`; the pre-tokenizer regex from `tokenizer.ggml.pre`
 (the same per-model choices llama.cpp makes); control and user-defined tokens become special tokens, so
-chat-template markers like `<|im_start|>` encode to one id.
+chat-template markers like `<|im_start|>` encode to one id; user-defined tokens (`<think>`) are matched too but
+are ordinary text for decoding.
 """
 
 from __future__ import annotations
@@ -70,10 +71,16 @@ class GGUFTokenizer:
         tok = Tokenizer(bpe)
         tok.pre_tokenizer = _pre_tokenizer(str(f.get("tokenizer.ggml.pre", "default")))
         tok.decoder = decoders.ByteLevel()
+        # control tokens are special (skipped by decode(skip_special), plain text when parse_special is off);
+        # user-defined ones (<think>) are always matched and always printed, as in llama.cpp and transformers
         special = [AddedToken(vocab[i], special=True, normalized=False) for i, ty in enumerate(types)
-                   if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)]
+                   if ty == TOKEN_TYPE_CONTROL]
+        user = [AddedToken(vocab[i], special=False, normalized=False) for i, ty in enumerate(types)
+                if ty == TOKEN_TYPE_USER_DEFINED]
         if special:
             tok.add_special_tokens(special)
+        if user:
+            tok.add_tokens(user)
         bos = f.get("tokenizer.ggml.bos_token_id")
         eos = f.get("tokenizer.ggml.eos_token_id")
         eot = {int(eos)} if eos is not None else set()

@@ -133,12 +133,23 @@ def _scan_header(path: str, buf: memoryview) -> None:
         raise GGUFError(path, f"absurd key/value count {n_kv} for a file of {len(buf)} bytes")
     if n_tensors * 24 > remaining:  # name length + n_dims + type + offset, at least
         raise GGUFError(path, f"absurd tensor count {n_tensors} for a file of {len(buf)} bytes")
+    alignment = 32
     for i in range(n_kv):
         key = c.string(f"key #{i}", MAX_KEY)
         vtype = c.unpack("I", 4, f"value type of '{key}'")
+        start = c.pos
         c.skip_value(vtype, key)
+        if key == "general.alignment" and vtype in _SCALARS and vtype not in (6, 7, 12):
+            alignment = struct.unpack_from("<" + _SCALARS[vtype][0], buf, start)[0]
+            if alignment <= 0 or alignment & (alignment - 1):
+                raise GGUFError(path, f"general.alignment {alignment} is not a power of two")
+    infos: list[tuple[str, tuple[int, ...], int, int]] = []
+    names: set[str] = set()
     for i in range(n_tensors):
         name = c.string(f"tensor name #{i}", 1 << 16)
+        if name in names:
+            raise GGUFError(path, f"duplicate tensor name '{name}'")
+        names.add(name)
         n_dims = c.unpack("I", 4, f"n_dims of '{name}'")
         if n_dims == 0 or n_dims > MAX_DIMS:
             raise GGUFError(path, f"tensor '{name}' has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
@@ -155,7 +166,22 @@ def _scan_header(path: str, buf: memoryview) -> None:
         ttype = c.unpack("I", 4, f"type of '{name}'")
         if ttype not in _KNOWN_TYPES:
             raise GGUFError(path, f"tensor '{name}' has unknown tensor type {ttype}")
-        c.unpack("Q", 8, f"offset of '{name}'")
+        infos.append((name, dims, ttype, c.unpack("Q", 8, f"offset of '{name}'")))
+    # the data section starts at the next multiple of the alignment; every tensor must lie inside the file
+    data_start = (c.pos + alignment - 1) // alignment * alignment
+    for name, dims, ttype, offset in infos:
+        qtype = GGMLQuantizationType(ttype)
+        bs, ts = GGML_QUANT_SIZES[qtype]
+        if dims[0] % bs:
+            raise GGUFError(path, f"tensor '{name}' row length {dims[0]} is not a multiple of the "
+                                  f"{qtype.name} block size {bs}")
+        nbytes = dims[0] // bs * ts
+        for d in dims[1:]:
+            nbytes *= d
+        start = data_start + offset
+        if start + nbytes > len(buf):
+            raise GGUFError(path, f"tensor '{name}' data [{start}, {start + nbytes}) runs past the end of "
+                                  f"file ({len(buf)} bytes)")
 
 
 def _field_value(field) -> Any:
@@ -172,14 +198,17 @@ def load_gguf(path: str | os.PathLike) -> GGUFFile:
         raise GGUFError(path, "no such file")
     if os.path.isdir(path):
         raise GGUFError(path, "is a directory, not a GGUF file")
-    size = os.path.getsize(path)
-    if size < 24:
-        with open(path, "rb") as f:
-            head = f.read(4)
-        if head != GGUF_MAGIC:
-            raise GGUFError(path, f"bad magic {head!r} (expected b'GGUF'): not a GGUF file")
-        raise GGUFError(path, f"truncated header: file has only {size} bytes")
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    try:
+        size = os.path.getsize(path)
+        if size < 24:
+            with open(path, "rb") as f:
+                head = f.read(4)
+            if head != GGUF_MAGIC:
+                raise GGUFError(path, f"bad magic {head!r} (expected b'GGUF'): not a GGUF file")
+            raise GGUFError(path, f"truncated header: file has only {size} bytes")
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+    except OSError as e:
+        raise GGUFError(path, f"cannot read the file ({e.strerror or e})") from None
     _scan_header(path, memoryview(mm))
     del mm
     try:

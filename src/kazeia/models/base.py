@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -42,56 +43,103 @@ class ModelArgs:
     def from_gguf(cls, f: GGUFFile) -> ModelArgs:
         arch = f.architecture
 
-        def key(k: str, default=None, required: bool = True):
+        def key(k: str, default=None, required: bool = True, kind: type = int):
             full = f"{arch}.{k}"
-            if full in f.metadata:
-                return f.metadata[full]
-            if required and default is None:
-                raise GGUFError(f.path, f"missing required key '{full}'")
-            return default
+            if full not in f.metadata:
+                if required and default is None:
+                    raise GGUFError(f.path, f"missing required key '{full}'")
+                return default
+            v = f.metadata[full]
+            # a corrupt or foreign file may hold a string, an array or a bool where a number belongs
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if kind is int:
+                ok = ok and float(v).is_integer()
+            if not ok:
+                raise GGUFError(f.path, f"key '{full}' has a bad value {str(v)[:40]!r} "
+                                        f"(expected {'an integer' if kind is int else 'a number'})")
+            return kind(v)
 
-        n_embd = int(key("embedding_length"))
-        n_head = int(key("attention.head_count"))
+        n_embd = key("embedding_length")
+        n_head = key("attention.head_count")
         if n_head <= 0 or n_embd <= 0:
             raise GGUFError(f.path, "embedding_length and attention.head_count must be positive")
-        head_dim = int(key("attention.key_length", n_embd // n_head, required=False))
-        n_head_kv = int(key("attention.head_count_kv", n_head, required=False))
+        head_dim = key("attention.key_length", n_embd // n_head, required=False)
+        n_head_kv = key("attention.head_count_kv", n_head, required=False)
         if n_head_kv <= 0 or n_head % n_head_kv:
             raise GGUFError(f.path, f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
         vocab = f.get("tokenizer.ggml.tokens")
         emb = f.tensors.get("token_embd.weight")
         if emb is None:
             raise GGUFError(f.path, "missing tensor 'token_embd.weight'")
-        n_vocab = int(key("vocab_size", len(vocab) if vocab else emb.ne[1], required=False))
-        scaling = key("rope.scaling.type", "none", required=False)
+        n_tok = len(vocab) if isinstance(vocab, list) and vocab else emb.ne[1]
+        n_vocab = key("vocab_size", n_tok, required=False)
+        scaling = f.metadata.get(f"{arch}.rope.scaling.type", "none")
         if scaling not in ("none", "linear"):
-            raise UnsupportedError(f"{f.path}: rope scaling '{scaling}' is not supported")
-        factor = float(key("rope.scaling.factor", 1.0, required=False)) if scaling == "linear" else 1.0
+            raise UnsupportedError(f"{f.path}: rope scaling '{str(scaling)[:40]}' is not supported")
+        factor = key("rope.scaling.factor", 1.0, required=False, kind=float) if scaling == "linear" else 1.0
         args = cls(
             arch=arch,
-            n_layer=int(key("block_count")),
+            n_layer=key("block_count"),
             n_embd=n_embd,
-            n_ff=int(key("feed_forward_length")),
+            n_ff=key("feed_forward_length"),
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
-            n_rot=int(key("rope.dimension_count", head_dim, required=False)),
+            n_rot=key("rope.dimension_count", head_dim, required=False),
             n_vocab=n_vocab,
-            n_ctx_train=int(key("context_length")),
-            rope_freq_base=float(key("rope.freq_base", 10000.0, required=False)),
-            rope_freq_scale=1.0 / factor,
-            rms_eps=float(key("attention.layer_norm_rms_epsilon")),
+            n_ctx_train=key("context_length"),
+            rope_freq_base=key("rope.freq_base", 10000.0, required=False, kind=float),
+            rope_freq_scale=1.0 / factor if factor > 0 else 0.0,
+            rms_eps=key("attention.layer_norm_rms_epsilon", kind=float),
             tied_embeddings="output.weight" not in f.tensors,
         )
         if args.n_layer <= 0 or args.n_layer > 1024:
             raise GGUFError(f.path, f"absurd block_count {args.n_layer}")
+        for name in ("n_ff", "head_dim", "n_vocab", "n_ctx_train"):
+            if getattr(args, name) <= 0:
+                raise GGUFError(f.path, f"{name} {getattr(args, name)} must be positive")
+        if args.head_dim % 2 or args.n_rot <= 0 or args.n_rot % 2 or args.n_rot > args.head_dim:
+            raise GGUFError(f.path, f"rope dimension count {args.n_rot} does not fit head size {args.head_dim}")
+        if args.rope_freq_base <= 0 or args.rope_freq_scale <= 0 or args.rms_eps < 0:
+            raise GGUFError(f.path, "rope.freq_base, rope.scaling.factor and the RMS epsilon must be positive")
         return args
 
 
-def arch_module(arch: str) -> ModuleType:
+def expected_shapes(a: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """ggml shapes (ne) of every tensor the llama/qwen3 graphs may use, as llama.cpp's loader checks them."""
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (a.n_embd, a.n_vocab),
+        "output_norm.weight": (a.n_embd,),
+        "output.weight": (a.n_embd, a.n_vocab),
+    }
+    for il in range(a.n_layer):
+        p = f"blk.{il}."
+        shapes.update({
+            p + "attn_norm.weight": (a.n_embd,),
+            p + "attn_q.weight": (a.n_embd, a.n_embd_q),
+            p + "attn_k.weight": (a.n_embd, a.n_embd_kv),
+            p + "attn_v.weight": (a.n_embd, a.n_embd_kv),
+            p + "attn_q.bias": (a.n_embd_q,),
+            p + "attn_k.bias": (a.n_embd_kv,),
+            p + "attn_v.bias": (a.n_embd_kv,),
+            p + "attn_q_norm.weight": (a.head_dim,),
+            p + "attn_k_norm.weight": (a.head_dim,),
+            p + "attn_output.weight": (a.n_embd_q, a.n_embd),
+            p + "attn_output.bias": (a.n_embd,),
+            p + "ffn_norm.weight": (a.n_embd,),
+            p + "ffn_gate.weight": (a.n_embd, a.n_ff),
+            p + "ffn_up.weight": (a.n_embd, a.n_ff),
+            p + "ffn_down.weight": (a.n_ff, a.n_embd),
+        })
+    return shapes
+
+
+def arch_module(arch: str, path: str | None = None) -> ModuleType:
     mod = ARCHITECTURES.get(arch)
     if mod is None:
-        raise UnsupportedError(f"unsupported architecture '{arch}' (kazeia runs: {', '.join(ARCHITECTURES)})")
+        where = f"{path}: " if path else ""
+        raise UnsupportedError(f"{where}unsupported architecture '{str(arch)[:40]}' "
+                               f"(kazeia runs: {', '.join(ARCHITECTURES)})")
     return importlib.import_module(mod)
 
 
@@ -115,6 +163,21 @@ def weight_tensors(f: GGUFFile) -> tuple[Buffer, dict[str, Tensor]]:
 
 
 def require_weights(f: GGUFFile, weights: dict[str, Tensor], names: list[str]) -> None:
+    """Every required tensor is present, and every tensor the graph may use has the shape the hyperparameters
+    imply and a type kazeia can read (else the error would surface mid-graph, without the file's name)."""
     for n in names:
         if n not in weights:
             raise GGUFError(f.path, f"missing tensor '{n}'")
+    from kazeia.gguf.quants import supported_types
+
+    readable = set(supported_types())
+    for n, shape in expected_shapes(ModelArgs.from_gguf(f)).items():
+        t = weights.get(n)
+        if t is None:
+            continue
+        want = tuple(shape) + (1,) * (4 - len(shape))
+        if t.ne != want:
+            raise GGUFError(f.path, f"tensor '{n}' has shape {list(t.ne[:len(shape)])}, expected {list(shape)} "
+                                    f"from the model's hyperparameters")
+        if t.type not in readable:
+            raise GGUFError(f.path, f"tensor '{n}' has type {t.type.name}, which kazeia cannot read")

@@ -1,0 +1,82 @@
+"""The `htp` backend as the scheduler sees it (-dev HTP0): supports_op, enqueue, synchronize.
+
+This file only adapts the host session to the Backend interface; the host model is in host.py, the DSP in
+dsp.py, the op kernels in executor.py and matmul.py, VTCM plans in vtcm.py.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from kazeia.backends.base import Backend
+from kazeia.backends.htp.dsp import Dsp, DspFault, OpRecord
+from kazeia.backends.htp.executor import Executor
+from kazeia.backends.htp.host import HostSession, OpBatch, OpDesc
+from kazeia.backends.htp.profiles import check_faults, get_profile
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp.support import supports_op
+from kazeia.graph.builder import Graph
+from kazeia.graph.tensor import Tensor
+
+
+class HtpBackend(Backend):
+    name = "HTP0"
+    is_async = True
+    float_dtype = "float32"
+
+    def __init__(self, settings: HtpSettings | None = None, log=None) -> None:
+        super().__init__()
+        self.settings = settings or HtpSettings.from_env()
+        self.profile = get_profile(self.settings.profile)
+        check_faults(self.settings.faults)
+        self.executor = Executor(self.settings, self.profile)
+        self.dsp = Dsp(self.settings, self.profile, self.executor)
+        self.host = HostSession(self.name, self.settings, self.profile, self.dsp, log)
+        self.dsp.on_op_done = self._op_done
+        self.dsp.on_op_fault = self._op_fault
+        self.records: list[tuple[str, OpRecord]] = []  # (node name, record) of the current graph
+
+    @classmethod
+    def from_options(cls, opts, cpu_fallback=None) -> HtpBackend:
+        settings = HtpSettings.from_env(profile=opts.htp_profile, vtcm_bytes=opts.vtcm_bytes, faults=opts.fault,
+                                        overrides=opts.htp_env)
+        return cls(settings)
+
+    # --- Backend ---
+    def supports(self, node: Tensor) -> bool:
+        return supports_op(node, self.settings)
+
+    def begin_graph(self, graph: Graph) -> None:
+        super().begin_graph(graph)
+        self.records = []
+
+    def compute(self, node: Tensor) -> None:
+        idx = self.node_index.get(id(node), -1)
+        self.host.enqueue_op(node, idx)
+        self.emit_enqueue(node, self._info(node, "queued", self.host.batch.seq or None))
+
+    def synchronize(self) -> None:
+        if self.host.dead is None:
+            self.host.flush()
+
+    def end_graph(self) -> None:
+        self.synchronize()
+
+    # --- DSP callbacks ---
+    def _op_done(self, op: OpDesc, batch: OpBatch, rec: OpRecord) -> None:
+        self.records.append((op.node.name, rec))
+        info = self._info(op.node, rec.path, batch.seq, status=rec.status, **rec.detail)
+        self.emit_complete(op.node, info)
+
+    def _op_fault(self, op: OpDesc, batch: OpBatch, fault: DspFault) -> None:
+        for h in self.hooks:
+            cb = getattr(h, "on_fault", None)
+            if cb:
+                cb(op.node, self._info(op.node, "fault", batch.seq, kind=fault.kind, cause=fault.cause))
+
+    def dsp_log(self) -> list[str]:
+        return list(self.dsp.log)
+
+    def close(self) -> None:
+        if self.settings.farf and self.dsp.log:
+            sys.stderr.flush()

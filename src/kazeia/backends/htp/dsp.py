@@ -1,0 +1,107 @@
+"""The DSP side: batch processing, the per-batch op context, VTCM, the DSP log, and death.
+
+Per batch (htp_packet_callback / proc_op_req): the op context is zeroed (so the src1 "already quantized in
+VTCM" shortcut starts empty), then each op runs in order: inputs that are compute tensors not yet flushed
+get their L2 lines invalidated, the op executes (its return status is what the profile decides to keep or
+drop), and its dst is flushed from L2 to DDR and marked FLUSHED. An op's writes reach host-visible memory
+only at that flush: if the process dies inside an op, that op's output never lands.
+
+A death (stack overflow, bus error, abort) ends the batch and the session: nothing after it runs, and the
+host only learns at its next blocking read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kazeia.backends.htp.host import STATUS_OK, OpBatch, OpDesc
+from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.settings import HtpSettings
+
+
+class DspFault(Exception):
+    """Something that kills the DSP user process (PD): the emulated equivalent of an exception or abort."""
+
+    def __init__(self, kind: str, cause: str):
+        super().__init__(cause)
+        self.kind = kind  # "stack-overflow" | "bus-error" | "abort" | "hang"
+        self.cause = cause
+
+
+@dataclass
+class Death:
+    kind: str
+    cause: str
+    op_name: str
+    op_index: int  # index in its batch
+    batch_seq: int
+    graph_index: int
+
+
+@dataclass
+class OpContext:
+    """htp_ops_context: zeroed at the start of every batch."""
+
+    src1_spad_src: int | None = None  # descriptor index whose quantized copy sits at vtcm_base
+    src1_spad_kind: str | None = None  # which quantization the cached image holds (q8x4x2, q8_1x4x2, f16)
+    stack_used: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class OpRecord:
+    """What the DSP did for one op (for traces and forensics; the host never sees this on a device)."""
+
+    path: str
+    status: int = STATUS_OK
+    detail: dict = field(default_factory=dict)
+
+
+class Dsp:
+    def __init__(self, settings: HtpSettings, profile: Profile, executor) -> None:
+        from kazeia.backends.htp.vtcm import Vtcm
+
+        self.settings = settings
+        self.profile = profile
+        self.vtcm = Vtcm(settings.vtcm_bytes)
+        self.executor = executor  # runs one op: executor.execute(dsp, octx, op, batch) -> OpRecord
+        self.death: Death | None = None
+        self.log: list[str] = []  # FARF lines (visible on a device only to root)
+        self.octx = OpContext()
+        self.batches_run = 0
+        self.on_op_done: Callable[[OpDesc, OpBatch, OpRecord], None] | None = None
+        self.on_op_fault: Callable[[OpDesc, OpBatch, DspFault], None] | None = None
+        self.flushed: set[int] = set()  # descriptor indexes flushed in the current batch
+        self.hmx_scale = 0.0  # the HMX output-conversion scale last loaded (reset value 0)
+
+    def farf(self, level: str, msg: str) -> None:
+        line = f"[dsp {level}] {msg}"
+        self.log.append(line)
+        if self.settings.farf:
+            import sys
+
+            print(line, file=sys.stderr, flush=True)
+
+    def process_batch(self, batch: OpBatch) -> list[int]:
+        """Run every op of the batch; returns per-op statuses. Sets self.death and stops on a fault."""
+        if self.death is not None:
+            return []
+        self.batches_run += 1
+        self.octx = OpContext()  # memset(octx, 0): the src1 shortcut never survives a batch
+        self.flushed = set()
+        statuses: list[int] = []
+        for op in batch.ops:
+            try:
+                rec = self.executor.execute(self, self.octx, op, batch)
+            except DspFault as f:
+                self.death = Death(f.kind, f.cause, op.node.name, op.index, batch.seq, op.graph_index)
+                self.farf("ERROR", f"process exception: {f.kind}: {f.cause} (op #{op.index} {op.node.desc()})")
+                if self.on_op_fault:
+                    self.on_op_fault(op, batch, f)
+                break
+            self.flushed.add(op.dst)  # hex_l2flush(dst) + FLUSHED
+            statuses.append(rec.status)
+            if self.on_op_done:
+                self.on_op_done(op, batch, rec)
+        return statuses

@@ -1,0 +1,108 @@
+"""Running one op on the emulated DSP: MUL_MAT goes to matmul.py; the other ops use float32 kernels
+(the HVX ops compute in fp32/qf32) and flash attention models its fp16 tiles. Every op leaves its scratch
+bytes in VTCM in its own fixed layout and clears (or, per profile, forgets to clear) the src1 shortcut.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kazeia.backends.htp.dsp import Dsp, OpContext, OpRecord
+from kazeia.backends.htp.fp16 import round_fp16
+from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpDesc
+from kazeia.backends.htp.matmul import MatmulUnit
+from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.scratch import ScratchWriter
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.numpy_ops import KERNELS, NumpyOps, _softmax_rows
+from kazeia.graph.tensor import SCALAR_DTYPES, Tensor, array
+
+
+class DspOps(NumpyOps):
+    """NumpyOps over DDR: sources read from the buffers, results written at the op's L2 flush."""
+
+    ft = np.float32
+
+    def load(self, t: Tensor) -> np.ndarray:
+        if t.type not in SCALAR_DTYPES:
+            raise TypeError(f"{t.name}: the DSP reads {t.type.name} only through matmul")
+        return np.asarray(array(t), dtype=np.float32)
+
+    def load_rows(self, t: Tensor, sel: np.ndarray) -> np.ndarray:
+        return np.asarray(array(t)[0, 0, sel], dtype=np.float32)
+
+    def store(self, t: Tensor, values: np.ndarray) -> None:
+        out = array(t)
+        out[...] = values.reshape(out.shape)
+
+    def store_rows(self, t: Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
+        out = array(t)
+        for i3 in range(vals.shape[0]):
+            for i2 in range(vals.shape[1]):
+                sel = idx[i3 % idx.shape[0], i2 % idx.shape[1], 0]
+                out[i3 % out.shape[0], i2 % out.shape[1], sel] = vals[i3, i2]
+
+
+FA_KV_BLOCK = 128  # KV rows per HMX flash-attention step (fp16 P@V partial results are rounded per step)
+
+
+class Executor:
+    def __init__(self, settings: HtpSettings, profile: Profile) -> None:
+        self.settings = settings
+        self.profile = profile
+        self.io = DspOps()
+        self.matmul = MatmulUnit(settings, profile)
+        self.scratch = ScratchWriter(settings, profile)
+
+    def execute(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
+        node = op.node
+        if node.op == "MUL_MAT":
+            return self.matmul.op_matmul(dsp, octx, op, batch)
+        sc = self.scratch.layout(node)
+        path = sc.info.get("path", "hvx")
+        if sc.status == "VTCM_TOO_SMALL":
+            # the op returns before touching anything: dst keeps whatever it held
+            dsp.farf("ERROR", f"{node.desc()}: VTCM reservation {sc.vtcm} is too small, needed {sc.used}")
+            return OpRecord(path=path, status=STATUS_VTCM_TOO_SMALL)
+        if node.op == "FLASH_ATTN_EXT":
+            self._flash_attn(node, use_hmx=path == "hmx")
+            if path == "hmx":
+                dsp.hmx_scale = float(node.params["scale"])  # its qk-scale block is the last one loaded
+        else:
+            KERNELS[node.op](self.io, node)
+        self.scratch.after_op(dsp, octx, op, batch, path, sc)
+        return OpRecord(path=path, status=STATUS_OK)
+
+    # --- flash attention ---
+    def _flash_attn(self, n: Tensor, use_hmx: bool) -> None:
+        q, k, v = (self.io.load(s) for s in n.src[:3])  # (1, H, T, D), (1, Hkv, n_kv, D), (1, Hkv, n_kv, Dv)
+        mask = self.io.load(n.src[3]) if len(n.src) > 3 and n.src[3] is not None else None
+        g = q.shape[1] // k.shape[1]
+        k = np.repeat(k, g, axis=1)
+        v = np.repeat(v, g, axis=1)
+        scale = np.float32(n.params["scale"])
+        q16 = round_fp16(q)
+        if use_hmx:
+            # HMX: S tile read out as fp16 with the qk scale applied by the output conversion block
+            s = round_fp16(np.matmul(q16, k.swapaxes(-1, -2)) * scale)
+        else:
+            s = np.matmul(q16, k.swapaxes(-1, -2)) * scale
+        if mask is not None:
+            s = s + mask[:, :, : s.shape[2], : s.shape[3]]
+        with np.errstate(invalid="ignore", over="ignore"):
+            m = np.max(s, axis=-1, keepdims=True)
+            m = np.where(np.isneginf(m), 0.0, m).astype(np.float32)
+            p = np.exp(s - m).astype(np.float32)
+        l = p.sum(axis=-1, keepdims=True, dtype=np.float32)
+        if use_hmx:
+            p16 = round_fp16(p)
+            o = np.zeros(q.shape[:-1] + (v.shape[-1],), dtype=np.float32)
+            for j in range(0, p.shape[-1], FA_KV_BLOCK):  # per KV block: fp16 read-out, fp32 accumulation
+                o += round_fp16(np.matmul(p16[..., j:j + FA_KV_BLOCK], v[:, :, j:j + FA_KV_BLOCK]))
+        else:
+            o = np.matmul(p, v)
+        o = o / np.where(l == 0, 1.0, l)
+        self.io.store(n, o.transpose(0, 2, 1, 3))
+
+
+__all__ = ["Executor", "DspOps", "_softmax_rows"]

@@ -1,0 +1,202 @@
+"""HMX (matrix unit) matmul numerics of ggml-hexagon: x4x2 -> fp16 weight dequant, 32x32 fp16 tiles, the
+fp16 read-out.
+
+Upstream reference: htp/hmx-matmul-ops.c (dequantize_x4x2_*_group_hvx / _x4groups_hvx and their tile tasks,
+transfer_activation_chunk_fp32_to_fp16, core_dot_chunk_fp16, transfer_output_chunk_fp16_to_fp32,
+hmx_matmul_q_f32, hmx_matmul_f16_f32), htp/hmx-utils.h (tile geometry, hmx_interleave_rows_to_tiles),
+htp/hvx-base.h (hvx_vec_f32_to_f16_shuff); snapshot ggml-org/ggml bb4dc86a.
+
+Numerics (layout-free; the tile helpers below only matter for VTCM images, padding and staleness):
+- weights: W16 = fp16(q * d) for Q4_0 (q - 8), IQ4_NL (table value) and Q8_0 (one rounding of the exact
+  product, the qf16 multiply); Q4_1: fp16(fp16(q * d) + m) (qf16 multiply, then qf16 add, two roundings);
+  F16: the stored values.
+- activations: A16 = fp16(x) by the shuffled converter (|x| > 65504 -> inf; optional arch quirks).
+- products accumulated inside HMX (internal precision not public), modelled as ONE float32 GEMM over the
+  whole K, then the read-out (scale 1.0, bias 0) rounds each output once to fp16 (|y| > 65504 -> inf) and
+  the store widens it exactly to fp32. Every output is therefore an fp16 value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from kazeia.backends.htp.fp16 import (
+    f32_to_f16_shuffled,
+    fp16_bits,
+    from_fp16_bits,
+    round_fp16_hw,
+)
+from kazeia.backends.htp.repack import RepackedWeight
+
+GGMLType = GGMLQuantizationType
+
+TILE = 32                      # tile rows = tile cols
+TILE_ELEMS = TILE * TILE       # 1024 fp16
+TILE_BYTES = 2 * TILE_ELEMS    # 2048 B
+
+
+# --- weight dequant ---------------------------------------------------------------------------------------
+
+
+def hmx_weight_fp16(w: RepackedWeight) -> np.ndarray:
+    """(N, K) float32 of fp16 values: what the dequant tasks scatter into the weight tiles.
+
+    Computed from the x4x2 rows (w.quants / w.scales / w.mins decode the repacked bytes). Use `w.w16`
+    for the cached copy.
+    """
+    if w.qtype == GGMLType.F16:
+        return from_fp16_bits(np.ascontiguousarray(w.data).view(np.uint16))
+    quants, scales = w.quants, w.scales
+    mins = w.mins if w.qtype == GGMLType.Q4_1 else None
+    out = np.empty((w.n, w.k), dtype=np.float32)
+    step = max(1, (1 << 19) // w.k)        # rows per block: keeps the temporaries cache-sized
+    with np.errstate(over="ignore", invalid="ignore"):
+        for r0 in range(0, w.n, step):
+            r1 = min(w.n, r0 + step)
+            prod = quants[r0:r1].astype(np.float32)    # q-8 / table value / int8 / 0..15: exact
+            prod *= scales[r0:r1, :, None]             # at most 8 bits x 11 bits: exact in float32
+            if mins is not None:
+                # fp16 + fp16 is exact in float64 (not always in float32), so the add is rounded only once
+                blk = round_fp16_hw(round_fp16_hw(prod).astype(np.float64) + mins[r0:r1, :, None])
+            else:
+                blk = round_fp16_hw(prod)
+            out[r0:r1] = blk.reshape(r1 - r0, w.k)
+    return out
+
+
+# --- tile layout ------------------------------------------------------------------------------------------
+#
+# A tile is 32x32 fp16 = 16 vectors of 128 B; vector p holds rows 2p and 2p+1 interleaved by element, so the
+# fp16 index of (r, c) inside a tile is 64*(r//2) + 2*c + (r%2).
+
+
+def tile_index(r: int | np.ndarray, c: int | np.ndarray) -> int | np.ndarray:
+    """fp16 index of logical (row, col) inside one 32x32 tile."""
+    return 64 * (r // 2) + 2 * c + (r % 2)
+
+
+def pack_tiles(mat: np.ndarray) -> np.ndarray:
+    """(R, C) matrix (R, C multiples of 32, any dtype) -> (R/32, C/32, 1024) tiles, row-tile major."""
+    r, c = mat.shape
+    if r % TILE or c % TILE:
+        raise ValueError(f"tile packing needs multiples of 32, got {mat.shape}")
+    t = mat.reshape(r // TILE, TILE // 2, 2, c // TILE, TILE)        # (rt, pair, r%2, ct, col)
+    return np.ascontiguousarray(t.transpose(0, 3, 1, 4, 2)).reshape(r // TILE, c // TILE, TILE_ELEMS)
+
+
+def unpack_tiles(tiles: np.ndarray) -> np.ndarray:
+    """Inverse of `pack_tiles`: (RT, CT, 1024) -> (RT*32, CT*32)."""
+    rt, ct, _ = tiles.shape
+    t = tiles.reshape(rt, ct, TILE // 2, TILE, 2).transpose(0, 2, 4, 1, 3)
+    return np.ascontiguousarray(t).reshape(rt * TILE, ct * TILE)
+
+
+def _to_bytes(tiles_f: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(fp16_bits(tiles_f)).view(np.uint8).reshape(-1)
+
+
+def _from_bytes(b: np.ndarray, rt: int, ct: int) -> np.ndarray:
+    b = np.ascontiguousarray(b, dtype=np.uint8).reshape(-1)
+    need = rt * ct * TILE_BYTES
+    if b.size < need:
+        raise ValueError(f"tile image has {b.size} bytes, {rt}x{ct} tiles need {need}")
+    return from_fp16_bits(b[:need].view(np.uint16)).reshape(rt, ct, TILE_ELEMS)
+
+
+def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
+    if a.shape[0] == rows:
+        return a
+    out = np.zeros((rows, a.shape[1]), dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+def activation_to_tiles(a16: np.ndarray) -> np.ndarray:
+    """(M, K) fp16 values -> VTCM bytes of the activation tiles [ceil(M/32)][K/32] (pad rows = 0)."""
+    m = a16.shape[0]
+    return _to_bytes(pack_tiles(_pad_rows(np.asarray(a16, dtype=np.float32), -(-m // TILE) * TILE)))
+
+
+def activation_from_tiles(b: np.ndarray, m: int, k: int) -> np.ndarray:
+    """Activation tile bytes -> (ceil(M/32)*32, K) float32 (pad rows included)."""
+    rt = -(-m // TILE)
+    return unpack_tiles(_from_bytes(b, rt, k // TILE))
+
+
+def weight_to_tiles(w16: np.ndarray) -> np.ndarray:
+    """(N, K) fp16 weight -> VTCM bytes of weight tiles [N/32][K/32]; tile (nt, kt) is the K x N block:
+    row = k, col = n, so row pairs run along K."""
+    n, k = w16.shape
+    t = pack_tiles(np.asarray(w16, dtype=np.float32).T)           # grid [K/32][N/32]
+    return _to_bytes(t.transpose(1, 0, 2))
+
+
+def weight_from_tiles(b: np.ndarray, n: int, k: int) -> np.ndarray:
+    """Weight tile bytes -> (N, K) float32."""
+    t = _from_bytes(b, n // TILE, k // TILE).transpose(1, 0, 2)
+    return unpack_tiles(np.ascontiguousarray(t)).T.copy()
+
+
+def output_to_tiles(y16: np.ndarray) -> np.ndarray:
+    """(M, N) fp16 outputs -> VTCM bytes of output tiles [ceil(M/32)][N/32] (pad rows = 0)."""
+    m = y16.shape[0]
+    return _to_bytes(pack_tiles(_pad_rows(np.asarray(y16, dtype=np.float32), -(-m // TILE) * TILE)))
+
+
+def output_from_tiles(b: np.ndarray, m: int, n: int) -> np.ndarray:
+    """Output tile bytes -> the (M, N) float32 the store writes to DDR (rows >= M are not stored)."""
+    rt = -(-m // TILE)
+    return unpack_tiles(_from_bytes(b, rt, n // TILE))[:m]
+
+
+def stage_activations(x: np.ndarray, arch: int | None = None, prev: np.ndarray | None = None) -> np.ndarray:
+    """f32 src1 rows (M, K) -> the activation tile image [ceil(M/32)][K/32] the staging task writes.
+
+    Converted with the shuffled converter (`f32_to_f16_shuffled`: |x| > 65504 -> inf; below v79 -inf -> NaN
+    when `arch` is given). Rows M .. ceil(M/32)*32-1 of the last row tile are zero-filled (upstream since
+    #22724) when `prev` is None; with `prev` (the bytes previously in that VTCM area, same size) every
+    element of those pad rows keeps its previous value instead (pre-#22724 / htp-ops-lib behaviour).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    m, k = x.shape
+    if k % TILE:
+        raise ValueError(f"K={k} must be a multiple of 32")
+    a16 = f32_to_f16_shuffled(x, arch)
+    img = activation_to_tiles(a16)
+    if prev is not None and m % TILE:
+        old = np.asarray(prev, dtype=np.uint8).reshape(-1)
+        if old.size != img.size:
+            raise ValueError(f"prev must have {img.size} bytes, got {old.size}")
+        stale = _pad_rows(np.zeros((m, k), dtype=bool), img.size // (2 * k))
+        stale[m:] = True
+        mask = pack_tiles(stale).reshape(-1)               # per fp16 element
+        img = img.view(np.uint16).copy()
+        img[mask] = old.view(np.uint16)[mask]
+        img = img.view(np.uint8)
+    return img
+
+
+# --- the matmul -------------------------------------------------------------------------------------------
+
+
+def hmx_matmul(a16: np.ndarray, w16: np.ndarray) -> np.ndarray:
+    """y (M, N) float32 = fp16(A16 @ W16^T) with fp32 accumulation, every element fp16-representable.
+
+    a16: (M, K) float32 of fp16 values; w16: (N, K) float32 of fp16 values. One float32 GEMM over the whole K
+    (`a16 @ w16.T`, C-contiguous float32 operands), then one fp16 rounding (|y| > 65504 -> inf) per output.
+    Note the GEMM's summation order is BLAS's; the same shapes give the same bits, but a row's result may
+    change in the last fp32 bit if it is computed in a call with a different M.
+    """
+    a = np.ascontiguousarray(a16, dtype=np.float32)
+    w = np.ascontiguousarray(w16, dtype=np.float32)
+    if a.shape[1] != w.shape[1]:
+        raise ValueError(f"K mismatch: {a.shape} vs {w.shape}")
+    with np.errstate(all="ignore"):
+        return round_fp16_hw(a @ w.T)
+
+
+def hmx_mul_mat(w: RepackedWeight, x: np.ndarray, arch: int | None = None) -> np.ndarray:
+    """Convenience: the HMX MUL_MAT of weight `w` and f32 src1 rows `x` (M, K) -> (M, N) float32."""
+    a16 = f32_to_f16_shuffled(np.asarray(x, dtype=np.float32), arch)
+    return hmx_matmul(a16, w.w16)

@@ -1,0 +1,234 @@
+"""The host side of ggml-hexagon: op batches, the op queue, flush_pending, descriptors, supports_op.
+
+Nothing waits per op. `enqueue_op` adds an op to the open batch; when the next op does not fit (OPBATCH
+ops, the tensor table, the 16-entry buffer table, the VMEM budget) the batch is closed and pushed to the op
+queue; if all OPQUEUE slots are in flight, `flush_pending` first blocks for the oldest response. Responses
+are only ever read in `flush_pending` (graph end, synchronize, queue full), which is why a DSP death is
+reported there, long after the op that caused it.
+
+The DSP runs a batch only when the host waits for it (the latest moment the real DSP could have finished
+it), so anything the host reads before that sees the buffers as they were: the emulation is pessimistic
+about host/DSP races in exactly the way that fooled enqueue-time dumps.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.errors import DeviceDeathError, DeviceOpError
+from kazeia.graph.tensor import BufferUsage, GGMLType, Tensor, type_name
+
+AEE_EINTERRUPTED = 0x2E
+MAX_BUFS = 16  # HTP_OP_MAX_BUFS: buffer table entries per batch
+MAX_INPUTS = 6  # HTP_OP_MAX_INPUTS
+MAX_VMEM = 3200 * 1024 * 1024  # GGML_HEXAGON_VMEM default on v75+
+
+TENSOR_COMPUTE = 1
+TENSOR_FLUSHED = 2
+
+STATUS_OK, STATUS_INTERNAL_ERR, STATUS_NO_SUPPORT, STATUS_INVAL_PARAMS, STATUS_VTCM_TOO_SMALL = 1, 2, 3, 4, 5
+STATUS_NAMES = {1: "OK", 2: "INTERNAL-ERROR", 3: "NO-SUPPORT", 4: "INVAL-PARAMS", 5: "VTCM-TOO-SMALL"}
+
+
+@dataclass
+class TensorDesc:
+    """htp_tensor: what the DSP knows of a tensor (address, shape, strides, type, flags)."""
+
+    index: int
+    tensor: Tensor  # the first ggml tensor that produced this descriptor
+    addr: int
+    size: int
+    type: GGMLType
+    ne: tuple[int, int, int, int]
+    nb: tuple[int, int, int, int]
+    flags: int
+    buffer_index: int
+
+
+@dataclass
+class OpDesc:
+    index: int
+    node: Tensor
+    src: list[int | None]
+    dst: int
+    graph_index: int
+
+
+@dataclass
+class OpBatch:
+    seq: int = 0  # batch sequence number (monotonic, for logs and traces)
+    ops: list[OpDesc] = field(default_factory=list)
+    tensors: list[TensorDesc] = field(default_factory=list)
+    buffers: list[object] = field(default_factory=list)
+    vmem: int = 0
+    _by_data: dict[int, list[int]] = field(default_factory=dict)
+    _by_tensor: dict[int, int] = field(default_factory=dict)
+    _buf_index: dict[int, int] = field(default_factory=dict)
+
+    def empty(self) -> bool:
+        return not self.ops
+
+    def fits(self, node: Tensor, max_ops: int, max_tensors: int) -> bool:
+        if len(self.ops) >= max_ops:
+            return False
+        extra_tens = extra_bufs = extra_vmem = 0
+        seen_bufs: set[int] = set()
+        for t in [*[s for s in node.src if s is not None], node]:
+            if id(t) in self._by_tensor:
+                continue
+            extra_tens += 1
+            b = t.buffer
+            if id(b) not in self._buf_index and id(b) not in seen_bufs:
+                seen_bufs.add(id(b))
+                extra_bufs += 1
+                extra_vmem += b.size
+        return (len(self.buffers) + extra_bufs <= MAX_BUFS and len(self.tensors) + extra_tens <= max_tensors
+                and self.vmem + extra_vmem <= MAX_VMEM)
+
+    def add_tensor(self, t: Tensor) -> int:
+        # de-duplicate by data address with identical ne and nb (type is NOT compared, as upstream), then by
+        # tensor identity: two logical tensors ggml-alloc put at one address share a descriptor
+        for i in self._by_data.get(t.data_addr, []):
+            d = self.tensors[i]
+            if d.ne == t.ne and d.nb == t.nb:
+                return i
+        if id(t) in self._by_tensor:
+            return self._by_tensor[id(t)]
+        bi = self._buf_index.get(id(t.buffer))
+        if bi is None:
+            bi = len(self.buffers)
+            self.buffers.append(t.buffer)
+            self._buf_index[id(t.buffer)] = bi
+            self.vmem += t.buffer.size
+        flags = TENSOR_COMPUTE if t.buffer.usage == BufferUsage.COMPUTE else 0
+        d = TensorDesc(len(self.tensors), t, t.data_addr, t.nbytes, t.type, t.ne, t.nb, flags, bi)
+        self.tensors.append(d)
+        self._by_data.setdefault(t.data_addr, []).append(d.index)
+        self._by_tensor[id(t)] = d.index
+        return d.index
+
+    def add_op(self, node: Tensor, graph_index: int) -> OpDesc:
+        src = [self.add_tensor(s) if s is not None else None for s in node.src]
+        dst = self.add_tensor(node)
+        op = OpDesc(len(self.ops), node, src, dst, graph_index)
+        self.ops.append(op)
+        return op
+
+
+def op_desc_line(node: Tensor, session: str, flags: int = 0) -> str:
+    """The upstream VERBOSE 'execute-op' line: names : dims : types : strides : buffers : flags."""
+    srcs = [s for s in node.src if s is not None]
+
+    def dims(t: Tensor) -> str:
+        return ":".join(str(x) for x in (t.ne[:2] if t.ne[2] == t.ne[3] == 1 else t.ne))
+
+    def strides(t: Tensor) -> str:
+        nb = t.nb[:2] if t.ne[2] == t.ne[3] == 1 else t.nb
+        return ":".join(str(x) for x in nb) + ("" if t.is_contiguous() else "!")
+
+    def join(f: Callable[[Tensor], str]) -> str:
+        return (" x ".join(f(s) for s in srcs) + " -> " if srcs else "") + f(node)
+
+    return (f"ggml-hex: {session} execute-op {node.desc()}: {join(lambda t: t.name)} : {join(dims)} : "
+            f"{join(lambda t: type_name(t.type))} : {join(strides)} : {join(lambda t: t.buffer.name)} : "
+            f"flags 0x{flags:x}")
+
+
+@dataclass
+class Response:
+    batch: OpBatch
+    status: int
+    statuses: list[int]
+
+
+class HostSession:
+    """One HTP session (HTP0): the op batch, the op queue and the DSP behind them."""
+
+    def __init__(self, name: str, settings: HtpSettings, profile: Profile, dsp, log: Callable[[str], None] | None = None):
+        self.name = name
+        self.settings = settings
+        self.profile = profile
+        self.dsp = dsp
+        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        self.max_tensors = settings.opbatch * (1 + MAX_INPUTS)
+        self.batch = OpBatch()
+        self.in_flight: deque[OpBatch] = deque()
+        self._seq = 0
+        self.last_enqueued: OpDesc | None = None
+        self.dead: DeviceDeathError | None = None
+        self.batches_submitted = 0
+        self.on_enqueue: Callable[[OpDesc, OpBatch], None] | None = None
+
+    # --- the upstream entry points ---
+    def enqueue_op(self, node: Tensor, graph_index: int) -> None:
+        self._check_alive()
+        if not self.batch.fits(node, self.settings.opbatch, self.max_tensors):
+            self.flush_batch()
+        op = self.batch.add_op(node, graph_index)
+        self.last_enqueued = op
+        if self.settings.verbose:
+            self.log(op_desc_line(node, self.name))
+        if self.on_enqueue:
+            self.on_enqueue(op, self.batch)
+
+    def flush_batch(self) -> None:
+        if self.batch.empty():
+            return
+        if len(self.in_flight) >= self.settings.opqueue:
+            self.flush_pending(all_=False)
+        self._seq += 1
+        self.batch.seq = self._seq
+        self.in_flight.append(self.batch)
+        self.batches_submitted += 1
+        self.batch = OpBatch()
+
+    def flush_pending(self, all_: bool = False) -> None:
+        while self.in_flight:
+            batch = self.in_flight[0]
+            rsp = self._dspqueue_read(batch)
+            self.in_flight.popleft()
+            if rsp.status != STATUS_OK:
+                self.log(f"ggml-hex: {self.name} dspcall : dsp-rsp: {STATUS_NAMES.get(rsp.status, 'UNKNOWN')}")
+                if self.profile.surface_status:
+                    bad = [(op, s) for op, s in zip(batch.ops, rsp.statuses) if s != STATUS_OK]
+                    op, s = bad[0]
+                    raise DeviceOpError(f"{self.name}: op {op.node.name} ({op.node.desc()}) failed on the DSP: "
+                                        f"{STATUS_NAMES.get(s, s)}")
+            if not all_:
+                break
+
+    def flush(self) -> None:
+        """Graph end / synchronize: close the open batch and wait for every response."""
+        self._check_alive()
+        self.flush_batch()
+        self.flush_pending(all_=True)
+
+    # --- internals ---
+    def _dspqueue_read(self, batch: OpBatch) -> Response:
+        """Block for the response of `batch`: this is where the DSP actually runs it (lazily)."""
+        self._check_alive()
+        statuses = self.dsp.process_batch(batch)
+        if self.dsp.death is not None:
+            d = self.dsp.death
+            err = DeviceDeathError(
+                f"ggml-hex: dspqueue_read failed: 0x{AEE_EINTERRUPTED:08x}",
+                code=AEE_EINTERRUPTED,
+                last_enqueued=self.last_enqueued.node.name if self.last_enqueued else None,
+                faulting=d.op_name, cause=d.cause)
+            err.batch_seq = batch.seq
+            err.kind = d.kind
+            self.dead = err
+            raise err
+        status = STATUS_OK
+        if self.profile.surface_status and any(s != STATUS_OK for s in statuses):
+            status = next(s for s in statuses if s != STATUS_OK)
+        return Response(batch, status, statuses)
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise self.dead

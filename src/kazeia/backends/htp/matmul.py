@@ -1,0 +1,298 @@
+"""MUL_MAT on the emulated DSP: op_matmul's dispatch, the HMX and HVX paths, and what each leaves in VTCM.
+
+op_matmul (matmul-ops.c) picks HMX or HVX by its gates (vtcm.matmul_dispatch). The HMX kernel plans its
+VTCM layout (vtcm.hmx_matmul_plan) and returns -1 when the plan does not fit; what happens next is the
+profile's: `2026-05` calls op_matmul again with the same inputs (each attempt takes a stack frame; the
+callback thread's stack runs out and the DSP process dies), `robust` runs the HVX kernel instead.
+
+The HVX kernel quantizes src1 into VTCM at vtcm_base unless the per-batch shortcut says the same src1
+descriptor is already there, then reads its activations back FROM VTCM: whatever bytes are there are what
+it multiplies. The numerics are in hvx_matmul.py / hmx_matmul.py.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from kazeia.backends.htp import cost
+from kazeia.backends.htp import vtcm as V
+from kazeia.backends.htp.dsp import Dsp, DspFault, OpContext, OpRecord
+from kazeia.backends.htp.fp16 import f32_to_f16_shuffled, round_fp16_hw
+from kazeia.backends.htp.hmx_matmul import hmx_matmul, output_to_tiles, stage_activations, weight_to_tiles
+from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpDesc
+from kazeia.backends.htp.hvx_matmul import (
+    activation_row_size,
+    hvx_matmul,
+    hvx_matmul_f16_ddr,
+    q8_spill_bytes,
+    quantize_activations,
+)
+from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.repack import RepackedWeight
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.weights import default_budget_bytes
+from kazeia.graph.tensor import GGMLType, Tensor, array, rows, type_name
+
+_KIND = {GGMLType.Q4_1: "q8_1x4x2", GGMLType.F16: "f16"}
+
+
+def _qt(t: GGMLType) -> str:
+    return type_name(t)
+
+
+class WeightStore:
+    """The REPACK buffer: each weight repacked once (as set_tensor does), kept within a byte budget."""
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = budget if budget is not None else default_budget_bytes()
+        self._items: OrderedDict[int, RepackedWeight] = OrderedDict()
+
+    def get(self, w: Tensor) -> RepackedWeight:
+        key = w.data_addr
+        rw = self._items.get(key)
+        if rw is not None:
+            self._items.move_to_end(key)
+            return rw
+        rw = RepackedWeight.from_ggml(rows(w)[0, 0], w.type, w.ne[0])
+        self._items[key] = rw
+        while len(self._items) > 1 and self._bytes() > self.budget:
+            _, old = self._items.popitem(last=False)
+            old.drop_cache()
+        return rw
+
+    def _bytes(self) -> int:
+        # derived arrays dominate: int8 quants + fp32 scales + fp32 fp16-weights, about 5.2 bytes per weight
+        return int(sum(rw.n * rw.k * 5.2 for rw in self._items.values()))
+
+
+class MatmulUnit:
+    def __init__(self, settings: HtpSettings, profile: Profile) -> None:
+        self.settings = settings
+        self.profile = profile
+        self.weights = WeightStore()
+        self.hmx_built = settings.arch in V.HMX_ARCHS
+
+    # --- op_matmul ---
+    def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
+        node = op.node
+        w, x = node.src[0], node.src[1]
+        M, K, N = x.ne[1], w.ne[0], w.ne[1]
+        batched = w.ne[2] * w.ne[3] > 1 or x.ne[2] * x.ne[3] > 1
+        permuted = w.nb[0] > w.nb[1] or x.nb[0] > x.nb[1]
+        path, reason = V.matmul_dispatch(M, K, N, _qt(w.type), hmx_enabled=self.settings.use_hmx,
+                                         hmx_built=self.hmx_built, batched=batched, permuted=permuted)
+        if path == "hvx":
+            return self._hvx(dsp, octx, op, reason)
+        octx.src1_spad_src = None  # "always re-quantize src1 since HMX kernel overwrites vtcm"
+        octx.src1_spad_kind = None
+        rec = self._hmx(dsp, op, batched)
+        if rec is not None:
+            return rec
+        if self.profile.hmx_failure == "reenter":
+            # upstream: `return op_matmul(octx);` -- same inputs, same plan, same failure, one more frame
+            octx.stack_used += self.profile.matmul_frame_bytes
+            if self.profile.reentry_outcome == "hang":
+                raise DspFault("hang", f"op_matmul re-enters itself forever on {node.name} (tail call as loop)")
+            if octx.stack_used > self.profile.dsp_stack_bytes:
+                attempts = octx.stack_used // self.profile.matmul_frame_bytes
+                raise DspFault("stack-overflow",
+                               f"stack overflow after {attempts} op_matmul -> hmx_matmul_q_f32 re-entries on "
+                               f"{node.name} (M={M} K={K} N={N})")
+            return self.op_matmul(dsp, octx, op, batch)
+        rec = self._hvx(dsp, octx, op, "HMX failed, fell back to HVX")
+        rec.detail["hmx_fallback"] = True
+        return rec
+
+    # --- HMX ---
+    def _hmx(self, dsp: Dsp, op: OpDesc, batched: bool) -> OpRecord | None:
+        node = op.node
+        w, x = node.src[0], node.src[1]
+        M, K, N = x.ne[1], w.ne[0], w.ne[1]
+        qt = _qt(w.type)
+        plan = V.hmx_matmul_plan(M, K, N, qt, self.settings.vtcm_bytes, self.profile.name)
+        if not plan.fits:
+            tag = "hmx-mm-q" if w.type != GGMLType.F16 else "hmx-mm-f16"
+            if plan.status == "overflow":
+                dsp.farf("ERROR", f"{tag}: VTCM overflow: used {plan.used} budget {plan.vtcm}")
+            else:
+                dsp.farf("ERROR", f"{tag}: no chunking fits VTCM {plan.vtcm} ({plan.reason})")
+            return None
+        if "vtcm-bank-crossing" in self.settings.faults:
+            crossing = V.bank_crossings(plan)
+            if crossing:
+                c = crossing[0]
+                raise DspFault("bus-error", f"precise bus error 0x2601: HMX {c.kind} load run "
+                                            f"0x{c.offset:06x}-0x{c.end - 1:06x} crosses a 4 MiB VTCM bank ({node.name})")
+        if batched or not (w.ne[2] == w.ne[3] == 1):
+            y = self._hmx_batched_f16(node)
+        else:
+            y = self._hmx_2d(dsp, node, plan)
+        dsp.hmx_scale = 1.0
+        out = array(node)
+        out[...] = y.reshape(out.shape)
+        return OpRecord("hmx", STATUS_OK, {"mc": plan.mc, "nc": plan.nc, "vtcm_used": plan.used,
+                                           "modeled_s": cost.hmx_matmul_seconds(M, K, N, w.type, plan.mc or 32)})
+
+    def _src1_rows_assumed_contiguous(self, x: Tensor, M: int, K: int) -> np.ndarray:
+        # the quantized HMX kernel is not given src1's row stride: it reads M*K floats from the data pointer
+        return np.ndarray((M, K), dtype=np.float32, buffer=x.buffer.data, offset=x.offset).copy()
+
+    def _hmx_2d(self, dsp: Dsp, node: Tensor, plan: V.MatmulPlan) -> np.ndarray:
+        w, x = node.src[0], node.src[1]
+        M, K, N = x.ne[1], w.ne[0], w.ne[1]
+        if w.type == GGMLType.F16:
+            xs = np.asarray(array(x)[0, 0], dtype=np.float32)  # the F16 kernel honours act_stride
+        else:
+            xs = self._src1_rows_assumed_contiguous(x, M, K)
+        rw = self.weights.get(w)
+        a16 = f32_to_f16_shuffled(xs, self.settings.arch if self.settings.extra.get("arch_quirks") else None)
+        w16 = rw.w16
+        faults = self.settings.faults
+        if "scatter-unretired" in faults:
+            wt0 = plan.area("wt0")
+            nc = plan.nc
+            stale = np.frombuffer(dsp.vtcm.read(wt0.offset, nc * K * 2), dtype=np.uint8)
+            from kazeia.backends.htp.hmx_matmul import weight_from_tiles
+
+            w16 = w16.copy()
+            w16[:nc] = weight_from_tiles(stale, nc, K)
+            dsp.farf("HIGH", f"{node.name}: weight tiles of column chunk 0 read before their scatter drained")
+        scale = dsp.hmx_scale if "hmx-bias-stale" in faults else 1.0
+        if scale == 1.0:
+            y = hmx_matmul(a16, w16)
+        else:
+            with np.errstate(all="ignore"):
+                y = round_fp16_hw((np.ascontiguousarray(a16) @ np.ascontiguousarray(w16).T) * np.float32(scale))
+        self._leave_hmx_bytes(dsp, plan, rw, xs, a16, y)
+        return y
+
+    def _hmx_batched_f16(self, node: Tensor) -> np.ndarray:
+        """F16 batched HMX (hmx_matmul_f16_f32_batched): per batch, same numerics."""
+        w, x = node.src[0], node.src[1]
+        wv = np.asarray(array(w), dtype=np.float32)  # (a3, a2, N, K)
+        xv = np.asarray(array(x), dtype=np.float32)  # (b3, b2, M, K)
+        r2, r3 = x.ne[2] // w.ne[2], x.ne[3] // w.ne[3]
+        wv = np.repeat(np.repeat(wv, r2, axis=1), r3, axis=0)
+        a16 = f32_to_f16_shuffled(xv, None)
+        with np.errstate(all="ignore"):
+            return round_fp16_hw(np.matmul(a16, wv.swapaxes(-1, -2)))
+
+    def _leave_hmx_bytes(self, dsp: Dsp, plan: V.MatmulPlan, rw: RepackedWeight, xs: np.ndarray,
+                         a16: np.ndarray, y: np.ndarray) -> None:
+        """VTCM after the kernel: the last M chunk's activation tiles, the last column chunks' raw rows, weight
+        tiles and output tiles in their ping-pong buffers, and the 256 B scale block."""
+        vt = dsp.vtcm
+        M, N = y.shape
+        mc, nc = plan.mc, plan.nc
+        names = {a.name for a in plan.areas}
+        m0 = (max(M - 1, 0) // mc) * mc
+        act = stage_activations(xs[m0:])
+        a = plan.area("activation")
+        vt.write(a.offset, act[: a.size])
+        n_chunks = -(-N // nc)
+        if "wt0" not in names:  # F16 kernel: [weight][activation][output][scratch0][scratch1][scales]
+            n0 = (n_chunks - 1) * nc
+            wa, oa = plan.area("weight"), plan.area("output")
+            vt.write(wa.offset, weight_to_tiles(rw.w16[n0:])[: wa.size])
+            vt.write(oa.offset, output_to_tiles(y[m0:, n0:])[: oa.size])
+        else:
+            for j in range(max(0, n_chunks - 2), n_chunks):
+                n0, n1 = j * nc, min(N, (j + 1) * nc)
+                wt = plan.area(f"wt{j % 2}")
+                vt.write(wt.offset, weight_to_tiles(rw.w16[n0:n1])[: wt.size])
+                out = plan.area(f"out{j % 2}")
+                vt.write(out.offset, output_to_tiles(y[m0:, n0:n1])[: out.size])
+            n0 = (n_chunks - 1) * nc
+            q = plan.area("qweight")
+            if plan.row_stride:
+                raw = rw.data[n0:]
+                buf = np.zeros((raw.shape[0], plan.row_stride), dtype=np.uint8)
+                buf[:, : min(raw.shape[1], plan.row_stride)] = raw[:, : plan.row_stride]
+                vt.write(q.offset, buf.reshape(-1)[: q.size])
+        s = plan.area("scales")
+        vt.write(s.offset, V.hmx_scale_block(1.0))
+
+    # --- HVX ---
+    def _hvx(self, dsp: Dsp, octx: OpContext, op: OpDesc, reason: str) -> OpRecord:
+        node = op.node
+        w, x = node.src[0], node.src[1]
+        M, K, N = x.ne[1], w.ne[0], w.ne[1]
+        batched = w.ne[2] * w.ne[3] > 1 or x.ne[2] * x.ne[3] > 1
+        permuted = w.nb[0] > w.nb[1] or x.nb[0] > x.nb[1]
+        plan = V.hvx_matmul_plan(M, K, N, _qt(w.type), self.settings.nhvx, self.settings.vtcm_bytes,
+                                 batched=batched, permuted=permuted, profile=self.profile.name)
+        if plan.status == "vtcm_too_small":
+            dsp.farf("ERROR", f"matmul-{_qt(w.type)} : current VTCM reservation {plan.vtcm} is too small, "
+                              f"needed {plan.used}")
+            return OpRecord("hvx", STATUS_VTCM_TOO_SMALL, {"reason": reason})
+        if w.type == GGMLType.F16 and (batched or permuted or plan.info.get("kernel") == "f16-ddr"):
+            y = self._hvx_f16_ddr(node)
+            reused = False
+        else:
+            y, reused = self._hvx_vtcm(dsp, octx, op, plan)
+        out = array(node)
+        out[...] = y.reshape(out.shape)
+        return OpRecord("hvx", STATUS_OK, {"reason": reason, "src1_reused": reused, "vtcm_used": plan.used,
+                                           "modeled_s": cost.hvx_matmul_seconds(M, K, N, w.type)})
+
+    def _hvx_vtcm(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: V.MatmulPlan) -> tuple[np.ndarray, bool]:
+        node = op.node
+        w, x = node.src[0], node.src[1]
+        M, K = x.ne[1], w.ne[0]
+        kind = _KIND.get(w.type, "q8x4x2")
+        stride = activation_row_size(K, w.type)
+        nbytes = M * stride
+        src1 = op.src[1]
+        reuse = octx.src1_spad_src == src1 and (self.profile.name == "2026-05" or octx.src1_spad_kind == kind)
+        if reuse:
+            image = np.frombuffer(dsp.vtcm.read(0, nbytes), dtype=np.uint8).reshape(M, stride)
+        else:
+            xs = np.asarray(array(x)[0, 0], dtype=np.float32)  # rows through nb[1]
+            prev = np.frombuffer(dsp.vtcm.read(0, nbytes), dtype=np.uint8).reshape(M, stride)
+            image = quantize_activations(xs, w.type, self.settings.fp32_quantize_group, prev=prev)
+            dsp.vtcm.write(0, image.reshape(-1))
+            spill = min(q8_spill_bytes(K, w.type), dsp.vtcm.size - nbytes)
+            if spill > 0:
+                dsp.vtcm.fill(nbytes, spill, 0)
+            octx.src1_spad_src = src1
+            octx.src1_spad_kind = kind
+        rw = self.weights.get(w)
+        y = hvx_matmul(rw, image, M)
+        self._leave_hvx_bytes(dsp, plan, rw, y)
+        return y, reuse
+
+    def _hvx_f16_ddr(self, node: Tensor) -> np.ndarray:
+        w, x = node.src[0], node.src[1]
+        wv = np.asarray(array(w), dtype=np.float32)
+        xv = np.asarray(array(x), dtype=np.float32)
+        r2, r3 = x.ne[2] // w.ne[2], x.ne[3] // w.ne[3]
+        out = np.empty(node.ne[::-1], dtype=np.float32)
+        for i3 in range(x.ne[3]):
+            for i2 in range(x.ne[2]):
+                wm = wv[i3 // r3, i2 // r2].astype(np.float16)
+                out[i3, i2] = hvx_matmul_f16_ddr(wm, xv[i3, i2], src1_f16=x.type == GGMLType.F16)
+        return out
+
+    def _leave_hvx_bytes(self, dsp: Dsp, plan: V.MatmulPlan, rw: RepackedWeight, y: np.ndarray) -> None:
+        """Each thread's src0 ring ends holding its last weight rows, its dst area its last output rows."""
+        vt = dsp.vtcm
+        nt = plan.n_threads or 1
+        N = rw.n
+        per = -(-N // nt)
+        per += per & 1
+        for t in range(nt):
+            r0, r1 = t * per, min(N, (t + 1) * per)
+            if r0 >= r1:
+                continue
+            for a in plan.areas:
+                if a.name == f"src0[{t}]" and a.size:
+                    stride = plan.row_stride or rw.row_bytes
+                    last = rw.data[max(r0, r1 - a.size // stride):r1]
+                    buf = np.zeros((last.shape[0], stride), dtype=np.uint8)
+                    buf[:, : rw.row_bytes] = last
+                    vt.write(a.offset, buf.reshape(-1)[: a.size])
+                elif a.name == f"dst[{t}]" and a.size:
+                    rowsb = np.ascontiguousarray(y[-2:, r0:r1]).view(np.uint8).reshape(-1)
+                    vt.write(a.offset, rowsb[: a.size])

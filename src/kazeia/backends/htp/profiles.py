@@ -1,0 +1,101 @@
+"""Version profiles of the HTP backend, and optional fault injections.
+
+A profile is a set of behaviours of the backend's code at some point in time, not a scripted outcome: the
+`2026-05` profile reproduces the code of the original team's window (ggml-org commits #23368..#23835,
+primary reference bb4dc86a) with its defects; `robust` is the same machine with those defects fixed. What
+happens on a given model and prompt comes out of these behaviours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kazeia.errors import KazeiaError
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    # HMX matmul VTCM plan: count the 2048 B rounding of each area in the chunk search?
+    plan_counts_rounding: bool
+    # what op_matmul does when the HMX kernel fails: "reenter" (calls itself again) or "hvx" (falls back)
+    hmx_failure: str
+    # ops that overwrite VTCM without clearing the src1 "already quantized" shortcut
+    stale_shortcut_ops: frozenset[str]
+    # do op status codes reach the host? (2026-05: responses always say OK)
+    surface_status: bool
+    # the partial last M tile of HMX activations: zero-filled rows (since #22724) or left stale
+    zero_fill_m_tail: bool = True
+    # DSP callback-thread stack and the bytes one op_matmul -> hmx_matmul_q_f32 attempt takes from it
+    dsp_stack_bytes: int = 64 * 1024
+    matmul_frame_bytes: int = 1536
+    # a self-call the compiler turned into a loop spins instead of overflowing: "crash" or "hang"
+    reentry_outcome: str = "crash"
+
+
+PROFILES: dict[str, Profile] = {
+    "2026-05": Profile(
+        name="2026-05",
+        description="ggml-hexagon as of late May 2026 (bb4dc86a): HMX plan budgets 256 B of overhead but "
+                    "rounds every area to 2048 B; a failing HMX matmul re-enters op_matmul; unary ops, "
+                    "argsort, concat, pad and HMX flash attention leave the src1 VTCM shortcut stale; op "
+                    "statuses are dropped",
+        plan_counts_rounding=False,
+        hmx_failure="reenter",
+        stale_shortcut_ops=frozenset({"RMS_NORM", "NORM", "L2_NORM", "SCALE", "SQR", "SQRT", "UNARY_EXP",
+                                      "UNARY_NEG", "UNARY_SIGMOID", "UNARY_SOFTPLUS", "UNARY_TANH", "ARGSORT",
+                                      "CONCAT", "PAD", "GATED_DELTA_NET", "CUMSUM", "DIAG", "TRI",
+                                      "FLASH_ATTN_EXT_HMX"}),
+        surface_status=False,
+    ),
+    "robust": Profile(
+        name="robust",
+        description="the same backend with the defects fixed: the plan accounts for rounding and never "
+                    "exceeds VTCM, an HMX failure falls back to HVX for that op, every op that writes VTCM "
+                    "clears the src1 shortcut, op statuses reach the host as errors naming the op",
+        plan_counts_rounding=True,
+        hmx_failure="hvx",
+        stale_shortcut_ops=frozenset(),
+        surface_status=True,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    description: str
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in [
+    Fault("scatter-unretired",
+          "HMX matmul: the HVX vscatter writes of the dequantized weight tiles of the first column chunk are "
+          "not drained before the HMX job reads them, so HMX reads whatever VTCM held there before (the "
+          "previous op's bytes). Notes 3.2 item 2 / 6.5."),
+    Fault("hmx-bias-stale",
+          "HMX matmul: the output conversion (bias/scale) block is not reloaded, so the read-out uses the "
+          "scale the HMX unit last held (1/sqrt(head_dim) after an HMX flash attention, 0 after reset). "
+          "Notes 3.2 item 5."),
+    Fault("vtcm-bank-crossing",
+          "HMX deep loads whose VTCM run crosses a 4 MiB bank boundary raise a precise bus error (0x2601) "
+          "and kill the DSP process, as the March 2026 code warned. Notes 6.6 (weak hypothesis)."),
+    Fault("dma-unbalanced",
+          "HVX matmul leaves one DMA descriptor outstanding at the end of the op; the next op's first DMA pop "
+          "returns that stale completion and its first weight row is read before it arrived. Notes 3.2 "
+          "item 3."),
+]}
+
+
+def get_profile(name: str) -> Profile:
+    p = PROFILES.get(name)
+    if p is None:
+        raise KazeiaError(f"unknown HTP profile '{name}' (have: {', '.join(PROFILES)})")
+    return p
+
+
+def check_faults(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    for n in names:
+        if n not in FAULTS:
+            raise KazeiaError(f"unknown HTP fault '{n}' (have: {', '.join(FAULTS)})")
+    return tuple(names)

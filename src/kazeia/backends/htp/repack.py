@@ -1,0 +1,299 @@
+"""x4x2 weight repack of the ggml-hexagon host (set_tensor into an "HTPn-REPACK" buffer).
+
+Upstream reference: ggml-hexagon.cpp, repack_row_q4x4x2 / repack_row_q4_1x4x2 / repack_row_q8x4x2 and the
+repack_<type>_<x4x2> drivers (snapshot ggml-org/ggml bb4dc86a). IQ4_NL goes through the Q4_0 repacker.
+
+Row layout (k elements, nsub = k/32 ggml blocks, super-block = 8 blocks = 256 elements):
+- quants first, then scales; the stored row is exactly the ggml row size (the host copies `row_size` bytes
+  of a padded scratch row), so the scale area starts at k/2 (Q4) or k (Q8) and is never padded.
+- Q4_0 / IQ4_NL / Q4_1: full super-block i occupies bytes 128*i .. 128*i+127 and byte j holds element j in
+  its low nibble and element j+128 in its high nibble (natural element order inside the super-block).
+  A partial last super-block (k % 256 != 0) is packed by adjacent pairs instead: byte j = e[2j] | e[2j+1]<<4.
+- Q8_0: the int8 quants in natural order.
+- scales: the block d's as fp16, in block order, contiguous (8 per super-block = 16 B); Q4_1 stores (d, m)
+  pairs (32 B per super-block). With the ggml row size every scale of a partial super-block still fits; the
+  pad quants (8, or 0 for Q4_1/Q8_0) and pad scales (0) the host writes fall outside the stored row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from kazeia.backends.htp.fp16 import from_fp16_bits
+
+GGMLType = GGMLQuantizationType
+
+QK = 32            # elements per ggml block / per HVX lane ("sub-block")
+SUPER = 256        # elements per x4x2 super-block
+REPACK_QTYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.IQ4_NL)
+WEIGHT_QTYPES = REPACK_QTYPES + (GGMLType.F16,)
+
+# ggml's IQ4_NL code book (kvalues_iq4nl), the int8 value of each 4-bit code.
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+
+_Q4_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.IQ4_NL)
+
+
+def _check(qtype: GGMLType, k: int) -> None:
+    if qtype not in REPACK_QTYPES:
+        raise ValueError(f"x4x2 repack not modelled for {GGMLType(qtype).name}")
+    if k <= 0 or k % QK:
+        raise ValueError(f"row length {k} must be a positive multiple of {QK}")
+
+
+def x4x2_row_bytes(qtype: GGMLType, k: int) -> int:
+    """Bytes of one repacked row: the ggml row size (quants + scales, not padded to super-blocks)."""
+    _check(qtype, k)
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    return k // block_size * type_size
+
+
+def _rows(a: np.ndarray, row_bytes: int) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.uint8)
+    if a.ndim == 1:
+        if a.size % row_bytes:
+            raise ValueError(f"{a.size} bytes is not a whole number of {row_bytes}-byte rows")
+        a = a.reshape(-1, row_bytes)
+    if a.ndim != 2 or a.shape[1] != row_bytes:
+        raise ValueError(f"expected rows of {row_bytes} bytes, got shape {a.shape}")
+    return a
+
+
+# --- ggml blocks <-> (codes, scale bits) ---------------------------------------------------------------
+
+
+def _split_ggml(raw: np.ndarray, qtype: GGMLType, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """ggml rows -> (codes (N, k) uint8 in element order, d bits (N, nsub) uint16, m bits or None)."""
+    _, ts = GGML_QUANT_SIZES[qtype]
+    b = raw.reshape(raw.shape[0], k // QK, ts)
+    d = np.ascontiguousarray(b[..., 0:2]).view(np.uint16)[..., 0]
+    m = None
+    if qtype == GGMLType.Q8_0:
+        codes = b[..., 2:]
+    else:
+        off = 4 if qtype == GGMLType.Q4_1 else 2
+        if qtype == GGMLType.Q4_1:
+            m = np.ascontiguousarray(b[..., 2:4]).view(np.uint16)[..., 0]
+        qs = b[..., off:]
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # ggml: low nibbles = elements 0..15
+    return np.ascontiguousarray(codes).reshape(raw.shape[0], k), d, m
+
+
+def _join_ggml(codes: np.ndarray, d: np.ndarray, m: np.ndarray | None, qtype: GGMLType, k: int) -> np.ndarray:
+    n = codes.shape[0]
+    c = codes.reshape(n, k // QK, QK)
+    parts = [np.ascontiguousarray(d)[..., None].view(np.uint8)]
+    if qtype == GGMLType.Q4_1:
+        parts.append(np.ascontiguousarray(m)[..., None].view(np.uint8))
+    if qtype == GGMLType.Q8_0:
+        parts.append(c)
+    else:
+        parts.append(c[..., :16] | (c[..., 16:] << 4))
+    return np.concatenate(parts, axis=-1).reshape(n, -1)
+
+
+# --- x4x2 quant area <-> codes ------------------------------------------------------------------------
+
+
+def _pack_codes(codes: np.ndarray, qtype: GGMLType, k: int) -> np.ndarray:
+    if qtype == GGMLType.Q8_0:
+        return codes
+    n = codes.shape[0]
+    full = k // SUPER * SUPER
+    sb = codes[:, :full].reshape(n, -1, 2, 128)
+    packed = [(sb[:, :, 0] | (sb[:, :, 1] << 4)).reshape(n, -1)]
+    if full < k:  # partial last super-block: adjacent pairs share a byte
+        tail = codes[:, full:].reshape(n, -1, 2)
+        packed.append(tail[..., 0] | (tail[..., 1] << 4))
+    return np.concatenate(packed, axis=1)
+
+
+def _unpack_codes(qbytes: np.ndarray, qtype: GGMLType, k: int) -> np.ndarray:
+    if qtype == GGMLType.Q8_0:
+        return qbytes
+    n = qbytes.shape[0]
+    full = k // SUPER * SUPER
+    sb = qbytes[:, : full // 2].reshape(n, -1, 1, 128)
+    out = [np.concatenate([sb & 0x0F, sb >> 4], axis=2).reshape(n, full)]
+    if full < k:
+        tail = qbytes[:, full // 2:]
+        out.append(np.stack([tail & 0x0F, tail >> 4], axis=-1).reshape(n, -1))
+    return np.concatenate(out, axis=1)
+
+
+def _qrow_bytes(qtype: GGMLType, k: int) -> int:
+    return k if qtype == GGMLType.Q8_0 else k // 2
+
+
+# --- public repack API ----------------------------------------------------------------------------------
+
+
+def repack_x4x2(raw: np.ndarray, qtype: GGMLType, k: int) -> np.ndarray:
+    """ggml block rows (N, row_bytes) uint8 -> repacked rows (N, row_bytes) exactly as the host stores them."""
+    _check(qtype, k)
+    raw = _rows(raw, x4x2_row_bytes(qtype, k))
+    codes, d, m = _split_ggml(raw, qtype, k)
+    scales = d[..., None] if m is None else np.stack([d, m], axis=-1)  # Q4_1: (d, m) pairs
+    sbytes = np.ascontiguousarray(scales).view(np.uint8).reshape(raw.shape[0], -1)
+    return np.concatenate([_pack_codes(codes, qtype, k), sbytes], axis=1)
+
+
+def decode_x4x2(rep: np.ndarray, qtype: GGMLType, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Repacked rows -> (codes (N, k) uint8 in element order, d bits (N, nsub) uint16, m bits or None).
+
+    Reads any bytes (it is a pure reinterpretation), so it also decodes arbitrary/garbage rows.
+    """
+    _check(qtype, k)
+    rep = _rows(rep, x4x2_row_bytes(qtype, k))
+    codes = _unpack_codes(rep[:, :_qrow_bytes(qtype, k)], qtype, k)
+    return (codes, *x4x2_scale_bits(rep, qtype, k))
+
+
+def x4x2_scale_bits(rep: np.ndarray, qtype: GGMLType, k: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Repacked rows -> (d bits (N, nsub) uint16, m bits (Q4_1) or None), read from the scale area only."""
+    rep = _rows(rep, x4x2_row_bytes(qtype, k))
+    s = np.ascontiguousarray(rep[:, _qrow_bytes(qtype, k):]).view(np.uint16)
+    if qtype == GGMLType.Q4_1:
+        return s[:, 0::2], s[:, 1::2]
+    return s, None
+
+
+def unpack_x4x2(rep: np.ndarray, qtype: GGMLType, k: int) -> np.ndarray:
+    """Exact inverse of `repack_x4x2`: repacked rows -> ggml block rows."""
+    codes, d, m = decode_x4x2(rep, qtype, k)
+    return _join_ggml(codes, d, m, qtype, k)
+
+
+def signed_quants(codes: np.ndarray, qtype: GGMLType) -> np.ndarray:
+    """Codes -> the int8 operand the HVX vrmpy sees: q-8 (Q4_0), table value (IQ4_NL), q (Q8_0), 0..15 (Q4_1)."""
+    if qtype == GGMLType.Q4_0:
+        return (codes.astype(np.int8) - np.int8(8)).astype(np.int8)
+    if qtype == GGMLType.IQ4_NL:
+        return IQ4_NL_VALUES[codes]
+    if qtype == GGMLType.Q8_0:
+        return codes.view(np.int8)
+    return codes.astype(np.int8)
+
+
+# --- the weight object the backend keeps ----------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class RepackedWeight:
+    """One weight matrix as the DSP sees it: `n` rows of `k` elements in the REPACK buffer layout.
+
+    `data` is (n, row_bytes) uint8: x4x2 rows for quantized types, the raw fp16 rows for F16. Derived arrays
+    are computed from `data` (never from the original ggml blocks) on first use and cached; `drop_cache()`
+    frees them.
+    """
+
+    qtype: GGMLType
+    k: int
+    n: int
+    data: np.ndarray
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.qtype = GGMLType(self.qtype)
+        if self.qtype not in WEIGHT_QTYPES:
+            raise ValueError(f"HTP matmul weights of type {self.qtype.name} are not modelled")
+        if self.qtype == GGMLType.F16:
+            if self.k <= 0:
+                raise ValueError("k must be positive")
+        else:
+            _check(self.qtype, self.k)
+        self.data = _rows(self.data, self.row_bytes)
+        if self.data.shape[0] != self.n:
+            raise ValueError(f"expected {self.n} rows, got {self.data.shape[0]}")
+
+    @classmethod
+    def from_ggml(cls, raw: np.ndarray, qtype: GGMLType, k: int) -> RepackedWeight:
+        """Repack ggml rows (what `set_tensor` receives) the way the host does; F16 rows are kept as is."""
+        qtype = GGMLType(qtype)
+        if qtype == GGMLType.F16:
+            rows = _rows(raw, 2 * k)
+            return cls(qtype, k, rows.shape[0], rows)
+        rep = repack_x4x2(raw, qtype, k)
+        return cls(qtype, k, rep.shape[0], rep)
+
+    @property
+    def row_bytes(self) -> int:
+        return 2 * self.k if self.qtype == GGMLType.F16 else x4x2_row_bytes(self.qtype, self.k)
+
+    @property
+    def nsub(self) -> int:
+        """Number of 32-element sub-blocks per row (ggml blocks)."""
+        return -(-self.k // QK)
+
+    def cached(self, key: str, make: Callable[[], Any]) -> Any:
+        """Return the derived array `key`, computing it with `make()` the first time."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def drop_cache(self) -> None:
+        self._cache.clear()
+
+    def _decoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        if self.qtype == GGMLType.F16:
+            raise ValueError("F16 weights have no quants/scales")
+        return decode_x4x2(self.data, self.qtype, self.k)
+
+    def _scale_bits(self) -> tuple[np.ndarray, np.ndarray | None]:
+        if self.qtype == GGMLType.F16:
+            raise ValueError("F16 weights have no scales")
+        return x4x2_scale_bits(self.data, self.qtype, self.k)
+
+    @property
+    def quants_t(self) -> np.ndarray:
+        """(nsub, 32, n) int8, C-contiguous: the integer operand of the HVX dot (see `signed_quants`), stored
+        sub-block major so that one sub-block of all rows is a contiguous (32, n) matrix. Cached."""
+        def make() -> np.ndarray:
+            q = signed_quants(self._decoded()[0], self.qtype).reshape(self.n, self.nsub, QK)
+            return np.ascontiguousarray(q.transpose(1, 2, 0))
+        return self.cached("quants_t", make)
+
+    @property
+    def quants(self) -> np.ndarray:
+        """(n, nsub, 32) int8 view of `quants_t` (row-major indexing of the same cached array)."""
+        return self.quants_t.transpose(2, 0, 1)
+
+    @property
+    def codes(self) -> np.ndarray:
+        """(n, k) uint8: the raw 4/8-bit codes in element order (not cached, cheap to recompute)."""
+        return self._decoded()[0]
+
+    @property
+    def scales(self) -> np.ndarray:
+        """(n, nsub) float32: the fp16 block scales d."""
+        return self.cached("scales", lambda: from_fp16_bits(self._scale_bits()[0]))
+
+    @property
+    def mins(self) -> np.ndarray:
+        """(n, nsub) float32: the fp16 block offsets m (Q4_1 only)."""
+        if self.qtype != GGMLType.Q4_1:
+            raise ValueError(f"{self.qtype.name} has no block offsets")
+        return self.cached("mins", lambda: from_fp16_bits(self._scale_bits()[1]))
+
+    @property
+    def w16(self) -> np.ndarray:
+        """(n, k) float32 of fp16 values: the weight matrix the HMX path multiplies (hmx_matmul.hmx_weight_fp16)."""
+        from kazeia.backends.htp.hmx_matmul import hmx_weight_fp16  # the HMX dequant lives with the HMX path
+
+        return self.cached("w16", lambda: hmx_weight_fp16(self))
+
+    def dequantized(self) -> np.ndarray:
+        """(n, k) float32 of d*q (+m) in float32, ggml's own dequantization; for checks, not used by kernels."""
+        if self.qtype == GGMLType.F16:
+            return self.w16
+        q = self.quants.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = self.scales[..., None] * q
+            if self.qtype == GGMLType.Q4_1:
+                v = v + self.mins[..., None]
+        return v.reshape(self.n, self.k)

@@ -1,0 +1,127 @@
+"""What the non-matmul ops leave in VTCM, and what they do to the src1 shortcut.
+
+Each HVX op streams its rows through per-thread ping-pong spads carved from vtcm_base (layouts in vtcm.py,
+read from the upstream op files). After the op, those spads hold real bytes of its inputs and outputs, and
+the next op that trusts VTCM without writing it first reads them. We write, for every area the layout says
+the op touches, the rows of the tensor that area streams (thread t's first block in half 0, its second in
+half 1), so stale bytes are the genuine leftovers of the previous op. The src1 shortcut is then cleared or
+left as the profile's rule for that op says (vtcm.src1_cache_effect).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from kazeia.backends.htp import vtcm as V
+from kazeia.backends.htp.dsp import Dsp, OpContext
+from kazeia.backends.htp.host import OpBatch, OpDesc
+from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.graph.tensor import Tensor, array
+
+_AREA = re.compile(r"^(?P<base>[a-z0-9_]+)(\[(?P<t>\d+)\])?(\.(?P<h>\d))?$")
+
+
+def shortcut_name(node: Tensor) -> str:
+    """The op name the src1-shortcut rules use (htp op codes)."""
+    if node.op == "GLU":
+        return f"GLU_{node.params['glu_op']}"
+    if node.op == "UNARY":
+        return f"UNARY_{node.params['unary_op']}"
+    return {"SOFT_MAX": "SOFTMAX", "CONT": "CPY"}.get(node.op, node.op)
+
+
+def _rows2d(t: Tensor) -> np.ndarray:
+    """The tensor's rows as raw bytes (nrows, row_bytes), read through ne/nb."""
+    a = np.ascontiguousarray(array(t))
+    return a.reshape(-1, t.ne[0]).view(np.uint8)
+
+
+class ScratchWriter:
+    def __init__(self, settings: HtpSettings, profile: Profile) -> None:
+        self.settings = settings
+        self.profile = profile
+
+    def layout(self, node: Tensor) -> V.OpScratch:
+        s, nt, vt = self.settings, self.settings.nhvx, self.settings.vtcm_bytes
+        op = node.op
+        if op in ("RMS_NORM", "SCALE"):
+            return V.unary_scratch(node.src[0].ne[0], node.src[0].nrows, nt, vt, op=op, dst_ne0=node.ne[0])
+        if op in ("ADD", "MUL", "SUB", "DIV"):
+            return V.binary_scratch(node.src[0].ne, node.src[1].ne, nt, vt, op=op)
+        if op in ("GLU", "UNARY"):
+            src1_row = node.src[1].nb[1] if len(node.src) > 1 and node.src[1] is not None else None
+            return V.act_scratch(node.src[0].nb[1], node.src[0].nrows, nt, vt, op=shortcut_name(node),
+                                 src1_row_bytes=src1_row, dst_row_bytes=node.nb[1])
+        if op == "SOFT_MAX":
+            return V.softmax_scratch(node.src[0].nb[1], node.src[0].nrows, nt, vt, dst_row_bytes=node.nb[1],
+                                     ne00=node.src[0].ne[0])
+        if op == "ROPE":
+            return V.rope_scratch(node.ne[0], node.src[0].nrows, nt, vt)
+        if op == "FLASH_ATTN_EXT":
+            q, k, v = node.src[0], node.src[1], node.src[2]
+            return V.flash_attn_scratch(q.ne[0], v.ne[0], q.ne[1], k.ne[1], q.ne[2], k.ne[2], nt, vt,
+                                        hmx_enabled=s.use_hmx, hmx_built=s.arch in V.HMX_ARCHS,
+                                        q_f32=q.type.name == "F32", has_mask=len(node.src) > 3)
+        return V.no_scratch(shortcut_name(node), vt)
+
+    def write(self, dsp: Dsp, node: Tensor, sc: V.OpScratch) -> None:
+        """Leave the op's bytes in every area it writes."""
+        if not sc.writes:
+            return
+        srcs = {"src0": node.src[0] if node.src else None,
+                "src1": node.src[1] if len(node.src) > 1 else None,
+                "q": node.src[0] if node.src else None,
+                "k": node.src[1] if len(node.src) > 1 else None,
+                "v": node.src[2] if len(node.src) > 2 else None,
+                "mask": node.src[3] if len(node.src) > 3 else None}
+        cache: dict[int, np.ndarray] = {}
+        per_thread = self._thread_starts(node, sc)
+        block = int(sc.info.get("rows_per_half") or 0)
+        for area in sc.writes:
+            n = area.written if area.written is not None else area.size
+            if n <= 0:
+                continue
+            m = _AREA.match(area.name)
+            base = m.group("base") if m else area.name
+            t = int(m.group("t")) if m and m.group("t") else 0
+            h = int(m.group("h")) if m and m.group("h") else 0
+            tensor = srcs.get(base) or node
+            if tensor is None or tensor.buffer is None:
+                continue
+            rows = cache.get(id(tensor))
+            if rows is None:
+                rows = cache[id(tensor)] = _rows2d(tensor)
+            start = per_thread[t] + h * block if t < len(per_thread) else 0
+            dsp.vtcm.write(area.offset, _stream(rows, start, n))
+
+    @staticmethod
+    def _thread_starts(node: Tensor, sc: V.OpScratch) -> list[int]:
+        nrows = node.src[0].nrows if node.src else node.nrows
+        nt = max(1, sc.n_threads)
+        per = -(-nrows // nt)
+        return [min(i * per, nrows) for i in range(nt)]
+
+    def after_op(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch, path: str,
+                 sc: V.OpScratch | None = None) -> None:
+        node = op.node
+        sc = sc or self.layout(node)
+        self.write(dsp, node, sc)
+        p = path if node.op in ("MUL_MAT", "FLASH_ATTN_EXT") else None
+        effect = V.src1_cache_effect(shortcut_name(node), self.profile.name, p)
+        if effect == "reset" and sc.status != "VTCM_TOO_SMALL":
+            octx.src1_spad_src = None
+            octx.src1_spad_kind = None
+
+
+def _stream(rows: np.ndarray, start: int, nbytes: int) -> np.ndarray:
+    """Rows from `start` on, each padded to a 128 B stride, cut to nbytes (what a spad holds)."""
+    row_bytes = rows.shape[1]
+    stride = -(-row_bytes // V.VLEN) * V.VLEN
+    n_rows = max(1, -(-nbytes // stride))
+    sel = rows[start:start + n_rows] if start < rows.shape[0] else rows[-n_rows:]
+    buf = np.zeros((n_rows, stride), dtype=np.uint8)
+    buf[: sel.shape[0], :row_bytes] = sel
+    return buf.reshape(-1)[:nbytes]

@@ -1,0 +1,89 @@
+"""HTP switches, read once (tinygrad's habit): upstream env names first, kazeia's own second.
+
+Upstream names keep their upstream meaning and defaults (GGML_HEXAGON_OPBATCH=1024, OPQUEUE=16, USE_HMX=1,
+NHVX=0 meaning "all HVX contexts", OPFILTER a case-insensitive full-match regex on the op description,
+VERBOSE>0 logs each op when it is added to a batch). kazeia adds KAZEIA_HTP_PROFILE, KAZEIA_HTP_VTCM,
+KAZEIA_HTP_FAULTS (comma list) and GGML_HEXAGON_FARF (show the DSP-side log, which a real device only
+shows to root).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kazeia.errors import KazeiaError
+
+DEFAULT_VTCM = 8 * 1024 * 1024
+MAX_HVX_THREADS = 10
+DEFAULT_HVX_THREADS = 6  # HVX contexts of the v73..v81 parts the original team used
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw, 0)
+    except ValueError:
+        raise KazeiaError(f"{name}={raw!r} is not an integer") from None
+
+
+@dataclass(frozen=True)
+class HtpSettings:
+    opbatch: int = 1024
+    opqueue: int = 16
+    opfilter: re.Pattern | None = None
+    verbose: int = 0
+    nhvx: int = DEFAULT_HVX_THREADS
+    use_hmx: bool = True
+    arch: int = 79
+    vtcm_bytes: int = DEFAULT_VTCM
+    profile: str = "robust"
+    faults: tuple[str, ...] = ()
+    farf: bool = False
+    fp32_quantize_group: int = 128
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, profile: str | None = None, vtcm_bytes: int | None = None,
+                 faults: list[str] | None = None, overrides: Mapping[str, str] | None = None) -> HtpSettings:
+        """Settings from `env` (default os.environ) with explicit arguments and `overrides` taking precedence."""
+        merged = dict(os.environ if env is None else env)
+        merged.update(overrides or {})
+        filt = merged.get("GGML_HEXAGON_OPFILTER")
+        try:
+            pattern = re.compile(filt, re.IGNORECASE) if filt else None
+        except re.error as e:
+            raise KazeiaError(f"GGML_HEXAGON_OPFILTER={filt!r} is not a valid regex: {e}") from None
+        nhvx = _int(merged, "GGML_HEXAGON_NHVX", 0)
+        nhvx = DEFAULT_HVX_THREADS if nhvx <= 0 else min(nhvx, MAX_HVX_THREADS)
+        vtcm = vtcm_bytes if vtcm_bytes is not None else _int(merged, "KAZEIA_HTP_VTCM", DEFAULT_VTCM)
+        if vtcm < 64 * 1024 or vtcm > 1 << 30:
+            raise KazeiaError(f"VTCM size {vtcm} B is out of range (64 KiB .. 1 GiB)")
+        fault_list = list(faults or [])
+        fault_list += [f.strip() for f in merged.get("KAZEIA_HTP_FAULTS", "").split(",") if f.strip()]
+        opbatch = _int(merged, "GGML_HEXAGON_OPBATCH", 1024)
+        opqueue = _int(merged, "GGML_HEXAGON_OPQUEUE", 16)
+        if opbatch < 1 or opqueue < 1:
+            raise KazeiaError("GGML_HEXAGON_OPBATCH and GGML_HEXAGON_OPQUEUE must be >= 1")
+        arch_raw = merged.get("GGML_HEXAGON_ARCH", "79").lstrip("vV")
+        try:
+            arch = int(arch_raw)
+        except ValueError:
+            raise KazeiaError(f"GGML_HEXAGON_ARCH={arch_raw!r} is not an arch number like v79") from None
+        return cls(
+            opbatch=opbatch,
+            opqueue=opqueue,
+            opfilter=pattern,
+            verbose=_int(merged, "GGML_HEXAGON_VERBOSE", 0),
+            nhvx=nhvx,
+            use_hmx=_int(merged, "GGML_HEXAGON_USE_HMX", 1) != 0,
+            arch=arch,
+            vtcm_bytes=vtcm,
+            profile=profile or merged.get("KAZEIA_HTP_PROFILE") or "robust",
+            faults=tuple(dict.fromkeys(fault_list)),
+            farf=_int(merged, "GGML_HEXAGON_FARF", 0) != 0,
+        )

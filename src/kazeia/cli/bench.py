@@ -1,0 +1,389 @@
+"""kazeia bench: prompt-processing and generation speed, in the style of llama-bench.
+
+Each test runs once as a warm-up (the first call builds the graph and dequantizes the weights into the
+cache), then `-r` measured repetitions, each from an empty KV cache. `ppN` feeds a synthetic N-token prompt
+as one decode call (split into micro-batches of `-ub`); `tgN` feeds N single tokens one by one, like
+llama-bench. t/s is the mean ± sample standard deviation over the repetitions of tokens / seconds.
+
+Backend columns (extension point). A backend in the session may add columns to the table by exposing
+
+    bench_counters(self) -> dict[str, float]   # cumulative seconds per column name, e.g. {"modeled": 1.25}
+
+or just `modeled_seconds(self) -> float` (read as {"modeled": ...}). The counters are sampled before and
+after every measured repetition; the difference d gives that repetition's `<name> t/s` = tokens / d, shown
+as mean ± sd beside the wall-clock t/s (the HTP model reports its modeled device time this way). Counters
+of the same name from several backends are added. A column appears when some row has it; others show "-".
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import io
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kazeia.backends.base import Backend
+from kazeia.cli.common import Session, add_common, add_device_args, add_model_args, model_path, open_session
+from kazeia.engine.context import Model
+from kazeia.engine.generate import synthetic_prompt
+from kazeia.errors import KazeiaError
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", help="measure prompt processing and generation speed (like llama-bench)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p, prompt=False)
+    add_device_args(p)
+    p.set_defaults(ctx_size=None)  # default: just enough for the largest test, as llama-bench sizes it
+    _help(p, "ctx_size", "context size in tokens (default: the largest pp + the largest tg, like llama-bench)")
+    _help(p, "device", "CPU, HTP0 (emulated Hexagon NPU) or REF (float64); a comma list benchmarks each")
+    g = p.add_argument_group("tests")
+    g.add_argument("-p", "--n-prompt", default="64,256", metavar="N[,N...]",
+                   help="prompt sizes for ppN tests, comma list, 0 = none (default 64,256)")
+    g.add_argument("-n", "--n-gen", default="16", metavar="N[,N...]",
+                   help="generation lengths for tgN tests, comma list, 0 = none (default 16)")
+    g.add_argument("-r", "--repetitions", type=int, default=5, help="measured repetitions per test (default 5)")
+    g.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each test")
+    g.add_argument("-o", "--output", choices=["md", "csv", "json", "jsonl"], default="md",
+                   help="output format (default md)")
+    g.add_argument("--json", dest="output", action="store_const", const="json", help="same as -o json")
+    g.add_argument("--progress", action="store_true", help="print progress to stderr")
+    add_common(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def _help(p: argparse.ArgumentParser, dest: str, text: str) -> None:
+    """Reword the help of a shared flag whose meaning differs here."""
+    for a in p._actions:
+        if a.dest == dest:
+            a.help = text
+
+
+# ---------------------------------------------------------------------------------------------------
+# what is measured
+
+
+@dataclass(frozen=True)
+class BenchTest:
+    kind: str  # "pp" or "tg"
+    n: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.n}"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    type: str  # "llama 135M Q4_1"
+    size: int  # bytes of tensor data
+    params: int
+
+
+@dataclass
+class BenchResult:
+    model: ModelInfo
+    device: str
+    backends: str
+    threads: int
+    n_ubatch: int
+    flash_attn: bool
+    type_k: str
+    type_v: str
+    test: BenchTest
+    seconds: list[float] = field(default_factory=list)
+    extra_seconds: dict[str, list[float]] = field(default_factory=dict)  # backend column -> seconds per rep
+
+    @property
+    def samples_ts(self) -> list[float]:
+        return [self.test.n / s for s in self.seconds]
+
+    def extra_ts(self, col: str) -> list[float]:
+        return [self.test.n / s for s in self.extra_seconds.get(col, []) if s > 0]
+
+
+def mean_sd(xs: list[float]) -> tuple[float, float]:
+    if not xs:
+        return 0.0, 0.0
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def parse_list(s: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in str(s).split(",") if x.strip()]
+    except ValueError:
+        raise KazeiaError(f"{what}: expected a comma list of integers, got '{s}'") from None
+    if any(v < 0 for v in vals):
+        raise KazeiaError(f"{what}: sizes must be >= 0")
+    return vals
+
+
+def bench_tests(args: argparse.Namespace) -> list[BenchTest]:
+    tests = [BenchTest("pp", n) for n in parse_list(args.n_prompt, "-p") if n > 0]
+    tests += [BenchTest("tg", n) for n in parse_list(args.n_gen, "-n") if n > 0]
+    if not tests:
+        raise KazeiaError("nothing to measure: give -p and/or -n sizes above 0")
+    return tests
+
+
+def model_info(model: Model) -> ModelInfo:
+    f = model.file
+    size = sum(t.nbytes for t in f.tensors.values())
+    params = sum(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3] for t in f.tensors.values())
+    label = f.get("general.size_label") or _si(params)
+    return ModelInfo(model.path, f"{f.architecture} {label} {_ftype(model)}", size, params)
+
+
+def _ftype(model: Model) -> str:
+    ft = model.file.get("general.file_type")
+    if ft is not None:
+        try:
+            from gguf import LlamaFileType
+
+            return LlamaFileType(int(ft)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    # no file type key: the type holding most of the bytes
+    by_type: dict[str, int] = {}
+    for t in model.file.tensors.values():
+        by_type[t.type.name] = by_type.get(t.type.name, 0) + t.nbytes
+    return max(by_type, key=by_type.get) if by_type else "?"
+
+
+def _si(n: int) -> str:
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.0f}{suffix}"
+    return str(n)
+
+
+# ---------------------------------------------------------------------------------------------------
+# backend columns (see the module docstring)
+
+
+def backend_counters(backends: list[Backend]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for b in backends:
+        counters: dict[str, float] = {}
+        hook = getattr(b, "bench_counters", None)
+        if callable(hook):
+            counters.update(hook())
+        modeled = getattr(b, "modeled_seconds", None)
+        if callable(modeled) and "modeled" not in counters:
+            counters["modeled"] = float(modeled())
+        for k, v in counters.items():
+            out[k] = out.get(k, 0.0) + float(v)
+    return out
+
+
+def _timed(s: Session, run: Callable[[], None]) -> tuple[float, dict[str, float]]:
+    """Wall seconds of run() and the change of every backend counter over it."""
+    before = backend_counters(s.scheduler.backends)
+    t0 = time.perf_counter()
+    run()
+    dt = time.perf_counter() - t0
+    after = backend_counters(s.scheduler.backends)
+    return dt, {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def _runners(s: Session, test: BenchTest) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(measured run, warm-up run): ppN decodes N prompt tokens at once, tgN decodes N tokens one by one
+    (warmed up with one token, as llama-bench does)."""
+    if test.kind == "pp":
+        prompt = synthetic_prompt(test.n, s.model.args.n_vocab, s.tok.is_control)
+
+        def pp() -> None:
+            s.ctx.decode(prompt)
+
+        return pp, pp
+    tokens = synthetic_prompt(test.n, s.model.args.n_vocab, s.tok.is_control, seed=1)
+
+    def tg() -> None:
+        for t in tokens:
+            s.ctx.decode([t])
+
+    def warm() -> None:
+        s.ctx.decode(tokens[:1])
+
+    return tg, warm
+
+
+def measure(s: Session, test: BenchTest, reps: int, warmup: bool = True,
+            progress: Callable[[str], None] | None = None) -> tuple[list[float], dict[str, list[float]]]:
+    """Seconds per repetition (each from an empty KV cache) and backend counter deltas per repetition."""
+    run, warm = _runners(s, test)
+    if warmup:
+        s.ctx.reset()
+        warm()
+    seconds: list[float] = []
+    extra: dict[str, list[float]] = {}
+    for i in range(reps):
+        s.ctx.reset()
+        dt, counters = _timed(s, run)
+        seconds.append(dt)
+        for k, v in counters.items():
+            extra.setdefault(k, []).append(v)
+        if progress:
+            progress(f"{test.name} rep {i + 1}/{reps}: {test.n / dt:.2f} t/s")
+    return seconds, extra
+
+
+def blas_threads() -> int:
+    try:
+        from threadpoolctl import threadpool_info
+
+        n = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
+        return max(n) if n else os.cpu_count() or 1
+    except Exception:  # threadpoolctl missing or confused: report what the machine has
+        return os.cpu_count() or 1
+
+
+def peak_rss_bytes() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r if sys.platform == "darwin" else r * 1024)
+
+
+# ---------------------------------------------------------------------------------------------------
+# output
+
+
+def _extra_cols(results: list[BenchResult]) -> list[str]:
+    cols: list[str] = []
+    for r in results:
+        cols += [c for c in r.extra_seconds if c not in cols and r.extra_ts(c)]
+    return cols
+
+
+def _ts(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    m, sd = mean_sd(xs)
+    return f"{m:.2f} ± {sd:.2f}"
+
+
+def format_md(results: list[BenchResult], peak_rss: int) -> str:
+    extra = _extra_cols(results)
+    show_ub = any(r.n_ubatch != 512 for r in results)
+    show_fa = any(not r.flash_attn for r in results)
+    head = ["model", "size", "params", "backend", "threads"] + (["n_ubatch"] if show_ub else []) \
+        + (["fa"] if show_fa else []) + ["test", "t/s"] + [f"{c} t/s" for c in extra]
+    right = {"size", "params", "threads", "n_ubatch", "fa", "test", "t/s"} | {f"{c} t/s" for c in extra}
+    rows = []
+    for r in results:
+        row = [r.model.type, f"{r.model.size / 2**20:.2f} MiB", f"{r.model.params / 1e6:.2f} M", r.device,
+               str(r.threads)] + ([str(r.n_ubatch)] if show_ub else []) \
+            + (["1" if r.flash_attn else "0"] if show_fa else []) + [r.test.name, _ts(r.samples_ts)] \
+            + [_ts(r.extra_ts(c)) for c in extra]
+        rows.append(row)
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)]
+    widths = [max(w, 20 if h.endswith("t/s") else 0) for w, h in zip(widths, head)]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) if h in right else c.ljust(w)
+                                 for c, w, h in zip(cells, widths, head)) + " |"
+
+    sep = "| " + " | ".join(("-" * (w - 1) + ":") if h in right else "-" * w for w, h in zip(widths, head)) + " |"
+    out = [line(head), sep] + [line(r) for r in rows]
+    out.append("")
+    out.append(f"peak memory (RSS): {peak_rss / 2**20:.1f} MiB")
+    return "\n".join(out)
+
+
+def record(r: BenchResult, peak_rss: int) -> dict:
+    m, sd = mean_sd(r.samples_ts)
+    rec = {
+        "model_filename": r.model.path, "model_type": r.model.type, "model_size": r.model.size,
+        "model_n_params": r.model.params, "backends": r.backends, "device": r.device, "n_threads": r.threads,
+        "n_ubatch": r.n_ubatch, "flash_attn": r.flash_attn, "type_k": r.type_k, "type_v": r.type_v,
+        "n_prompt": r.test.n if r.test.kind == "pp" else 0, "n_gen": r.test.n if r.test.kind == "tg" else 0,
+        "test": r.test.name, "avg_ns": int(statistics.fmean(r.seconds) * 1e9) if r.seconds else 0,
+        "stddev_ns": int(statistics.stdev(r.seconds) * 1e9) if len(r.seconds) > 1 else 0,
+        "avg_ts": m, "stddev_ts": sd, "samples_ns": [int(s * 1e9) for s in r.seconds],
+        "samples_ts": r.samples_ts, "peak_rss_bytes": peak_rss,
+    }
+    for c in r.extra_seconds:
+        cm, csd = mean_sd(r.extra_ts(c))
+        rec[f"{c}_avg_ts"], rec[f"{c}_stddev_ts"] = cm, csd
+        rec[f"{c}_samples_ts"] = r.extra_ts(c)
+    return rec
+
+
+def format_records(results: list[BenchResult], peak_rss: int, fmt: str) -> str:
+    recs = [record(r, peak_rss) for r in results]
+    if fmt == "json":
+        return json.dumps(recs, indent=2)
+    if fmt == "jsonl":
+        return "\n".join(json.dumps(r) for r in recs)
+    keys: list[str] = []
+    for r in recs:
+        keys += [k for k in r if k not in keys]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    w.writeheader()
+    for r in recs:
+        w.writerow({k: (";".join(f"{x:g}" for x in v) if isinstance(v, list) else v) for k, v in r.items()})
+    return buf.getvalue().rstrip("\n")
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def _session_args(args: argparse.Namespace, tests: list[BenchTest]) -> argparse.Namespace:
+    ns = argparse.Namespace(**vars(args))
+    if ns.ctx_size is None:
+        ns.ctx_size = max([t.n for t in tests if t.kind == "pp"], default=0) \
+            + max([t.n for t in tests if t.kind == "tg"], default=0)
+    return ns
+
+
+def bench_device(args: argparse.Namespace, model: Model, info: ModelInfo, device: str, tests: list[BenchTest],
+                 progress: Callable[[str], None] | None) -> list[BenchResult]:
+    s = open_session(args, model=model, device=device)
+    try:
+        threads = blas_threads()
+        out = []
+        for test in tests:
+            say = (lambda m, t=test: progress(f"{device} {m}")) if progress else None
+            seconds, extra = measure(s, test, args.repetitions, not args.no_warmup, say)
+            out.append(BenchResult(info, device.upper(), ",".join(b.name for b in s.scheduler.backends), threads,
+                                   args.ubatch_size, args.flash_attn == "on", args.cache_type_k,
+                                   args.cache_type_v, test, seconds, extra))
+        return out
+    finally:
+        for b in s.scheduler.backends:
+            b.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.repetitions <= 0:
+        raise KazeiaError("-r must be at least 1")
+    tests = bench_tests(args)
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
+    if not devices:
+        raise KazeiaError("-dev: no device given")
+    sargs = _session_args(args, tests)
+    if sargs.ctx_size > 0 and max(t.n for t in tests) > sargs.ctx_size:
+        raise KazeiaError(f"a test needs {max(t.n for t in tests)} tokens of context; -c is {sargs.ctx_size}")
+    model = Model.load(model_path(args))
+    info = model_info(model)
+    progress = (lambda m: print(f"kazeia bench: {m}", file=sys.stderr, flush=True)) if args.progress else None
+    results: list[BenchResult] = []
+    for dev in devices:
+        results += bench_device(sargs, model, info, dev, tests, progress)
+        gc.collect()  # drop the previous device's dequantized weights before the next one loads its own
+    rss = peak_rss_bytes()
+    if args.output == "md":
+        print(format_md(results, rss))
+    else:
+        print(format_records(results, rss, args.output))
+    return 0
