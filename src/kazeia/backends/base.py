@@ -27,9 +27,33 @@ class OpInfo:
 
 
 class Hooks(Protocol):
+    """Observers of execution. on_enqueue: the host queued the op (async backends only; data not ready).
+    on_start: the op is about to execute and its inputs hold what it will consume. on_complete: it finished
+    and its output is in memory. on_fault: the device died inside it. Subclass `Hook` to implement a few."""
+
     def on_enqueue(self, node: Tensor, info: OpInfo) -> None: ...
 
+    def on_start(self, node: Tensor, info: OpInfo) -> None: ...
+
     def on_complete(self, node: Tensor, info: OpInfo) -> None: ...
+
+    def on_fault(self, node: Tensor, info: OpInfo) -> None: ...
+
+
+class Hook:
+    """No-op base for hooks."""
+
+    def on_enqueue(self, node: Tensor, info: OpInfo) -> None:
+        pass
+
+    def on_start(self, node: Tensor, info: OpInfo) -> None:
+        pass
+
+    def on_complete(self, node: Tensor, info: OpInfo) -> None:
+        pass
+
+    def on_fault(self, node: Tensor, info: OpInfo) -> None:
+        pass
 
 
 class Backend:
@@ -69,6 +93,14 @@ class Backend:
     def emit_enqueue(self, node: Tensor, info: OpInfo) -> None:
         for h in self.hooks:
             h.on_enqueue(node, info)
+
+    def emit_start(self, node: Tensor, info: OpInfo) -> None:
+        for h in self.hooks:
+            h.on_start(node, info)
+
+    def emit_fault(self, node: Tensor, info: OpInfo) -> None:
+        for h in self.hooks:
+            h.on_fault(node, info)
 
     def emit_complete(self, node: Tensor, info: OpInfo) -> None:
         for h in self.hooks:

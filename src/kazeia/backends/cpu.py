@@ -31,8 +31,11 @@ class NumpyBackend(Backend, NumpyOps):
         kern = KERNELS.get(node.op)
         if kern is None:
             raise UnsupportedError(f"op {node.op} ({node.name}) is not implemented by {self.name}")
+        if self.hooks:
+            self.emit_start(node, self._info(node, self.path_name))
         kern(self, node)
-        self.emit_complete(node, self._info(node, self.path_name))
+        if self.hooks:
+            self.emit_complete(node, self._info(node, self.path_name))
 
     path_name = "cpu"
 

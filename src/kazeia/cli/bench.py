@@ -50,6 +50,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="prompt sizes for ppN tests, comma list, 0 = none (default 64,256)")
     g.add_argument("-n", "--n-gen", default="16", metavar="N[,N...]",
                    help="generation lengths for tgN tests, comma list, 0 = none (default 16)")
+    g.add_argument("-d", "--n-depth", default="0", metavar="N[,N...]",
+                   help="KV cache depth: tokens decoded (untimed) before each repetition, comma list (default 0)")
     g.add_argument("-r", "--repetitions", type=int, default=5, help="measured repetitions per test (default 5)")
     g.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each test")
     g.add_argument("-o", "--output", choices=["md", "csv", "json", "jsonl"], default="md",
@@ -76,10 +78,11 @@ def _help(p: argparse.ArgumentParser, dest: str, text: str) -> None:
 class BenchTest:
     kind: str  # "pp" or "tg"
     n: int
+    depth: int = 0  # tokens already in the KV cache when the test starts
 
     @property
     def name(self) -> str:
-        return f"{self.kind}{self.n}"
+        return f"{self.kind}{self.n}" + (f" @ d{self.depth}" if self.depth else "")
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,9 @@ def parse_list(s: str, what: str) -> list[int]:
 
 
 def bench_tests(args: argparse.Namespace) -> list[BenchTest]:
-    tests = [BenchTest("pp", n) for n in parse_list(args.n_prompt, "-p") if n > 0]
-    tests += [BenchTest("tg", n) for n in parse_list(args.n_gen, "-n") if n > 0]
+    depths = parse_list(getattr(args, "n_depth", "0"), "-d") or [0]
+    tests = [BenchTest("pp", n, d) for d in depths for n in parse_list(args.n_prompt, "-p") if n > 0]
+    tests += [BenchTest("tg", n, d) for d in depths for n in parse_list(args.n_gen, "-n") if n > 0]
     if not tests:
         raise KazeiaError("nothing to measure: give -p and/or -n sizes above 0")
     return tests
@@ -198,7 +202,7 @@ def _timed(s: Session, run: Callable[[], None]) -> tuple[float, dict[str, float]
 
 def _runners(s: Session, test: BenchTest) -> tuple[Callable[[], None], Callable[[], None]]:
     """(measured run, warm-up run): ppN decodes N prompt tokens at once, tgN decodes N tokens one by one
-    (warmed up with one token, as llama-bench does)."""
+    (warmed up with one token, as llama-bench does). Both start where the cache is (see `_fill`)."""
     if test.kind == "pp":
         prompt = synthetic_prompt(test.n, s.model.args.n_vocab, s.tok.is_control)
 
@@ -218,17 +222,25 @@ def _runners(s: Session, test: BenchTest) -> tuple[Callable[[], None], Callable[
     return tg, warm
 
 
+def _fill(s: Session, test: BenchTest) -> None:
+    """Empty the KV cache, then decode test.depth tokens (untimed) so the test starts at that depth."""
+    s.ctx.reset()
+    if test.depth:
+        s.ctx.decode(synthetic_prompt(test.depth, s.model.args.n_vocab, s.tok.is_control, seed=2))
+
+
 def measure(s: Session, test: BenchTest, reps: int, warmup: bool = True,
             progress: Callable[[str], None] | None = None) -> tuple[list[float], dict[str, list[float]]]:
-    """Seconds per repetition (each from an empty KV cache) and backend counter deltas per repetition."""
+    """Seconds per repetition (each from an empty KV cache, filled to the test's depth) and backend counter
+    deltas per repetition."""
     run, warm = _runners(s, test)
     if warmup:
-        s.ctx.reset()
+        _fill(s, test)
         warm()
     seconds: list[float] = []
     extra: dict[str, list[float]] = {}
     for i in range(reps):
-        s.ctx.reset()
+        _fill(s, test)
         dt, counters = _timed(s, run)
         seconds.append(dt)
         for k, v in counters.items():
@@ -306,6 +318,7 @@ def record(r: BenchResult, peak_rss: int) -> dict:
         "model_n_params": r.model.params, "backends": r.backends, "device": r.device, "n_threads": r.threads,
         "n_ubatch": r.n_ubatch, "flash_attn": r.flash_attn, "type_k": r.type_k, "type_v": r.type_v,
         "n_prompt": r.test.n if r.test.kind == "pp" else 0, "n_gen": r.test.n if r.test.kind == "tg" else 0,
+        "n_depth": r.test.depth,
         "test": r.test.name, "avg_ns": int(statistics.fmean(r.seconds) * 1e9) if r.seconds else 0,
         "stddev_ns": int(statistics.stdev(r.seconds) * 1e9) if len(r.seconds) > 1 else 0,
         "avg_ts": m, "stddev_ts": sd, "samples_ns": [int(s * 1e9) for s in r.seconds],
@@ -341,7 +354,7 @@ def format_records(results: list[BenchResult], peak_rss: int, fmt: str) -> str:
 def _session_args(args: argparse.Namespace, tests: list[BenchTest]) -> argparse.Namespace:
     ns = argparse.Namespace(**vars(args))
     if ns.ctx_size is None:
-        ns.ctx_size = max([t.n for t in tests if t.kind == "pp"], default=0) \
+        ns.ctx_size = max(t.depth for t in tests) + max([t.n for t in tests if t.kind == "pp"], default=0) \
             + max([t.n for t in tests if t.kind == "tg"], default=0)
     return ns
 
@@ -372,8 +385,9 @@ def main(args: argparse.Namespace) -> int:
     if not devices:
         raise KazeiaError("-dev: no device given")
     sargs = _session_args(args, tests)
-    if sargs.ctx_size > 0 and max(t.n for t in tests) > sargs.ctx_size:
-        raise KazeiaError(f"a test needs {max(t.n for t in tests)} tokens of context; -c is {sargs.ctx_size}")
+    need = max(t.depth + t.n for t in tests)
+    if sargs.ctx_size > 0 and need > sargs.ctx_size:
+        raise KazeiaError(f"a test needs {need} tokens of context; -c is {sargs.ctx_size}")
     model = Model.load(model_path(args))
     info = model_info(model)
     progress = (lambda m: print(f"kazeia bench: {m}", file=sys.stderr, flush=True)) if args.progress else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass
 
 from kazeia.backends.weights import WeightCache
@@ -55,6 +56,12 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-nodes", default=None, metavar="REGEX", help="run nodes whose name matches on the CPU")
     g.add_argument("--sync", action="store_true",
                    help="one op per batch, waited on (GGML_HEXAGON_OPBATCH=1 GGML_HEXAGON_OPQUEUE=1)")
+    d = p.add_argument_group("op trace")
+    d.add_argument("--oplog", action="store_true", help="log every executed op with statistics (KZOP lines); "
+                                                        "env GGML_HEXAGON_OPLOG=1")
+    d.add_argument("--oplog-file", default=None, metavar="FILE", help="also write the trace as JSONL here")
+    d.add_argument("--stop-on-nonfinite", action="store_true",
+                   help="stop at the first op whose output holds NaN or inf, and name it")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -89,6 +96,9 @@ def open_session(args: argparse.Namespace, model: Model | None = None, device: s
     backends = make_backends(device or args.device, device_options(args), WeightCache())
     router = Router.from_args(getattr(args, "cpu_ops", None), getattr(args, "cpu_nodes", None))
     sched = Scheduler(backends, router)
+    trace = make_trace(args)
+    if trace is not None:
+        sched.add_hook(trace)
     n_ctx = min(args.ctx_size, model.args.n_ctx_train) if args.ctx_size > 0 else model.args.n_ctx_train
     types = {"f16": GGMLType.F16, "f32": GGMLType.F32}
     ctx = Context(model, sched, n_ctx=n_ctx, n_ubatch=args.ubatch_size, flash_attn=args.flash_attn == "on",
@@ -109,6 +119,19 @@ def prompt_tokens(args: argparse.Namespace, s: Session) -> list[int]:
     if not ids:
         raise KazeiaError("the prompt encodes to no tokens")
     return ids
+
+
+def make_trace(args: argparse.Namespace):
+    """The KZOP trace hook if --oplog, --oplog-file, --stop-on-nonfinite or GGML_HEXAGON_OPLOG asks for it."""
+    from kazeia.debug.trace import TraceHook
+
+    want = (getattr(args, "oplog", False) or getattr(args, "oplog_file", None)
+            or getattr(args, "stop_on_nonfinite", False) or env_flag("GGML_HEXAGON_OPLOG"))
+    if not want:
+        return None
+    jsonl = open(args.oplog_file, "w") if getattr(args, "oplog_file", None) else None  # noqa: SIM115
+    show = getattr(args, "oplog", False) or env_flag("GGML_HEXAGON_OPLOG")
+    return TraceHook(sys.stderr if show else None, jsonl, getattr(args, "stop_on_nonfinite", False))
 
 
 def env_flag(name: str) -> bool:

@@ -36,7 +36,7 @@ class Model:
     @classmethod
     def load(cls, path: str) -> Model:
         f = load_gguf(path)
-        arch = arch_module(f.architecture)
+        arch = arch_module(f.architecture, f.path)
         args = ModelArgs.from_gguf(f)
         buf, weights = weight_tensors(f)
         require_weights(f, weights, arch.required_weights(args))

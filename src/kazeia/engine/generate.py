@@ -20,7 +20,7 @@ class SamplingParams:
 
 
 class Sampler:
-    """Greedy when temp <= 0; else top-k, then top-p, then temperature softmax, seeded."""
+    """Greedy when temp <= 0; else top-k, then top-p (at temperature 1), then temperature, seeded."""
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
@@ -34,12 +34,15 @@ class Sampler:
         idx = np.argsort(-logits, kind="stable")
         if p.top_k > 0:
             idx = idx[: p.top_k]
-        z = logits[idx] / p.temp
+        z = logits[idx]
+        if 0 < p.top_p < 1:  # the nucleus is chosen at temperature 1, as llama.cpp's sampler chain does
+            probs = np.exp(z - z.max())
+            probs /= probs.sum()
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+            idx, z = idx[:keep], z[:keep]
+        z = z / p.temp
         probs = np.exp(z - z.max())
         probs /= probs.sum()
-        if 0 < p.top_p < 1:
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
-            idx, probs = idx[:keep], probs[:keep] / probs[:keep].sum()
         return int(idx[self.rng.choice(len(idx), p=probs)])
 
 

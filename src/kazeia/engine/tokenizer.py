@@ -52,9 +52,12 @@ class GGUFTokenizer:
             raise GGUFError(f.path, "missing required key 'tokenizer.ggml.model'")
         if kind != "gpt2":
             raise UnsupportedError(f"{f.path}: tokenizer model '{kind}' is not supported (gpt2 BPE only)")
-        vocab = list(f.require("tokenizer.ggml.tokens"))
-        merges = list(f.get("tokenizer.ggml.merges") or [])
-        types = list(f.get("tokenizer.ggml.token_type") or [TOKEN_TYPE_NORMAL] * len(vocab))
+        vocab = _list_of(f, "tokenizer.ggml.tokens", str, f.require("tokenizer.ggml.tokens"))
+        if not vocab:
+            raise GGUFError(f.path, "tokenizer.ggml.tokens is empty")
+        merges = _list_of(f, "tokenizer.ggml.merges", str, f.get("tokenizer.ggml.merges", []))
+        types = _list_of(f, "tokenizer.ggml.token_type", int,
+                         f.get("tokenizer.ggml.token_type", [TOKEN_TYPE_NORMAL] * len(vocab)))
         if len(types) != len(vocab):
             raise GGUFError(f.path, "tokenizer.ggml.token_type and tokenizer.ggml.tokens differ in length")
         vocab_map = {t: i for i, t in enumerate(vocab)}
@@ -69,7 +72,7 @@ class GGUFTokenizer:
         except Exception as e:
             raise GGUFError(f.path, f"invalid BPE vocabulary ({e})") from None
         tok = Tokenizer(bpe)
-        tok.pre_tokenizer = _pre_tokenizer(str(f.get("tokenizer.ggml.pre", "default")))
+        tok.pre_tokenizer = _pre_tokenizer(_scalar(f, "tokenizer.ggml.pre", str, "default"))
         tok.decoder = decoders.ByteLevel()
         # control tokens are special (skipped by decode(skip_special), plain text when parse_special is off);
         # user-defined ones (<think>) are always matched and always printed, as in llama.cpp and transformers
@@ -81,17 +84,15 @@ class GGUFTokenizer:
             tok.add_special_tokens(special)
         if user:
             tok.add_tokens(user)
-        bos = f.get("tokenizer.ggml.bos_token_id")
-        eos = f.get("tokenizer.ggml.eos_token_id")
-        eot = {int(eos)} if eos is not None else set()
+        bos, eos, eot_key = (_token_id(f, f"tokenizer.ggml.{k}_token_id", len(vocab)) for k in ("bos", "eos", "eot"))
+        eot = {eos} if eos is not None else set()
         for name in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"):
             if name in vocab_map and types[vocab_map[name]] == TOKEN_TYPE_CONTROL:
                 eot.add(vocab_map[name])
-        eot_key = f.get("tokenizer.ggml.eot_token_id")
         if eot_key is not None:
-            eot.add(int(eot_key))
-        return cls(tok, vocab, types, int(bos) if bos is not None else None, int(eos) if eos is not None else None,
-                   eot, bool(f.get("tokenizer.ggml.add_bos_token", False)), f.get("tokenizer.chat_template"))
+            eot.add(eot_key)
+        return cls(tok, vocab, types, bos, eos, eot, _scalar(f, "tokenizer.ggml.add_bos_token", bool, False),
+                   _scalar(f, "tokenizer.chat_template", str, None))
 
     @property
     def n_vocab(self) -> int:
@@ -120,6 +121,29 @@ class GGUFTokenizer:
 
     def is_eog(self, tid: int) -> bool:
         return tid in self.eot_ids
+
+
+def _list_of(f: GGUFFile, key: str, kind: type, v) -> list:
+    """A GGUF array of strings or integers, checked (a damaged file may hold anything under any key)."""
+    if not isinstance(v, list) or not all(isinstance(x, kind) and not isinstance(x, bool) for x in v):
+        raise GGUFError(f.path, f"{key} is not an array of {'strings' if kind is str else 'integers'}")
+    return v
+
+
+def _scalar(f: GGUFFile, key: str, kind: type, default):
+    v = f.get(key, default)
+    if v is not default and not isinstance(v, kind):
+        raise GGUFError(f.path, f"{key} has a bad value {str(v)[:40]!r}")
+    return v
+
+
+def _token_id(f: GGUFFile, key: str, n_vocab: int) -> int | None:
+    v = f.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise GGUFError(f.path, f"{key} has a bad value {str(v)[:40]!r}")
+    return v if 0 <= v < n_vocab else None  # llama.cpp ignores an out-of-range special id (with a warning)
 
 
 class StreamDecoder:

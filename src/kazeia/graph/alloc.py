@@ -29,7 +29,7 @@ class _Arena:
     def alloc(self, size: int) -> int:
         size = _align(max(size, 1))
         best = None
-        for i, (off, sz) in enumerate(self.free):
+        for i, (_off, sz) in enumerate(self.free):
             if sz >= size and (best is None or sz < self.free[best][1]):
                 best = i
         if best is not None:
@@ -71,6 +71,9 @@ class GraphAllocator:
 
     def allocate(self, graph: Graph) -> Buffer:
         """Assign buffer/offset to every tensor of the graph that has no storage yet; resolve views."""
+        for t in graph.leafs + graph.nodes:  # a reused graph is placed again, in the current compute buffer
+            if t.view_src is None and t.buffer is not None and t.buffer.usage == BufferUsage.COMPUTE:
+                t.buffer = None
         placed, size = _plan(graph)
         if self.buffer is None or self.buffer.size < size:
             # like ggml_gallocr_reserve: a bigger graph gets a new (zeroed) buffer

@@ -34,6 +34,7 @@ class HtpBackend(Backend):
         self.host = HostSession(self.name, self.settings, self.profile, self.dsp, log)
         self.dsp.on_op_done = self._op_done
         self.dsp.on_op_fault = self._op_fault
+        self.dsp.on_op_start = self._op_start
         self.records: list[tuple[str, OpRecord]] = []  # (node name, record) of the current graph
 
     @classmethod
@@ -53,7 +54,8 @@ class HtpBackend(Backend):
     def compute(self, node: Tensor) -> None:
         idx = self.node_index.get(id(node), -1)
         self.host.enqueue_op(node, idx)
-        self.emit_enqueue(node, self._info(node, "queued", self.host.batch.seq or None))
+        self.emit_enqueue(node, self._info(node, "queued", self.host.batch.seq,
+                                             batch_index=len(self.host.batch.ops) - 1))
 
     def synchronize(self) -> None:
         if self.host.dead is None:
@@ -65,14 +67,16 @@ class HtpBackend(Backend):
     # --- DSP callbacks ---
     def _op_done(self, op: OpDesc, batch: OpBatch, rec: OpRecord) -> None:
         self.records.append((op.node.name, rec))
-        info = self._info(op.node, rec.path, batch.seq, status=rec.status, **rec.detail)
+        info = self._info(op.node, rec.path, batch.seq, status=rec.status, batch_index=op.index, **rec.detail)
         self.emit_complete(op.node, info)
 
+    def _op_start(self, op: OpDesc, batch: OpBatch) -> None:
+        if self.hooks:
+            self.emit_start(op.node, self._info(op.node, "dsp", batch.seq, batch_index=op.index))
+
     def _op_fault(self, op: OpDesc, batch: OpBatch, fault: DspFault) -> None:
-        for h in self.hooks:
-            cb = getattr(h, "on_fault", None)
-            if cb:
-                cb(op.node, self._info(op.node, "fault", batch.seq, kind=fault.kind, cause=fault.cause))
+        self.emit_fault(op.node, self._info(op.node, "fault", batch.seq, kind=fault.kind, cause=fault.cause,
+                                            batch_index=op.index))
 
     def dsp_log(self) -> list[str]:
         return list(self.dsp.log)

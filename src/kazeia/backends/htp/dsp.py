@@ -72,6 +72,8 @@ class Dsp:
         self.batches_run = 0
         self.on_op_done: Callable[[OpDesc, OpBatch, OpRecord], None] | None = None
         self.on_op_fault: Callable[[OpDesc, OpBatch, DspFault], None] | None = None
+        self.on_op_start: Callable[[OpDesc, OpBatch], None] | None = None
+        self.on_batch_start: list[Callable[[Dsp, OpBatch], None]] = []
         self.flushed: set[int] = set()  # descriptor indexes flushed in the current batch
         self.hmx_scale = 0.0  # the HMX output-conversion scale last loaded (reset value 0)
 
@@ -90,8 +92,12 @@ class Dsp:
         self.batches_run += 1
         self.octx = OpContext()  # memset(octx, 0): the src1 shortcut never survives a batch
         self.flushed = set()
+        for cb in self.on_batch_start:
+            cb(self, batch)
         statuses: list[int] = []
         for op in batch.ops:
+            if self.on_op_start:
+                self.on_op_start(op, batch)
             try:
                 rec = self.executor.execute(self, self.octx, op, batch)
             except DspFault as f:

@@ -149,16 +149,17 @@ class Response:
 class HostSession:
     """One HTP session (HTP0): the op batch, the op queue and the DSP behind them."""
 
-    def __init__(self, name: str, settings: HtpSettings, profile: Profile, dsp, log: Callable[[str], None] | None = None):
+    def __init__(self, name: str, settings: HtpSettings, profile: Profile, dsp,
+                 log: Callable[[str], None] | None = None):
         self.name = name
         self.settings = settings
         self.profile = profile
         self.dsp = dsp
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.max_tensors = settings.opbatch * (1 + MAX_INPUTS)
-        self.batch = OpBatch()
+        self._seq = 1
+        self.batch = OpBatch(seq=1)
         self.in_flight: deque[OpBatch] = deque()
-        self._seq = 0
         self.last_enqueued: OpDesc | None = None
         self.dead: DeviceDeathError | None = None
         self.batches_submitted = 0
@@ -181,11 +182,10 @@ class HostSession:
             return
         if len(self.in_flight) >= self.settings.opqueue:
             self.flush_pending(all_=False)
-        self._seq += 1
-        self.batch.seq = self._seq
         self.in_flight.append(self.batch)
         self.batches_submitted += 1
-        self.batch = OpBatch()
+        self._seq += 1
+        self.batch = OpBatch(seq=self._seq)
 
     def flush_pending(self, all_: bool = False) -> None:
         while self.in_flight:

@@ -123,8 +123,8 @@ class MatmulUnit:
             crossing = V.bank_crossings(plan)
             if crossing:
                 c = crossing[0]
-                raise DspFault("bus-error", f"precise bus error 0x2601: HMX {c.kind} load run "
-                                            f"0x{c.offset:06x}-0x{c.end - 1:06x} crosses a 4 MiB VTCM bank ({node.name})")
+                raise DspFault("bus-error", f"precise bus error 0x2601: HMX {c.kind} load run 0x{c.offset:06x}-"
+                                            f"0x{c.end - 1:06x} crosses a 4 MiB VTCM bank ({node.name})")
         if batched or not (w.ne[2] == w.ne[3] == 1):
             y = self._hmx_batched_f16(node)
         else:
@@ -141,7 +141,7 @@ class MatmulUnit:
 
     def _hmx_2d(self, dsp: Dsp, node: Tensor, plan: V.MatmulPlan) -> np.ndarray:
         w, x = node.src[0], node.src[1]
-        M, K, N = x.ne[1], w.ne[0], w.ne[1]
+        M, K = x.ne[1], w.ne[0]
         if w.type == GGMLType.F16:
             xs = np.asarray(array(x)[0, 0], dtype=np.float32)  # the F16 kernel honours act_stride
         else:

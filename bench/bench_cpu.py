@@ -1,0 +1,248 @@
+"""CPU benchmark: kazeia's `cpu` backend beside llama.cpp's llama-bench on the same GGUF, in the same run.
+
+    python bench/bench_cpu.py                  # default model, pp256 + tg16, 2 threads, 5 repetitions
+    python bench/bench_cpu.py --q4-0           # also a Q4_0 requantized copy (needs llama-quantize)
+    python bench/bench_cpu.py --no-peer --json
+
+Prints, per test, our tokens/s, llama.cpp's (`llama-bench -p 256 -n 16 -t 2`) and the ratio against the
+project's goals (pp >= 1.0x, tg >= 0.3x), then a "numpy floor": the fp32 GEMM rate numpy reaches on this
+model's own matmul shapes (measured now, same threads), the FLOPs each token costs, and the tokens/s that
+rate would give (FLOPs per token / GEMM FLOP/s). llama-bench is looked up in $LLAMA_BENCH, then PATH, then
+the peer build tree; without it only our numbers are printed ("peer: not available"), never an error.
+Timings on a shared machine are perturbed by whatever else runs: read them as "this run", not as truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from kazeia.cli import bench
+from kazeia.cli.common import Session, open_session
+from kazeia.cli.main import build_parser
+from kazeia.engine.context import Model
+from kazeia.engine.default_model import default_model_path
+
+PEER_BIN = "/work/peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
+GOALS = {"pp": 1.0, "tg": 0.3}  # kazeia / llama.cpp tokens/s the project aims for
+MATMULS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def find_tool(name: str, env: str) -> str | None:
+    """$env, then PATH, then the peer build tree."""
+    for cand in (os.environ.get(env), shutil.which(name), os.path.join(PEER_BIN, name)):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# the two engines
+
+
+@dataclass
+class Row:
+    model: str
+    test: str
+    ours: list[float]  # tokens/s per repetition
+    peer: list[float] | None = None
+    floor_ts: float = 0.0  # numpy fp32 GEMM floor, tokens/s
+    extra: dict = field(default_factory=dict)
+
+
+def mean_sd(xs: list[float]) -> tuple[float, float]:
+    return bench.mean_sd(xs)
+
+
+def ours(path: str, tests: list[bench.BenchTest], threads: int, reps: int) -> tuple[Session, dict[str, list[float]]]:
+    argv = ["bench", "-m", path, "-t", str(threads), "-dev", "CPU",
+            "-p", ",".join(str(t.n) for t in tests if t.kind == "pp") or "0",
+            "-n", ",".join(str(t.n) for t in tests if t.kind == "tg") or "0"]
+    args = bench._session_args(build_parser().parse_args(argv), tests)
+    s = open_session(args, model=Model.load(path))
+    out = {}
+    for t in tests:
+        seconds, _ = bench.measure(s, t, reps)
+        out[t.name] = [t.n / x for x in seconds]
+    return s, out
+
+
+def peer(exe: str, path: str, tests: list[bench.BenchTest], threads: int, reps: int) -> dict[str, list[float]]:
+    pp = ",".join(str(t.n) for t in tests if t.kind == "pp") or "0"
+    tg = ",".join(str(t.n) for t in tests if t.kind == "tg") or "0"
+    cmd = [exe, "-m", path, "-p", pp, "-n", tg, "-t", str(threads), "-r", str(reps), "-o", "json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
+    out = {}
+    for rec in json.loads(r.stdout):
+        name = f"pp{rec['n_prompt']}" if rec["n_gen"] == 0 else f"tg{rec['n_gen']}"
+        out[name] = [float(x) for x in rec["samples_ts"]]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# the numpy floor
+
+
+def matmul_weights(s: Session) -> list[np.ndarray]:
+    """The cached fp32 (N, K) matrices of every layer's matmuls, in execution order."""
+    be = s.scheduler.backends[0]
+    w = s.model.weights
+    out = [be.weight_matrix(w[f"blk.{il}.{m}.weight"]) for il in range(s.model.args.n_layer) for m in MATMULS]
+    return out
+
+
+def lm_head(s: Session) -> np.ndarray:
+    w = s.model.weights
+    return s.scheduler.backends[0].weight_matrix(w.get("output.weight", w["token_embd.weight"]))
+
+
+def gemm_rate(mats: list[np.ndarray], m: int, reps: int = 3) -> float:
+    """FLOP/s of y(m, K) @ W.T over the given weights (the model's shapes, fp32, current BLAS threads)."""
+    rng = np.random.default_rng(0)
+    xs = {k: rng.standard_normal((m, k), dtype=np.float32) for k in {w.shape[1] for w in mats}}
+    flops = 2.0 * m * sum(w.shape[0] * w.shape[1] for w in mats)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for w in mats:
+            xs[w.shape[1]] @ w.T
+        best = min(best, time.perf_counter() - t0)
+    return flops / best
+
+
+def flops_per_token(s: Session, test: bench.BenchTest, n_kv: int) -> float:
+    """Matmul FLOPs (+ attention over the padded KV the engine computes, + lm_head for the output rows)."""
+    a = s.model.args
+    mats = sum(w.shape[0] * w.shape[1] for w in matmul_weights(s))
+    attn = a.n_layer * 2 * 2 * a.n_head * a.head_dim * n_kv  # QK^T and PV
+    head = lm_head(s)
+    head_flops = 2 * head.shape[0] * head.shape[1]
+    per_out = head_flops if test.kind == "tg" else head_flops / test.n  # pp: logits of the last row only
+    return 2 * mats + attn + per_out
+
+
+def floor_ts(s: Session, test: bench.BenchTest, n_ctx: int) -> tuple[float, float, float]:
+    """(GEMM FLOP/s, FLOPs per token, tokens/s) for a test."""
+    n_kv = s.ctx._n_kv(test.n if test.kind == "pp" else 1)
+    m = test.n if test.kind == "pp" else 1
+    rate = gemm_rate(matmul_weights(s) + [lm_head(s)], m)
+    fpt = flops_per_token(s, test, n_kv)
+    return rate, fpt, rate / fpt
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def requantize_q4_0(src: str) -> str | None:
+    exe = find_tool("llama-quantize", "LLAMA_QUANTIZE")
+    if exe is None:
+        return None
+    dst = os.path.join(tempfile.gettempdir(), "kazeia-bench", os.path.basename(src).replace(".gguf", "") + ".Q4_0.gguf")
+    if not os.path.exists(dst) or os.path.getmtime(dst) < os.path.getmtime(src):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        subprocess.run([exe, "--allow-requantize", "--pure", src, dst, "Q4_0"], capture_output=True, check=True,
+                       timeout=600)
+    return dst
+
+
+def _fmt(xs: list[float] | None) -> str:
+    if not xs:
+        return "-"
+    m, sd = mean_sd(xs)
+    return f"{m:.2f} ± {sd:.2f}"
+
+
+def ratio(row: Row) -> float | None:
+    if not row.peer:
+        return None
+    return statistics.fmean(row.ours) / statistics.fmean(row.peer)
+
+
+def table(rows: list[Row]) -> str:
+    head = ["model", "test", "kazeia t/s", "llama.cpp t/s", "ratio", "goal", "numpy floor t/s", "of floor"]
+    lines = []
+    for r in rows:
+        q = ratio(r)
+        goal = GOALS[r.test[:2]]
+        ok = "" if q is None else (" ok" if q >= goal else " below")
+        of_floor = statistics.fmean(r.ours) / r.floor_ts if r.floor_ts else 0.0
+        lines.append([r.model, r.test, _fmt(r.ours), _fmt(r.peer), "-" if q is None else f"{q:.2f}x",
+                      f">= {goal:.1f}x{ok}", f"{r.floor_ts:.1f}", f"{of_floor:.2f}x"])
+    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
+    fmt = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([fmt(head), "| " + " | ".join("-" * w for w in widths) + " |"] + [fmt(x) for x in lines])
+
+
+def run_model(path: str, label: str, tests: list[bench.BenchTest], a: argparse.Namespace,
+              peer_exe: str | None) -> list[Row]:
+    peer_ts: dict[str, list[float]] = {}
+    if peer_exe:
+        try:
+            peer_ts = peer(peer_exe, path, tests, a.threads, a.repetitions)
+        except (subprocess.SubprocessError, OSError, ValueError, KeyError) as e:
+            print(f"peer: failed ({type(e).__name__}: {e})", file=sys.stderr)
+    s, our_ts = ours(path, tests, a.threads, a.repetitions)
+    rows = []
+    for t in tests:
+        rate, fpt, fts = floor_ts(s, t, s.ctx.n_ctx)
+        rows.append(Row(label, t.name, our_ts[t.name], peer_ts.get(t.name), fts,
+                        {"gemm_gflops": rate / 1e9, "gflop_per_token": fpt / 1e9}))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", default=None, help="GGUF file (default: the embedded SmolLM2-135M Q4_1)")
+    ap.add_argument("-p", type=int, default=256, help="prompt tokens (default 256)")
+    ap.add_argument("-n", type=int, default=16, help="generated tokens (default 16)")
+    ap.add_argument("-t", "--threads", type=int, default=2, help="threads for both engines (default 2)")
+    ap.add_argument("-r", "--repetitions", type=int, default=5)
+    ap.add_argument("--no-peer", action="store_true", help="do not run llama-bench")
+    ap.add_argument("--q4-0", action="store_true", help="also measure a Q4_0 requantized copy (llama-quantize)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    a = ap.parse_args(argv)
+    path = a.model or default_model_path()
+    tests = [bench.BenchTest("pp", a.p), bench.BenchTest("tg", a.n)]
+    peer_exe = None if a.no_peer else find_tool("llama-bench", "LLAMA_BENCH")
+    info = bench.model_info(Model.load(path))
+    models = [(path, info.type)]
+    if a.q4_0:
+        q = requantize_q4_0(path)
+        if q is None:
+            print("q4_0: llama-quantize not available, skipped", file=sys.stderr)
+        else:
+            models.append((q, info.type.rsplit(" ", 1)[0] + " Q4_0 (requant)"))
+    rows = []
+    for p, label in models:
+        rows += run_model(p, label, tests, a, peer_exe)
+    if a.json:
+        print(json.dumps({"peer": peer_exe, "threads": a.threads, "rows": [asdict(r) for r in rows],
+                          "peak_rss_bytes": bench.peak_rss_bytes()}, indent=2))
+        return 0
+    print(f"kazeia cpu backend vs llama.cpp: {os.path.basename(path)}, {a.threads} threads, "
+          f"{a.repetitions} repetitions (t/s mean ± sd; the machine may be shared: timings are this run's)")
+    print(f"peer: {peer_exe}" if peer_exe else "peer: not available")
+    print()
+    print(table(rows))
+    print()
+    for r in rows:
+        e = r.extra
+        print(f"numpy floor {r.model} {r.test}: fp32 GEMM {e['gemm_gflops']:.1f} GFLOP/s on the model's shapes "
+              f"(M={a.p if r.test.startswith('pp') else 1}) / {e['gflop_per_token']:.3f} GFLOP per token "
+              f"= {r.floor_ts:.1f} t/s")
+    print(f"peak memory (RSS): {bench.peak_rss_bytes() / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""Child-process entry point for runner.run_child: `python -m kazeia.debug.child SPEC.json`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+
+import numpy as np
+
+from kazeia.debug.runner import RunSpec, run
+from kazeia.errors import KazeiaError
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[0]) as f:
+        job = json.load(f)
+    spec = RunSpec(**job["spec"])
+    try:
+        res = run(spec, all_logits=job.get("all_logits", False))
+    except KazeiaError as e:
+        from kazeia.debug.runner import RunResult
+
+        res = RunResult(ok=False, error=str(e))
+    d = asdict(res)
+    logits = d.pop("logits")
+    d["logits_path"] = None
+    if logits is not None:
+        d["logits_path"] = os.path.join(os.path.dirname(job["out"]), "logits.npy")
+        np.save(d["logits_path"], np.asarray(logits))
+    with open(job["out"], "w") as f:
+        json.dump(d, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

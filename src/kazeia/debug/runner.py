@@ -1,0 +1,207 @@
+"""Running one model/prompt/device configuration, in process or in a child process.
+
+Every forensic tool needs "run this exact configuration and tell me what happened": a `RunSpec` says what
+(model, prompt or --n-prompt, device, HTP profile and env switches, routing, micro-batch), `run` does it in
+this process with optional hooks and returns a `RunResult` (logits, the device death if any, placements),
+and `run_child` does the same in a fresh Python process (so a hang or a crash of the interpreter cannot
+take the caller down) with a timeout. `RunSpec.argv()` is the equivalent `kazeia run` command line, which
+reports print as the reproduction command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from kazeia.backends.weights import WeightCache
+from kazeia.engine.context import Context, Model
+from kazeia.engine.default_model import default_model_path
+from kazeia.engine.devices import DeviceOptions, make_backends
+from kazeia.engine.generate import synthetic_prompt
+from kazeia.engine.scheduler import Router, Scheduler
+from kazeia.engine.tokenizer import GGUFTokenizer
+from kazeia.errors import DeviceDeathError, DeviceOpError, KazeiaError
+from kazeia.graph.tensor import GGMLType
+
+
+@dataclass
+class RunSpec:
+    model: str | None = None
+    prompt: str | None = None
+    n_prompt: int | None = None
+    tokens: list[int] | None = None  # explicit token ids (overrides prompt / n_prompt)
+    device: str = "CPU"
+    htp_profile: str | None = None
+    vtcm: int | None = None
+    faults: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # GGML_HEXAGON_* switches for the HTP
+    cpu_ops: str | None = None
+    cpu_nodes: str | None = None
+    ubatch: int = 512
+    ctx: int = 4096
+    flash_attn: bool = True
+    n_predict: int = 0  # greedy tokens to generate after the prompt
+
+    @property
+    def model_path(self) -> str:
+        return self.model or default_model_path()
+
+    def with_(self, **kw) -> RunSpec:
+        d = asdict(self)
+        d.update(kw)
+        return RunSpec(**d)
+
+    def argv(self) -> list[str]:
+        """The equivalent `kazeia run` command line (env switches go in front as VAR=value)."""
+        a = [f"{k}={v}" for k, v in sorted(self.env.items())] + ["kazeia", "run"]
+        if self.model:
+            a += ["-m", self.model]
+        if self.tokens is None and self.n_prompt is not None:
+            a += ["--n-prompt", str(self.n_prompt)]
+        elif self.tokens is None and self.prompt is not None:
+            a += ["-p", self.prompt]
+        a += ["-dev", self.device]
+        if self.htp_profile:
+            a += ["--htp-profile", self.htp_profile]
+        if self.vtcm:
+            a += ["--vtcm", str(self.vtcm)]
+        for f in self.faults:
+            a += ["--fault", f]
+        if self.cpu_ops:
+            a += ["--cpu-ops", self.cpu_ops]
+        if self.cpu_nodes:
+            a += ["--cpu-nodes", self.cpu_nodes]
+        if self.ubatch != 512:
+            a += ["-ub", str(self.ubatch)]
+        if self.ctx != 4096:
+            a += ["-c", str(self.ctx)]
+        if not self.flash_attn:
+            a += ["-fa", "off"]
+        a += ["-n", str(self.n_predict), "--temp", "0"]
+        return a
+
+    def command(self) -> str:
+        import shlex
+
+        return " ".join(shlex.quote(x) for x in self.argv())
+
+
+@dataclass
+class RunResult:
+    ok: bool
+    seconds: float = 0.0
+    n_prompt: int = 0
+    logits: np.ndarray | None = None  # last micro-batch's logits, rows per `all_logits`
+    tokens: list[int] = field(default_factory=list)
+    death: dict | None = None  # DeviceDeathError fields: message, code, last_enqueued, faulting, cause, kind
+    error: str | None = None  # any other error (op status, bad input)
+    placements: list[dict] = field(default_factory=list)
+    dsp_log: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return not self.ok
+
+    def signature(self) -> str:
+        """What a person would see: the host error line, or 'ok'."""
+        if self.death:
+            return self.death["message"]
+        return self.error or "ok"
+
+
+_MODELS: dict[str, Model] = {}
+
+
+def load_model(path: str) -> Model:
+    """Models are cached per process: forensic tools run the same file many times."""
+    key = os.path.realpath(path)
+    if key not in _MODELS:
+        _MODELS[key] = Model.load(path)
+    return _MODELS[key]
+
+
+def prompt_ids(spec: RunSpec, model: Model, tok: GGUFTokenizer | None = None) -> list[int]:
+    if spec.tokens is not None:
+        return list(spec.tokens)
+    if spec.n_prompt is not None:
+        tok = tok or GGUFTokenizer.from_gguf(model.file)
+        return synthetic_prompt(spec.n_prompt, model.args.n_vocab, tok.is_control)
+    if spec.prompt:
+        tok = tok or GGUFTokenizer.from_gguf(model.file)
+        return tok.encode(spec.prompt)
+    raise KazeiaError("the run needs a prompt, --n-prompt or tokens")
+
+
+def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache | None = None) -> Context:
+    model = model or load_model(spec.model_path)
+    opts = DeviceOptions(htp_profile=spec.htp_profile, vtcm_bytes=spec.vtcm, htp_env=dict(spec.env),
+                         fault=list(spec.faults))
+    backends = make_backends(spec.device, opts, cache)
+    sched = Scheduler(backends, Router.from_args(spec.cpu_ops, spec.cpu_nodes))
+    n_ctx = min(spec.ctx, model.args.n_ctx_train)
+    return Context(model, sched, n_ctx=n_ctx, n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
+                   type_k=GGMLType.F16, type_v=GGMLType.F16)
+
+
+def run(spec: RunSpec, hooks=(), all_logits: bool = False, ctx: Context | None = None) -> RunResult:
+    """Prefill the prompt (and greedily decode n_predict tokens) in this process."""
+    ctx = ctx or build_context(spec)
+    for h in hooks:
+        ctx.scheduler.add_hook(h)
+    ids = prompt_ids(spec, ctx.model)
+    res = RunResult(ok=False, n_prompt=len(ids))
+    t0 = time.perf_counter()
+    try:
+        logits = ctx.decode(ids, all_logits=all_logits)
+        res.logits = logits
+        for _ in range(spec.n_predict):
+            tid = int(np.argmax(logits[-1]))
+            res.tokens.append(tid)
+            logits = ctx.decode([tid])
+        res.ok = True
+    except DeviceDeathError as e:
+        res.death = {"message": str(e), "code": e.code, "last_enqueued": e.last_enqueued, "faulting": e.faulting,
+                     "cause": e.cause, "kind": getattr(e, "kind", None), "batch": getattr(e, "batch_seq", None)}
+    except DeviceOpError as e:
+        res.error = str(e)
+    finally:
+        res.seconds = time.perf_counter() - t0
+        for h in hooks:
+            ctx.scheduler.remove_hook(h)
+    res.placements = [asdict(p) for p in ctx.scheduler.placements]
+    for b in ctx.scheduler.backends:
+        if hasattr(b, "dsp_log"):
+            res.dsp_log = b.dsp_log()
+    return res
+
+
+def run_child(spec: RunSpec, timeout: float = 600.0, all_logits: bool = False) -> RunResult:
+    """`run` in a fresh Python process; a timeout or an interpreter crash becomes a failed RunResult."""
+    with tempfile.TemporaryDirectory(prefix="kazeia-child-") as tmp:
+        spec_path = os.path.join(tmp, "spec.json")
+        out_path = os.path.join(tmp, "result.json")
+        with open(spec_path, "w") as f:
+            json.dump({"spec": asdict(spec), "all_logits": all_logits, "out": out_path}, f)
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, "-m", "kazeia.debug.child", spec_path], capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return RunResult(ok=False, seconds=time.perf_counter() - t0,
+                             error=f"child timed out after {timeout:.0f} s (hang)")
+        if not os.path.exists(out_path):
+            tail = (proc.stderr or "").strip().splitlines()[-3:]
+            return RunResult(ok=False, seconds=time.perf_counter() - t0,
+                             error=f"child exited with status {proc.returncode}: {' | '.join(tail)}")
+        with open(out_path) as f:
+            d = json.load(f)
+        logits = np.load(d.pop("logits_path")) if d.get("logits_path") else None
+        d.pop("logits_path", None)
+        return RunResult(logits=logits, **d)

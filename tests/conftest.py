@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny synthetic models (written once per session) and the embedded default model."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # tests/oracle_utils.py
+
+# One BLAS/OpenMP thread (override with KAZEIA_TEST_THREADS): the machine's cores are shared, and a BLAS
+# whose threads spin while another process holds the cores runs the models here 10-20x slower. Subprocesses
+# (the CLI tests) inherit the environment variables.
+_THREADS = os.environ.get("KAZEIA_TEST_THREADS", "1")
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, _THREADS)
+try:
+    from threadpoolctl import threadpool_limits
+
+    _limits = threadpool_limits(limits=int(_THREADS))  # numpy may already be loaded: limit it now as well
+except ImportError:  # pragma: no cover
+    pass
+
+from kazeia.errors import KazeiaError  # noqa: E402
+from kazeia.gguf.synth_tokenizer import MIN_VOCAB  # noqa: E402
+from kazeia.gguf.writer import preset, write_model  # noqa: E402
+
+
+def _write(tmp_path_factory, name: str, **overrides) -> str:
+    d = tmp_path_factory.mktemp(name)
+    path = str(d / f"{name}.gguf")
+    write_model(preset("tiny", **overrides), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory) -> str:
+    """Tiny random Qwen3, F32 weights (2 layers, 256 wide, 4 heads x 64, 2 KV heads, vocab 1024)."""
+    return _write(tmp_path_factory, "tiny_qwen3", arch="qwen3", wtype="f32")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> str:
+    """Tiny random Llama with the same shapes, F32 weights."""
+    return _write(tmp_path_factory, "tiny_llama", arch="llama", wtype="f32")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_narrow_heads(tmp_path_factory) -> str:
+    """Qwen3 whose q width differs from the hidden size (4 heads x 32 = 128 != 256), like Qwen3-4B; untied."""
+    return _write(tmp_path_factory, "tiny_qwen3_nh", arch="qwen3", wtype="f32", head_dim=32, tied=False, seed=3)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_q4(tmp_path_factory) -> str:
+    """The tiny Qwen3 with Q4_0 matrices (the make-model default)."""
+    return _write(tmp_path_factory, "tiny_qwen3_q4", arch="qwen3", wtype="q4_0")
+
+
+@pytest.fixture(scope="session")
+def mini_gguf(tmp_path_factory) -> str:
+    """The smallest valid model file we can make (one layer, 32 wide, minimal vocabulary): ~50 KB."""
+    return _write(tmp_path_factory, "mini", arch="llama", wtype="f32", n_layer=1, n_embd=32, n_ff=32, n_head=2,
+                  n_head_kv=1, head_dim=16, n_vocab=MIN_VOCAB, n_ctx=64)
+
+
+@pytest.fixture(scope="session")
+def default_model() -> str:
+    from kazeia.engine.default_model import default_model_path
+
+    try:
+        return default_model_path()
+    except KazeiaError as e:
+        pytest.skip(f"default model not installed: {e}")
