@@ -30,7 +30,7 @@ import numpy as np
 from kazeia.cli import bench
 from kazeia.cli.common import Session, open_session
 from kazeia.cli.main import build_parser
-from kazeia.engine.context import Model
+from kazeia.engine.context import FA_KV_PAD, Model
 from kazeia.engine.default_model import default_model_path
 
 PEER_BIN = "/work/peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
@@ -131,9 +131,10 @@ def flops_per_token(s: Session, test: bench.BenchTest, n_kv: int) -> float:
     return 2 * mats + attn + per_out
 
 
-def floor_ts(s: Session, test: bench.BenchTest, n_ctx: int) -> tuple[float, float, float]:
+def floor_ts(s: Session, test: bench.BenchTest) -> tuple[float, float, float]:
     """(GEMM FLOP/s, FLOPs per token, tokens/s) for a test."""
-    n_kv = s.ctx._n_kv(test.n if test.kind == "pp" else 1)
+    n_end = test.depth + (test.n if test.kind == "pp" else 1)
+    n_kv = min(s.ctx.n_ctx, -(-n_end // FA_KV_PAD) * FA_KV_PAD)  # the KV cells flash attention computes
     m = test.n if test.kind == "pp" else 1
     rate = gemm_rate(matmul_weights(s) + [lm_head(s)], m)
     fpt = flops_per_token(s, test, n_kv)
@@ -194,7 +195,7 @@ def run_model(path: str, label: str, tests: list[bench.BenchTest], a: argparse.N
     s, our_ts = ours(path, tests, a.threads, a.repetitions)
     rows = []
     for t in tests:
-        rate, fpt, fts = floor_ts(s, t, s.ctx.n_ctx)
+        rate, fpt, fts = floor_ts(s, t)
         rows.append(Row(label, t.name, our_ts[t.name], peer_ts.get(t.name), fts,
                         {"gemm_gflops": rate / 1e9, "gflop_per_token": fpt / 1e9}))
     return rows
@@ -222,11 +223,13 @@ def main(argv: list[str] | None = None) -> int:
             print("q4_0: llama-quantize not available, skipped", file=sys.stderr)
         else:
             models.append((q, info.type.rsplit(" ", 1)[0] + " Q4_0 (requant)"))
+    load_before = os.getloadavg()[0]
     rows = []
     for p, label in models:
         rows += run_model(p, label, tests, a, peer_exe)
+    load = (load_before, os.getloadavg()[0])
     if a.json:
-        print(json.dumps({"peer": peer_exe, "threads": a.threads, "rows": [asdict(r) for r in rows],
+        print(json.dumps({"peer": peer_exe, "threads": a.threads, "rows": [asdict(r) for r in rows], "loadavg": load,
                           "peak_rss_bytes": bench.peak_rss_bytes()}, indent=2))
         return 0
     print(f"kazeia cpu backend vs llama.cpp: {os.path.basename(path)}, {a.threads} threads, "
@@ -241,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(M={a.p if r.test.startswith('pp') else 1}) / {e['gflop_per_token']:.3f} GFLOP per token "
               f"= {r.floor_ts:.1f} t/s")
     print(f"peak memory (RSS): {bench.peak_rss_bytes() / 2**20:.1f} MiB")
+    print(f"1-min load average before / after: {load[0]:.2f} / {load[1]:.2f} on {os.cpu_count()} CPUs"
+          + (" (other jobs were running before: timings are perturbed)" if load[0] > 0.7 else ""))
     return 0
 
 

@@ -54,6 +54,13 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
                    help="HTP fault injection (repeatable): see `kazeia htp faults`")
     g.add_argument("--cpu-ops", default=None, metavar="OPS", help="run these ops on the CPU (MUL_MAT,ROPE,...)")
     g.add_argument("--cpu-nodes", default=None, metavar="REGEX", help="run nodes whose name matches on the CPU")
+    # hidden (for `kazeia bisect ops`): graph node index ranges "A:B,C,D:" run on the CPU; the default comes from
+    # the environment so that a bisect --check command running `kazeia run` follows each step's routing
+    g.add_argument("--cpu-node-range", default=os.environ.get("KAZEIA_CPU_NODE_RANGE") or None,
+                   help=argparse.SUPPRESS)
+    g.add_argument("--gate", action="append", default=[], metavar="GATE",
+                   help="routing gate (repeatable): 'vtcm-plan' keeps on the CPU every MUL_MAT whose HMX VTCM plan "
+                        "would overflow; 'weight=REGEX,m=LO-HI' routes those weights at those M to the CPU")
     g.add_argument("--sync", action="store_true",
                    help="one op per batch, waited on (GGML_HEXAGON_OPBATCH=1 GGML_HEXAGON_OPQUEUE=1)")
     d = p.add_argument_group("op trace")
@@ -62,6 +69,9 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--oplog-file", default=None, metavar="FILE", help="also write the trace as JSONL here")
     d.add_argument("--stop-on-nonfinite", action="store_true",
                    help="stop at the first op whose output holds NaN or inf, and name it")
+    from kazeia.debug.dump import add_dump_args
+
+    add_dump_args(p)
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -94,11 +104,18 @@ def open_session(args: argparse.Namespace, model: Model | None = None, device: s
     model = model or Model.load(model_path(args))
     tok = GGUFTokenizer.from_gguf(model.file)
     backends = make_backends(device or args.device, device_options(args), WeightCache())
-    router = Router.from_args(getattr(args, "cpu_ops", None), getattr(args, "cpu_nodes", None))
+    router = Router.from_args(getattr(args, "cpu_ops", None), getattr(args, "cpu_nodes", None),
+                              getattr(args, "cpu_node_range", None))
+    from kazeia.debug.runner import gates_for
+
+    router.gates += gates_for(getattr(args, "gate", []) or [], backends)
     sched = Scheduler(backends, router)
     trace = make_trace(args)
     if trace is not None:
         sched.add_hook(trace)
+    from kazeia.debug.dump import install_dump
+
+    install_dump(args, sched)
     n_ctx = min(args.ctx_size, model.args.n_ctx_train) if args.ctx_size > 0 else model.args.n_ctx_train
     types = {"f16": GGMLType.F16, "f32": GGMLType.F32}
     ctx = Context(model, sched, n_ctx=n_ctx, n_ubatch=args.ubatch_size, flash_attn=args.flash_attn == "on",

@@ -213,3 +213,28 @@ def plan_svg(plan: V.MatmulPlan) -> str:
 
 
 SUBCOMMANDS: dict[str, Callable] = {"plan": add_plan_parser}  # the lead adds "faults" here
+
+
+# --------------------------------------------------------------------------------------------------------------
+# htp faults
+
+
+def add_faults_parser(hsub) -> argparse.ArgumentParser:
+    p = hsub.add_parser("faults", help="list the optional fault injections and the version profiles")
+    p.set_defaults(htp_func=run_faults)
+    return p
+
+
+def run_faults(args: argparse.Namespace) -> int:
+    from kazeia.backends.htp.profiles import FAULTS, PROFILES
+
+    print("profiles (--htp-profile, env KAZEIA_HTP_PROFILE):")
+    for p in PROFILES.values():
+        print(f"  {p.name:10s} {p.description}")
+    print("\nfault injections (--fault NAME, repeatable; env KAZEIA_HTP_FAULTS=a,b), all off by default:")
+    for f in FAULTS.values():
+        print(f"  {f.name:20s} {f.description}")
+    return 0
+
+
+SUBCOMMANDS["faults"] = add_faults_parser

@@ -44,6 +44,8 @@ class RunSpec:
     env: dict[str, str] = field(default_factory=dict)  # GGML_HEXAGON_* switches for the HTP
     cpu_ops: str | None = None
     cpu_nodes: str | None = None
+    cpu_node_range: str | None = None  # graph node indices forced to the CPU ("A:B,C,D:"; all nodes counted)
+    gates: list[str] = field(default_factory=list)  # routing gates (engine/gates.py: "vtcm-plan", ...)
     ubatch: int = 512
     ctx: int = 4096
     flash_attn: bool = True
@@ -78,6 +80,10 @@ class RunSpec:
             a += ["--cpu-ops", self.cpu_ops]
         if self.cpu_nodes:
             a += ["--cpu-nodes", self.cpu_nodes]
+        if self.cpu_node_range:
+            a += ["--cpu-node-range", self.cpu_node_range]
+        for g in self.gates:
+            a += ["--gate", g]
         if self.ubatch != 512:
             a += ["-ub", str(self.ubatch)]
         if self.ctx != 4096:
@@ -117,6 +123,15 @@ class RunResult:
 
 
 _MODELS: dict[str, Model] = {}
+_CPU_CACHE: WeightCache | None = None
+
+
+def shared_cache() -> WeightCache:
+    """One dequantized-weight cache per process: forensic tools build many contexts on one model."""
+    global _CPU_CACHE
+    if _CPU_CACHE is None:
+        _CPU_CACHE = WeightCache()
+    return _CPU_CACHE
 
 
 def load_model(path: str) -> Model:
@@ -143,11 +158,23 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
     model = model or load_model(spec.model_path)
     opts = DeviceOptions(htp_profile=spec.htp_profile, vtcm_bytes=spec.vtcm, htp_env=dict(spec.env),
                          fault=list(spec.faults))
-    backends = make_backends(spec.device, opts, cache)
-    sched = Scheduler(backends, Router.from_args(spec.cpu_ops, spec.cpu_nodes))
+    backends = make_backends(spec.device, opts, cache if cache is not None else shared_cache())
+    router = Router.from_args(spec.cpu_ops, spec.cpu_nodes, spec.cpu_node_range)
+    router.gates += gates_for(spec.gates, backends)
+    sched = Scheduler(backends, router)
     n_ctx = min(spec.ctx, model.args.n_ctx_train)
     return Context(model, sched, n_ctx=n_ctx, n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
                    type_k=GGMLType.F16, type_v=GGMLType.F16)
+
+
+def gates_for(names: list[str], backends) -> list:
+    """Gate objects for --gate names, using the HTP backend's VTCM size and profile when there is one."""
+    from kazeia.engine.gates import parse_gate
+
+    htp = next((b for b in backends if getattr(b, "settings", None) is not None), None)
+    vtcm = htp.settings.vtcm_bytes if htp else 8 * 1024 * 1024
+    profile = htp.settings.profile if htp else "robust"
+    return [parse_gate(g, vtcm, profile) for g in names]
 
 
 def run(spec: RunSpec, hooks=(), all_logits: bool = False, ctx: Context | None = None) -> RunResult:
@@ -168,7 +195,8 @@ def run(spec: RunSpec, hooks=(), all_logits: bool = False, ctx: Context | None =
         res.ok = True
     except DeviceDeathError as e:
         res.death = {"message": str(e), "code": e.code, "last_enqueued": e.last_enqueued, "faulting": e.faulting,
-                     "cause": e.cause, "kind": getattr(e, "kind", None), "batch": getattr(e, "batch_seq", None)}
+                     "cause": e.cause, "kind": getattr(e, "kind", None), "batch": getattr(e, "batch_seq", None),
+                     "batch_ops": getattr(e, "batch_ops", None)}
     except DeviceOpError as e:
         res.error = str(e)
     finally:

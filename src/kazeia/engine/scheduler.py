@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kazeia.backends.base import Backend, Hooks
-from kazeia.errors import UnsupportedError
+from kazeia.errors import KazeiaError, UnsupportedError
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Tensor
 
@@ -23,30 +23,63 @@ Gate = Callable[[Tensor], "str | None"]
 
 @dataclass
 class Router:
-    """User routing: `cpu_ops` (ggml op names or descs), `cpu_nodes` (regex on node names), gates."""
+    """User routing: `cpu_ops` (ggml op names or descs), `cpu_nodes` (regex on node names),
+    `cpu_node_ranges` (graph node indices, see `parse_node_ranges`), gates."""
 
     cpu_ops: set[str] = field(default_factory=set)
     cpu_nodes: re.Pattern | None = None
     gates: list[Gate] = field(default_factory=list)
     fallback: str = "CPU"
+    # [start, stop) ranges of node indices in graph.nodes (ALL nodes, views included: the index the KZOP trace
+    # prints as #N and OpInfo.index holds); stop None = to the end. Applies to every graph (micro-batch).
+    cpu_node_ranges: list[tuple[int, int | None]] = field(default_factory=list)
 
     @classmethod
-    def from_args(cls, cpu_ops: str | None = None, cpu_nodes: str | None = None) -> Router:
+    def from_args(cls, cpu_ops: str | None = None, cpu_nodes: str | None = None,
+                  cpu_node_range: str | None = None) -> Router:
         ops = {o.strip().upper() for o in (cpu_ops or "").split(",") if o.strip()}
         pattern = re.compile(cpu_nodes) if cpu_nodes else None
-        return cls(cpu_ops=ops, cpu_nodes=pattern)
+        return cls(cpu_ops=ops, cpu_nodes=pattern, cpu_node_ranges=parse_node_ranges(cpu_node_range))
 
-    def forced(self, node: Tensor) -> tuple[str, str] | None:
-        """(backend name, reason) if a rule decides for this node."""
+    def forced(self, node: Tensor, index: int | None = None) -> tuple[str, str] | None:
+        """(backend name, reason) if a rule decides for this node (`index`: its position in graph.nodes)."""
         if node.op in self.cpu_ops or node.desc() in self.cpu_ops:
             return self.fallback, f"--cpu-ops {node.desc()}"
         if self.cpu_nodes is not None and self.cpu_nodes.search(node.name):
             return self.fallback, f"--cpu-nodes {self.cpu_nodes.pattern}"
+        if index is not None and any(a <= index and (b is None or index < b) for a, b in self.cpu_node_ranges):
+            return self.fallback, f"--cpu-node-range {format_node_ranges(self.cpu_node_ranges)}"
         for gate in self.gates:
             target = gate(node)
             if target:
                 return target, getattr(gate, "reason", "gate")
         return None
+
+
+def parse_node_ranges(text: str | None) -> list[tuple[int, int | None]]:
+    """'A:B,C,D:' -> [(A, B), (C, C+1), (D, None)]: half-open ranges of graph node indices."""
+    out: list[tuple[int, int | None]] = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if ":" in part:
+                a, b = part.split(":", 1)
+                start, stop = int(a or 0), (int(b) if b.strip() else None)
+            else:
+                start = int(part)
+                stop = start + 1
+        except ValueError:
+            raise KazeiaError(f"bad node range '{part}' (want A:B, A: or N, comma-separated)") from None
+        if start < 0 or (stop is not None and stop < start):
+            raise KazeiaError(f"bad node range '{part}'")
+        out.append((start, stop))
+    return out
+
+
+def format_node_ranges(ranges: list[tuple[int, int | None]]) -> str:
+    return ",".join(f"{a}:{'' if b is None else b}" for a, b in ranges)
 
 
 @dataclass
@@ -55,6 +88,7 @@ class Placement:
     op: str
     backend: str
     reason: str
+    index: int = -1  # position in graph.nodes
 
 
 class Scheduler:
@@ -79,8 +113,8 @@ class Scheduler:
             if hook in b.hooks:
                 b.hooks.remove(hook)
 
-    def place(self, node: Tensor) -> tuple[Backend, str]:
-        forced = self.router.forced(node)
+    def place(self, node: Tensor, index: int | None = None) -> tuple[Backend, str]:
+        forced = self.router.forced(node, index)
         if forced is not None:
             name, reason = forced
             b = self.by_name.get(name)
@@ -96,11 +130,11 @@ class Scheduler:
         self.placements = []
         for b in self.backends:
             b.begin_graph(graph)
-        for node in graph.nodes:
+        for i, node in enumerate(graph.nodes):
             if not node.is_computed:
                 continue
-            backend, reason = self.place(node)
-            self.placements.append(Placement(node.name, node.desc(), backend.name, reason))
+            backend, reason = self.place(node, i)
+            self.placements.append(Placement(node.name, node.desc(), backend.name, reason, i))
             self._wait_for_inputs(node, backend)
             backend.compute(node)
             root = node.root

@@ -50,6 +50,10 @@ class HtpBackend(Backend):
     def begin_graph(self, graph: Graph) -> None:
         super().begin_graph(graph)
         self.records = []
+        for h in self.hooks:  # hooks that need the device itself (op dumps snapshot VTCM at batch start)
+            bind = getattr(h, "bind_backend", None)
+            if bind is not None:
+                bind(self)
 
     def compute(self, node: Tensor) -> None:
         idx = self.node_index.get(id(node), -1)
@@ -77,6 +81,12 @@ class HtpBackend(Backend):
     def _op_fault(self, op: OpDesc, batch: OpBatch, fault: DspFault) -> None:
         self.emit_fault(op.node, self._info(op.node, "fault", batch.seq, kind=fault.kind, cause=fault.cause,
                                             batch_index=op.index))
+
+    def modeled_seconds(self, graph: Graph) -> float:
+        """Modeled on-device time of one graph (cost.py; a calibrated estimate, not a measurement)."""
+        from kazeia.backends.htp.cost import graph_seconds
+
+        return graph_seconds(graph.nodes, self.settings)[0]
 
     def dsp_log(self) -> list[str]:
         return list(self.dsp.log)

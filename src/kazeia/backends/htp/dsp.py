@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kazeia.backends.htp.host import STATUS_OK, OpBatch, OpDesc
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
@@ -76,6 +78,9 @@ class Dsp:
         self.on_batch_start: list[Callable[[Dsp, OpBatch], None]] = []
         self.flushed: set[int] = set()  # descriptor indexes flushed in the current batch
         self.hmx_scale = 0.0  # the HMX output-conversion scale last loaded (reset value 0)
+        self.dma_stale_pop = False  # a DMA descriptor left outstanding by the previous op (fault injection)
+        # timing races (fault injections only) come from here: run-dependent unless KAZEIA_HTP_RACE_SEED is set
+        self.race = np.random.default_rng(settings.race_seed)
 
     def farf(self, level: str, msg: str) -> None:
         line = f"[dsp {level}] {msg}"

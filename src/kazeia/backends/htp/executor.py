@@ -75,20 +75,20 @@ class Executor:
 
     # --- flash attention ---
     def _flash_attn(self, n: Tensor, use_hmx: bool) -> None:
-        q, k, v = (self.io.load(s) for s in n.src[:3])  # (1, H, T, D), (1, Hkv, n_kv, D), (1, Hkv, n_kv, Dv)
-        mask = self.io.load(n.src[3]) if len(n.src) > 3 and n.src[3] is not None else None
-        g = q.shape[1] // k.shape[1]
-        k = np.repeat(k, g, axis=1)
-        v = np.repeat(v, g, axis=1)
+        # (S, H, T, D) with S = 1 (ne3): work on 3-D stacks of C-contiguous matrices so numpy uses BLAS
+        q, k, v = (self.io.load(s)[0] for s in n.src[:3])  # (H, T, D), (Hkv, n_kv, D), (Hkv, n_kv, Dv)
+        mask = self.io.load(n.src[3])[0, 0] if len(n.src) > 3 and n.src[3] is not None else None  # (T', n_kv)
+        g = q.shape[0] // k.shape[0]
+        k = np.repeat(k, g, axis=0)
+        v = np.repeat(v, g, axis=0)
         scale = np.float32(n.params["scale"])
         q16 = round_fp16(q)
-        if use_hmx:
-            # HMX: S tile read out as fp16 with the qk scale applied by the output conversion block
-            s = round_fp16(np.matmul(q16, k.swapaxes(-1, -2)) * scale)
-        else:
-            s = np.matmul(q16, k.swapaxes(-1, -2)) * scale
+        kt = np.ascontiguousarray(k.transpose(0, 2, 1))
+        s = np.matmul(q16, kt)
+        # HMX: the S tile is read out as fp16 with the qk scale applied by the output conversion block
+        s = round_fp16(s * scale) if use_hmx else s * scale
         if mask is not None:
-            s = s + mask[:, :, : s.shape[2], : s.shape[3]]
+            s = s + mask[None, : s.shape[1], : s.shape[2]]
         with np.errstate(invalid="ignore", over="ignore"):
             m = np.max(s, axis=-1, keepdims=True)
             m = np.where(np.isneginf(m), 0.0, m).astype(np.float32)
@@ -98,11 +98,13 @@ class Executor:
             p16 = round_fp16(p)
             o = np.zeros(q.shape[:-1] + (v.shape[-1],), dtype=np.float32)
             for j in range(0, p.shape[-1], FA_KV_BLOCK):  # per KV block: fp16 read-out, fp32 accumulation
-                o += round_fp16(np.matmul(p16[..., j:j + FA_KV_BLOCK], v[:, :, j:j + FA_KV_BLOCK]))
+                pj = np.ascontiguousarray(p16[..., j:j + FA_KV_BLOCK])
+                vj = np.ascontiguousarray(v[:, j:j + FA_KV_BLOCK])
+                o += round_fp16(np.matmul(pj, vj))
         else:
             o = np.matmul(p, v)
         o = o / np.where(l == 0, 1.0, l)
-        self.io.store(n, o.transpose(0, 2, 1, 3))
+        self.io.store(n, o.transpose(1, 0, 2)[None])  # (T, H, Dv): dst ne = [Dv, H, T]
 
 
 __all__ = ["Executor", "DspOps", "_softmax_rows"]

@@ -222,6 +222,7 @@ class HostSession:
                 faulting=d.op_name, cause=d.cause)
             err.batch_seq = batch.seq
             err.kind = d.kind
+            err.batch_ops = [op.node.name for op in batch.ops]  # what the host sent in the failed batch
             self.dead = err
             raise err
         status = STATUS_OK

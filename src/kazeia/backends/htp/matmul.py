@@ -20,7 +20,13 @@ from kazeia.backends.htp import cost
 from kazeia.backends.htp import vtcm as V
 from kazeia.backends.htp.dsp import Dsp, DspFault, OpContext, OpRecord
 from kazeia.backends.htp.fp16 import f32_to_f16_shuffled, round_fp16_hw
-from kazeia.backends.htp.hmx_matmul import hmx_matmul, output_to_tiles, stage_activations, weight_to_tiles
+from kazeia.backends.htp.hmx_matmul import (
+    hmx_matmul,
+    output_to_tiles,
+    stage_activations,
+    weight_from_tiles,
+    weight_to_tiles,
+)
 from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpDesc
 from kazeia.backends.htp.hvx_matmul import (
     activation_row_size,
@@ -43,14 +49,17 @@ def _qt(t: GGMLType) -> str:
 
 
 class WeightStore:
-    """The REPACK buffer: each weight repacked once (as set_tensor does), kept within a byte budget."""
+    """The REPACK buffer: each weight repacked once (as set_tensor does), kept within a byte budget.
+
+    One store is shared by every HTP session of the process (`shared_store()`): the repacked bytes depend only
+    on the weights, and forensic tools open many sessions on the same model."""
 
     def __init__(self, budget: int | None = None) -> None:
         self.budget = budget if budget is not None else default_budget_bytes()
-        self._items: OrderedDict[int, RepackedWeight] = OrderedDict()
+        self._items: OrderedDict[tuple, RepackedWeight] = OrderedDict()
 
     def get(self, w: Tensor) -> RepackedWeight:
-        key = w.data_addr
+        key = (w.data_addr, w.type, w.ne)
         rw = self._items.get(key)
         if rw is not None:
             self._items.move_to_end(key)
@@ -67,11 +76,21 @@ class WeightStore:
         return int(sum(rw.n * rw.k * 5.2 for rw in self._items.values()))
 
 
+_SHARED: WeightStore | None = None
+
+
+def shared_store() -> WeightStore:
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = WeightStore()
+    return _SHARED
+
+
 class MatmulUnit:
     def __init__(self, settings: HtpSettings, profile: Profile) -> None:
         self.settings = settings
         self.profile = profile
-        self.weights = WeightStore()
+        self.weights = shared_store()
         self.hmx_built = settings.arch in V.HMX_ARCHS
 
     # --- op_matmul ---
@@ -151,14 +170,7 @@ class MatmulUnit:
         w16 = rw.w16
         faults = self.settings.faults
         if "scatter-unretired" in faults:
-            wt0 = plan.area("wt0")
-            nc = plan.nc
-            stale = np.frombuffer(dsp.vtcm.read(wt0.offset, nc * K * 2), dtype=np.uint8)
-            from kazeia.backends.htp.hmx_matmul import weight_from_tiles
-
-            w16 = w16.copy()
-            w16[:nc] = weight_from_tiles(stale, nc, K)
-            dsp.farf("HIGH", f"{node.name}: weight tiles of column chunk 0 read before their scatter drained")
+            w16 = self._unretired_scatter(dsp, node, plan, w16)
         scale = dsp.hmx_scale if "hmx-bias-stale" in faults else 1.0
         if scale == 1.0:
             y = hmx_matmul(a16, w16)
@@ -167,6 +179,24 @@ class MatmulUnit:
                 y = round_fp16_hw((np.ascontiguousarray(a16) @ np.ascontiguousarray(w16).T) * np.float32(scale))
         self._leave_hmx_bytes(dsp, plan, rw, xs, a16, y)
         return y
+
+    def _unretired_scatter(self, dsp: Dsp, node: Tensor, plan: V.MatmulPlan, w16: np.ndarray) -> np.ndarray:
+        """Fault: some weight tiles of column chunk 0 were still in flight (vscatter not drained) when HMX read
+        them, so for those tiles HMX sees what VTCM held before. How many is a race: it depends on timing, so it
+        changes run to run unless KAZEIA_HTP_RACE_SEED pins it."""
+        K = w16.shape[1]
+        nc = plan.nc
+        wt0 = plan.area("wt0")
+        stale = weight_from_tiles(np.frombuffer(dsp.vtcm.read(wt0.offset, nc * K * 2), dtype=np.uint8), nc, K)
+        k_tiles = K // 32
+        n_late = int(dsp.race.integers(1, k_tiles + 1))  # K tiles of the first column tile still in flight
+        late = np.sort(dsp.race.choice(k_tiles, size=n_late, replace=False))
+        cols = np.concatenate([np.arange(t * 32, t * 32 + 32) for t in late])
+        w16 = w16.copy()
+        w16[:32, cols] = stale[:32, cols]
+        dsp.farf("HIGH", f"{node.name}: {n_late} of {k_tiles} weight tiles of column tile 0 read before their "
+                         f"scatter drained")
+        return w16
 
     def _hmx_batched_f16(self, node: Tensor) -> np.ndarray:
         """F16 batched HMX (hmx_matmul_f16_f32_batched): per batch, same numerics."""
@@ -260,8 +290,26 @@ class MatmulUnit:
             octx.src1_spad_kind = kind
         rw = self.weights.get(w)
         y = hvx_matmul(rw, image, M)
+        if dsp.dma_stale_pop:
+            y = self._first_row_read_early(dsp, plan, rw, image, M, y)
+        if "dma-unbalanced" in self.settings.faults:
+            dsp.dma_stale_pop = True  # this op leaves one descriptor outstanding
         self._leave_hvx_bytes(dsp, plan, rw, y)
         return y, reuse
+
+    def _first_row_read_early(self, dsp: Dsp, plan: V.MatmulPlan, rw: RepackedWeight, image: np.ndarray, M: int,
+                              y: np.ndarray) -> np.ndarray:
+        """Fault: the previous op left a DMA descriptor outstanding, so thread 0's first pop returned that stale
+        completion and its first weight row was used before its DMA landed: the ring slot still held what
+        VTCM had there (the previous op's row)."""
+        dsp.dma_stale_pop = False
+        ring = plan.area("src0[0]")
+        stale = np.frombuffer(dsp.vtcm.read(ring.offset, rw.row_bytes), dtype=np.uint8).reshape(1, -1)
+        row0 = RepackedWeight(rw.qtype, rw.k, 1, stale.copy())
+        y = y.copy()
+        y[:, :1] = hvx_matmul(row0, image, M)
+        dsp.farf("HIGH", "matmul: DMA pop returned a stale completion; weight row 0 read before it arrived")
+        return y
 
     def _hvx_f16_ddr(self, node: Tensor) -> np.ndarray:
         w, x = node.src[0], node.src[1]

@@ -70,9 +70,10 @@ class Fault:
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("scatter-unretired",
-          "HMX matmul: the HVX vscatter writes of the dequantized weight tiles of the first column chunk are "
+          "HMX matmul: some HVX vscatter writes of the dequantized weight tiles of the first column tile are "
           "not drained before the HMX job reads them, so HMX reads whatever VTCM held there before (the "
-          "previous op's bytes). Notes 3.2 item 2 / 6.5."),
+          "previous op's bytes). How many tiles is a timing race: it changes run to run unless "
+          "KAZEIA_HTP_RACE_SEED is set. Notes 3.2 item 2 / 6.5."),
     Fault("hmx-bias-stale",
           "HMX matmul: the output conversion (bias/scale) block is not reloaded, so the read-out uses the "
           "scale the HMX unit last held (1/sqrt(head_dim) after an HMX flash attention, 0 after reset). "

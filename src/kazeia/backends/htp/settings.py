@@ -45,6 +45,7 @@ class HtpSettings:
     faults: tuple[str, ...] = ()
     farf: bool = False
     fp32_quantize_group: int = 128
+    race_seed: int | None = None  # KAZEIA_HTP_RACE_SEED: pins the timing of injected races
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -86,4 +87,5 @@ class HtpSettings:
             profile=profile or merged.get("KAZEIA_HTP_PROFILE") or "robust",
             faults=tuple(dict.fromkeys(fault_list)),
             farf=_int(merged, "GGML_HEXAGON_FARF", 0) != 0,
+            race_seed=_int(merged, "KAZEIA_HTP_RACE_SEED", -1) if merged.get("KAZEIA_HTP_RACE_SEED") else None,
         )

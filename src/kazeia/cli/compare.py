@@ -1,0 +1,93 @@
+"""kazeia compare: per-op error of a device against the float64 REF oracle, cumulative and isolated.
+
+Exit status 0 when no op is out of tolerance, 1 when one is (its name is printed), 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads
+from kazeia.debug.compare import MODES, compare, format_table, summary_lines
+from kazeia.debug.runner import RunSpec
+from kazeia.errors import KazeiaError
+
+EPILOG = """\
+cumulative: the device runs the whole prefill feeding itself; every op is compared with REF at completion
+  (errors accumulate: only ops whose inputs were still bit-identical to REF's are judged, and the logits
+  against the whole-model threshold 2e-3).
+isolated: every op is fed REF's inputs, run alone (one op per HTP batch) and judged by its test-backend-ops
+  NMSE threshold: MUL_MAT/FLASH_ATTN_EXT 5e-4, SOFT_MAX 1e-6, same-type copies 0, others 1e-7. A weight
+  MUL_MAT may also carry the NMSE ggml's own CPU path commits converting its activations (int8 blocks),
+  which test-backend-ops never counted; --strict removes that allowance.
+
+examples:
+  kazeia compare -m q4b1.gguf --n-prompt 40 -dev HTP0
+  kazeia compare --n-prompt 40 -dev HTP0 --fault hmx-bias-stale --mode isolated --plot err.png
+"""
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("compare", help="per-op NMSE of a device against the float64 REF (first op out of tolerance)",
+                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    add_device_args(p)
+    g = p.add_argument_group("compare")
+    g.add_argument("--mode", choices=[*MODES, "both"], default="both", help="comparison mode (default both)")
+    g.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    g.add_argument("--plot", metavar="FILE.png", help="plot log NMSE along the graph (needs matplotlib)")
+    g.add_argument("--strict", action="store_true",
+                   help="no allowance for ggml's own activation conversion in MUL_MAT thresholds")
+    g.add_argument("--problems-only", action="store_true", help="print only the rows that are not OK")
+    add_common(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    """The RunSpec of the model/device flags shared with `kazeia run`."""
+    if args.n_prompt is None and not args.prompt:
+        raise KazeiaError("nothing to compare: give -p PROMPT or --n-prompt N")
+    if args.n_prompt is not None and args.n_prompt <= 0:
+        raise KazeiaError("--n-prompt must be positive")
+    if args.cache_type_k != "f16" or args.cache_type_v != "f16":
+        raise KazeiaError("compare runs with the F16 KV cache (-ctk/-ctv f16)")
+    for flag in ("oplog", "oplog_file", "stop_on_nonfinite", "dump"):  # run/trace flags compare does not honour
+        if getattr(args, flag, None):
+            raise KazeiaError(f"--{flag.replace('_', '-')} belongs to kazeia run / kazeia trace, not compare")
+    env = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"} if args.sync else {}
+    return RunSpec(model=args.model, prompt=args.prompt, n_prompt=args.n_prompt, device=args.device.upper(),
+                   htp_profile=args.htp_profile, vtcm=args.vtcm, faults=list(args.fault or []), env=env,
+                   cpu_ops=args.cpu_ops, cpu_nodes=args.cpu_nodes, cpu_node_range=getattr(args, "cpu_node_range", None),
+                   ubatch=args.ubatch_size, ctx=args.ctx_size, flash_attn=args.flash_attn == "on")
+
+
+def main(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
+    spec = spec_from_args(args)
+    if args.prompt is not None and args.n_prompt is None:
+        from kazeia.debug.runner import load_model, prompt_ids
+
+        if not prompt_ids(spec, load_model(spec.model_path)):
+            raise KazeiaError("the prompt encodes to no tokens")
+    report = compare(spec, args.mode, strict=args.strict)
+    out = sys.stdout
+    for mode in report.modes:
+        out.write(format_table(report, mode, only_problems=args.problems_only) + "\n\n")
+    out.write("\n".join(summary_lines(report)) + "\n")
+    first = report.first_failure
+    out.write(f"first op out of tolerance: {first.label()}: {first.reason}\n" if first else
+              "no op out of tolerance\n")
+    if args.json:
+        try:
+            with open(args.json, "w") as f:
+                json.dump(report.to_dict(), f, indent=1, allow_nan=False)
+        except OSError as e:
+            raise KazeiaError(f"cannot write {args.json}: {e}") from None
+    if args.plot:
+        from kazeia.debug.plots import plot_errors
+
+        plot_errors(report, args.plot)
+    return report.exit_status

@@ -1,0 +1,47 @@
+"""kazeia determinism: run the same configuration N times and name the first op whose output differs.
+
+Each run gets a fresh context; every op's output is hashed when the op completes on its device, and the
+runs are compared op by op in execution order, then the final logits bitwise. Exit status 0 when
+deterministic, 1 when not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kazeia.cli.bisect import spec_from_args
+from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads
+from kazeia.debug.determinism import check_determinism
+from kazeia.errors import KazeiaError
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("determinism", help="run N times, name the first op whose output differs between runs",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    add_device_args(p)
+    g = p.add_argument_group("determinism")
+    g.add_argument("-N", "--runs", type=int, default=3, help="number of runs (default 3)")
+    g.add_argument("-n", "--n-predict", type=int, default=0, help="greedy tokens to generate after the prompt")
+    g.add_argument("--isolate", action="store_true", help="each run in its own child process")
+    g.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per-run timeout with --isolate")
+    g.add_argument("--json", action="store_true", help="print the report as JSON")
+    g.add_argument("-q", "--quiet", action="store_true", help="no per-run progress lines on stderr")
+    add_common(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
+    spec = spec_from_args(args)
+    if args.cpu_node_range:
+        spec = spec.with_(cpu_node_range=args.cpu_node_range)
+    if spec.n_prompt is None and not spec.prompt:
+        raise KazeiaError("nothing to run: give -p PROMPT or --n-prompt N")
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    rep = check_determinism(spec, args.runs, isolate=args.isolate, timeout=args.timeout, log=log)
+    print(json.dumps(rep.to_dict(), indent=1) if args.json else rep.message)
+    return 0 if rep.deterministic else 1

@@ -1,0 +1,101 @@
+"""kazeia replay: rerun dumped ops (from `--dump REGEX DIR`) alone or with their HTP batch context.
+
+Each dumped op is rerun on the chosen device (default: the device and HTP settings of the recorded run) and
+judged against float64 on the same inputs with the op's test-backend-ops threshold, and against the output
+the run recorded. `--with-context` also reruns, on the same device state, the ops that preceded it in its
+HTP batch: "alone: OK; with context: FAIL" means a context-triggered fault (stale VTCM, src1 shortcut),
+"alone: died; with context: died" a value- or shape-triggered one. Exit status: 0 if every replay passes,
+1 if one fails or dies, 2 for a bad dump or bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kazeia.cli.common import add_common
+from kazeia.debug.dump import Dump, compare_captures, find_pair, load_dumps
+from kazeia.debug.replay import format_result, replay
+from kazeia.errors import KazeiaError
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("replay", help="rerun dumped ops alone or with their HTP batch context",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", metavar="DIR", help="a dump directory written by --dump (or one entry of it)")
+    p.add_argument("--op", default=None, metavar="ID|NAME", help="replay only this entry id or node name")
+    p.add_argument("--capture", choices=["complete", "enqueue", "all"], default="complete",
+                   help="which captures to replay (default complete: what the op consumed)")
+    p.add_argument("-dev", "--device", default=None, help="CPU, HTP0 or REF (default: the recorded device)")
+    p.add_argument("--htp-profile", default=None, help="HTP profile (default: the recorded one)")
+    p.add_argument("--vtcm", type=int, default=None, metavar="BYTES", help="HTP VTCM size (default: recorded)")
+    p.add_argument("--fault", action="append", default=None, metavar="NAME",
+                   help="HTP fault injection (repeatable; replaces the recorded ones; 'none' clears them)")
+    p.add_argument("--with-context", action="store_true",
+                   help="also rerun the ops before it in its HTP batch on the restored VTCM and memory")
+    p.add_argument("--captures", action="store_true",
+                   help="also compare each enqueue-time capture with the completion-time capture of the same op")
+    p.add_argument("--strict", action="store_true",
+                   help="judge a weight MUL_MAT by its bare threshold, without the allowance for ggml's own "
+                        "activation conversion")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_common(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def _select(dumps: list[Dump], op: str | None, capture: str) -> list[Dump]:
+    out = [d for d in dumps if op is None or d.id == op or d.name == op]
+    if op is not None and not out:
+        raise KazeiaError(f"no dump of {op!r} (have: {', '.join(sorted({d.name for d in dumps}))})")
+    if capture != "all":
+        chosen = [d for d in out if d.capture == capture]
+        if op is not None and not chosen and out:
+            chosen = out  # an explicit id of the other capture kind
+        out = chosen
+    if not out:
+        raise KazeiaError("nothing to replay (no matching captures in the dump)")
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    dumps = load_dumps(args.dir)
+    chosen = _select(dumps, args.op, args.capture)
+    faults = None
+    if args.fault is not None:
+        faults = [f for f in args.fault if f.lower() != "none"]
+    results = []
+    failed = False
+    for d in chosen:
+        with_ctx = args.with_context and d.capture == "complete"
+        if with_ctx and d.context is None:
+            raise KazeiaError(f"{d.id}: cannot replay with context: {d.context_note}")
+        r = replay(d, device=args.device, htp_profile=args.htp_profile, vtcm=args.vtcm, faults=faults,
+                   with_context=with_ctx, strict=args.strict)
+        failed |= not r.ok
+        entry = {"result": r, "dump": d, "captures": None}
+        if args.captures:
+            pair = find_pair(dumps, d)
+            if pair is not None:
+                a, b = (pair, d) if pair.capture == "enqueue" else (d, pair)
+                entry["captures"] = compare_captures(a, b)
+        results.append(entry)
+    if args.json:
+        out = {"dir": args.dir, "ok": not failed, "results": []}
+        for e in results:
+            js = e["result"].to_dict()
+            js["summary"] = e["dump"].summary()
+            if e["captures"] is not None:
+                js["captures"] = {"identical": e["captures"].identical, "lines": e["captures"].describe()}
+            out["results"].append(js)
+        json.dump(out, sys.stdout, indent=1, allow_nan=False, default=str)
+        sys.stdout.write("\n")
+    else:
+        for e in results:
+            for line in format_result(e["result"], e["dump"]):
+                print(line)
+            if e["captures"] is not None:
+                for line in e["captures"].describe():
+                    print("  " + line)
+    return 1 if failed else 0

@@ -1,0 +1,222 @@
+"""Determinism check: run the same configuration N times and name the first op whose output differs.
+
+Every run gets a fresh context (fresh backends, device session, KV cache and weight cache) with the same
+spec and prompt. A hook hashes every op's output when the op has completed on its device
+(`stats.tensor_hash`, i.e. on the HTP when the DSP finished it, not when it was queued), keyed by node index
+and occurrence (the n-th time node #i completes: one per micro-batch). The runs are then compared op by op
+in execution order: the first op whose hash is not the same in every run is where the non-determinism
+starts (its inputs, the outputs of earlier ops, were identical). The final logits are compared bitwise.
+Runs happen in this process by default; `isolate=True` runs each in a child process (a fresh interpreter:
+process-level state such as seeding from entropy cannot leak between runs, and a crash is contained).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from kazeia.backends.base import Hook, OpInfo
+from kazeia.backends.weights import WeightCache
+from kazeia.debug.runner import RunResult, RunSpec, build_context, run, shared_cache
+from kazeia.debug.stats import tensor_hash
+from kazeia.errors import KazeiaError
+from kazeia.graph.tensor import Tensor
+
+
+class HashHook(Hook):
+    """Records a content hash of every op output at completion (and the op the device died in, if any)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+        self._occ: dict[int, int] = {}
+
+    def on_complete(self, node: Tensor, info: OpInfo) -> None:
+        occ = self._occ.get(info.index, 0)
+        self._occ[info.index] = occ + 1
+        self.records.append({"key": f"{info.index}.{occ}", "index": info.index, "occurrence": occ,
+                             "name": node.name, "op": node.desc(), "backend": info.backend, "path": info.path,
+                             "hash": tensor_hash(node)})
+
+    def on_fault(self, node: Tensor, info: OpInfo) -> None:
+        occ = self._occ.get(info.index, 0)
+        self.records.append({"key": f"{info.index}.{occ}", "index": info.index, "occurrence": occ,
+                             "name": node.name, "op": node.desc(), "backend": info.backend, "path": "FAULT",
+                             "hash": f"FAULT:{info.extra.get('kind')}"})
+
+
+@dataclass
+class HashedRun:
+    ok: bool
+    signature: str  # "ok" or the error / host death line
+    records: list[dict]
+    logits: np.ndarray | None = None
+
+
+def hashed_run(spec: RunSpec, hooks: tuple = (), share_weights: bool = False) -> HashedRun:
+    """One run in this process with a fresh context, hashing every op output. The dequantized-weight cache is
+    fresh too unless `share_weights` (faster; it would hide a non-deterministic weight conversion)."""
+    hook = HashHook()
+    try:
+        ctx = build_context(spec, cache=shared_cache() if share_weights else WeightCache())
+        res = run(spec, hooks=(*hooks, hook), ctx=ctx)
+        for b in ctx.scheduler.backends:
+            b.close()
+    except KazeiaError as e:
+        res = RunResult(ok=False, error=str(e))
+    return HashedRun(res.ok, res.signature(), hook.records, res.logits)
+
+
+def hashed_run_child(spec: RunSpec, timeout: float = 600.0) -> HashedRun:
+    """`hashed_run` in a fresh Python process; a crash or a timeout is a failed run without records."""
+    with tempfile.TemporaryDirectory(prefix="kazeia-det-") as tmp:
+        job = os.path.join(tmp, "job.json")
+        out = os.path.join(tmp, "out.json")
+        with open(job, "w") as f:
+            json.dump({"spec": asdict(spec), "out": out}, f)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "kazeia.debug.determinism", job], capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return HashedRun(False, f"child timed out after {timeout:g} s (hang)", [])
+        if not os.path.exists(out):
+            tail = " | ".join((proc.stderr or "").strip().splitlines()[-3:])
+            return HashedRun(False, f"child exited with status {proc.returncode}: {tail}", [])
+        with open(out) as f:
+            d = json.load(f)
+        logits = np.load(d["logits"]) if d.get("logits") else None
+        return HashedRun(d["ok"], d["signature"], d["records"], logits)
+
+
+def _child_main(argv: list[str]) -> int:
+    with open(argv[0]) as f:
+        job = json.load(f)
+    r = hashed_run(RunSpec(**job["spec"]))
+    logits_path = None
+    if r.logits is not None:
+        logits_path = os.path.join(os.path.dirname(job["out"]), "logits.npy")
+        np.save(logits_path, r.logits)
+    with open(job["out"], "w") as f:
+        json.dump({"ok": r.ok, "signature": r.signature, "records": r.records, "logits": logits_path}, f)
+    return 0
+
+
+@dataclass
+class OpDiff:
+    key: str
+    index: int
+    occurrence: int
+    name: str
+    op: str
+    backend: str
+    path: str
+    groups: dict[str, list[int]]  # hash (or "missing") -> runs giving it
+
+    def describe(self) -> str:
+        where = f"#{self.index} {self.name} ({self.op} on {self.backend}/{self.path})"
+        if self.occurrence:
+            where += f" [micro-batch/graph {self.occurrence}]"
+        parts = [f"runs {','.join(map(str, r))} -> {h}" for h, r in self.groups.items()]
+        return f"{where}: " + "; ".join(parts)
+
+
+@dataclass
+class DeterminismReport:
+    deterministic: bool
+    message: str
+    runs: int
+    n_ops: int  # op outputs compared (those of run 0)
+    n_diff: int  # op outputs whose hash differs between runs
+    first_diff: OpDiff | None
+    logits_equal: bool | None  # bitwise; None when no run produced logits
+    logits_groups: dict[str, list[int]] = field(default_factory=dict)
+    signatures: list[str] = field(default_factory=list)  # per run: "ok" or how it failed
+    spec: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["first_diff"] = asdict(self.first_diff) if self.first_diff else None
+        return d
+
+
+def _logits_digest(a: np.ndarray | None) -> str:
+    if a is None:
+        return "none"
+    import hashlib
+
+    return hashlib.blake2b(np.ascontiguousarray(a).view(np.uint8).tobytes(), digest_size=12).hexdigest()
+
+
+def compare_runs(runs: list[HashedRun], spec: RunSpec | None = None) -> DeterminismReport:
+    """The op-by-op comparison of hashed runs (run 0's execution order; ops only other runs have come last)."""
+    order: list[dict] = []
+    seen: set[str] = set()
+    for r in runs:
+        for rec in r.records:
+            if rec["key"] not in seen:
+                seen.add(rec["key"])
+                order.append(rec)
+    by_run = [{rec["key"]: rec["hash"] for rec in r.records} for r in runs]
+    diffs: list[OpDiff] = []
+    for rec in order:
+        groups: dict[str, list[int]] = {}
+        for i, hashes in enumerate(by_run):
+            groups.setdefault(hashes.get(rec["key"], "missing"), []).append(i)
+        if len(groups) > 1:
+            diffs.append(OpDiff(rec["key"], rec["index"], rec["occurrence"], rec["name"], rec["op"], rec["backend"],
+                                rec["path"], groups))
+    lgroups: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        lgroups.setdefault(_logits_digest(r.logits), []).append(i)
+    have_logits = any(r.logits is not None for r in runs)
+    logits_equal = (len(lgroups) == 1) if have_logits else None
+    sigs = [r.signature for r in runs]
+    same_end = len(set(sigs)) == 1
+    det = not diffs and logits_equal is not False and same_end
+    n_ops = len(runs[0].records) if runs else 0
+    if det:
+        how = "all ok" if sigs and sigs[0] == "ok" else f"every run ended: {sigs[0]}"
+        msg = (f"deterministic: {len(runs)} runs, {n_ops} op outputs bitwise identical"
+               + (", logits bitwise identical" if logits_equal else "") + f" ({how})")
+    else:
+        parts = [f"NON-DETERMINISTIC over {len(runs)} runs"]
+        if diffs:
+            parts.append(f"first differing op: {diffs[0].describe()}")
+            parts.append(f"{len(diffs)} of {len(order)} op outputs differ")
+        if logits_equal is None:
+            parts.append("no logits")
+        elif logits_equal:
+            parts.append("logits bitwise identical")
+        else:
+            parts.append("logits differ (" + "; ".join(f"runs {','.join(map(str, r))}" for r in lgroups.values())
+                         + ")")
+        if not same_end:
+            parts.append("runs end differently: " + "; ".join(f"run {i}: {s}" for i, s in enumerate(sigs)))
+        msg = "\n  ".join(parts)
+    return DeterminismReport(det, msg, len(runs), n_ops, len(diffs), diffs[0] if diffs else None, logits_equal,
+                             lgroups if have_logits else {}, sigs, spec.command() if spec else "")
+
+
+def check_determinism(spec: RunSpec, n_runs: int = 3, isolate: bool = False, timeout: float = 600.0,
+                      hooks: tuple = (), share_weights: bool = False, log=None) -> DeterminismReport:
+    """Run `spec` n_runs times (fresh context each time) and compare every op output and the logits."""
+    if n_runs < 2:
+        raise KazeiaError("a determinism check needs at least 2 runs (-N)")
+    if isolate and hooks:
+        raise KazeiaError("extra hooks cannot reach child processes: use isolate=False")
+    runs = []
+    for i in range(n_runs):
+        r = hashed_run_child(spec, timeout) if isolate else hashed_run(spec, hooks, share_weights)
+        runs.append(r)
+        if log:
+            log(f"run {i}: {r.signature}, {len(r.records)} op outputs hashed")
+    return compare_runs(runs, spec)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child_main(sys.argv[1:]))
