@@ -73,3 +73,19 @@ def default_model() -> str:
         return default_model_path()
     except KazeiaError as e:
         pytest.skip(f"default model not installed: {e}")
+
+
+@pytest.fixture(scope="session")
+def q4b1(tmp_path_factory) -> str:
+    """The Qwen3-4B-shaped model with one layer, Q4_0 (`kazeia make-model --preset qwen3-4b --layers 1`)."""
+    path = str(tmp_path_factory.mktemp("q4b1") / "q4b1.gguf")
+    write_model(preset("qwen3-4b", n_layer=1), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def q4b2(tmp_path_factory) -> str:
+    """The Qwen3-4B-shaped model with two layers, Q4_0."""
+    path = str(tmp_path_factory.mktemp("q4b2") / "q4b2.gguf")
+    write_model(preset("qwen3-4b", n_layer=2), path)
+    return path

@@ -251,6 +251,17 @@ def test_first_candidate_and_device_independent_failures(tiny_candidates, tmp_pa
     assert always.verdict == "fails-without-device" and always.found is None
 
 
+def test_oracle_child_that_crashes_counts_as_failing(tiny_qwen3, tmp_path, monkeypatch):
+    """A child interpreter killed by SIGSEGV before writing its result: the step fails (or is 'other' when a
+    different signature is pinned), and the search process survives."""
+    (tmp_path / "sitecustomize.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    spec = RunSpec(model=tiny_qwen3, device="CPU", n_prompt=8)
+    v = B.OracleJudge()(spec)
+    assert v.outcome == B.FAIL and "status -11" in v.detail
+    assert B.OracleJudge(fail_regex="0x0000002e")(spec).outcome == B.OTHER
+
+
 def test_oracle_child_timeout_counts_as_failing(tiny_qwen3):
     spec = RunSpec(model=tiny_qwen3, device="CPU", n_prompt=8)
     v = B.OracleJudge(timeout=0.01)(spec)

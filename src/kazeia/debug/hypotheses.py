@@ -193,7 +193,7 @@ def _verdict(cx: Context) -> None:
     parts[-1] += "."
     if p is not None and not p.fits and p.outcome == "reenter":
         kind = death.get("kind") or "death"
-        cx.inv.mechanism = (f"HMX VTCM plan overflow by {p.overflow} B -> re-entry without HVX fallback -> DSP death "
+        cx.inv.mechanism = (f"HMX VTCM plan overflow by {p.overflow} B → re-entry without HVX fallback → DSP death "
                             f"({kind}; the host sees 0x2e at its next flush_pending)")
         parts.append(f"Mechanism: {cx.inv.mechanism}.")
     rng = f.get("failing_range")

@@ -247,19 +247,22 @@ def _plot_plan(cx: Context, fo, vt: int) -> None:
         return
     from kazeia.backends.htp import vtcm as V
 
-    ms = list(range(32, 257))
-    fig, ax = plt.subplots(figsize=(9, 3.2))
-    for prof, style in (("2026-05", "r-"), ("robust", "g--")):
-        used = []
+    ms = list(range(1, 257))
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    for prof, style in (("2026-05", "r.-"), ("robust", "g.--")):
+        head = []
         for m in ms:
-            p = V.hmx_matmul_plan(m, fo.k, fo.n, fo.wtype, vt, prof)
-            used.append(p.used)
-        ax.plot(ms, used, style, label=f"HMX plan bytes, {prof}")
-    ax.axhline(vt, color="k", lw=0.8, label=f"VTCM {vt} B")
-    ax.set_ylim(min(vt * 0.7, ax.get_ylim()[0]), vt * 1.01)
-    ax.set_xlabel("M (tokens in the micro-batch)")
-    ax.set_ylabel("bytes")
-    ax.set_title(f"{fo.name}: K={fo.k} N={fo.n} {fo.wtype}")
+            p = V.plan_matmul(m, fo.k, fo.n, fo.wtype, vtcm_size=vt, profile=prof)
+            head.append(vt - (p.hmx_attempt.used if p.hmx_attempt is not None else p.used))
+        ax.plot(ms, head, style, ms=3, lw=0.8, label=f"VTCM headroom of the plan, {prof}")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_yscale("symlog", linthresh=1024)
+    rng = cx.findings.get("predicted_ranges") or []
+    for lo, hi in rng:
+        ax.axvspan(lo - 0.5, hi + 0.5, color="r", alpha=0.12, label=f"fails: M={lo}..{hi}")
+    ax.set_xlabel("M (tokens in the micro-batch); M < 32 runs on HVX")
+    ax.set_ylabel("VTCM - used (bytes, symlog)")
+    ax.set_title(f"{fo.name}: K={fo.k} N={fo.n} {fo.wtype}, VTCM {vt} B")
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = out(cx, "plan_vs_m.png")
