@@ -1,0 +1,55 @@
+"""kazeia trace: run a prompt with the op trace on (KZOP lines on stderr, JSONL file), and print where every
+op ran. The same trace is `kazeia run --oplog` or GGML_HEXAGON_OPLOG=1."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kazeia.cli.common import add_common, add_device_args, add_model_args, open_session, prompt_tokens
+from kazeia.errors import DeviceDeathError
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("trace", help="run with the per-op trace (KZOP lines + JSONL) and a placement table")
+    add_model_args(p)
+    add_device_args(p)
+    p.add_argument("-n", "--n-predict", type=int, default=0, help="tokens to generate after the prompt")
+    p.add_argument("-o", "--jsonl", default="kazeia-trace.jsonl", help="JSONL trace file")
+    p.add_argument("--quiet", action="store_true", help="no KZOP lines on stderr (JSONL only)")
+    p.add_argument("--placements", action="store_true", help="print the node -> backend/path table at the end")
+    add_common(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    args.oplog = not args.quiet
+    args.oplog_file = args.jsonl
+    s = open_session(args)
+    ids = prompt_tokens(args, s)
+    trace = next(h for h in s.scheduler.hooks if h.__class__.__name__ == "TraceHook")
+    status = 0
+    try:
+        logits = s.ctx.decode(ids)
+        for _ in range(args.n_predict):
+            trace.ubatch += 1
+            logits = s.ctx.decode([int(logits[-1].argmax())])
+    except DeviceDeathError as e:
+        print(str(e), file=sys.stderr)
+        status = e.exit_code
+    finally:
+        if trace.jsonl is not None:
+            trace.jsonl.close()
+    if args.placements:
+        print_placements(trace.records)
+    print(f"{len(trace.records)} ops traced -> {args.jsonl}", file=sys.stderr)
+    return status
+
+
+def print_placements(records: list[dict]) -> None:
+    print(f"{'#':>5}  {'node':28s} {'op':16s} {'where':12s} batch")
+    for r in records:
+        if r.get("ubatch", 0) == 0:
+            print(f"{r['index']:5d}  {r['name']:28s} {r['op']:16s} {r['backend'] + '/' + r['path']:12s} "
+                  f"{r['batch'] if r['batch'] is not None else ''}")
