@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +95,14 @@ def test_depth(tiny, capsys):
     assert main(["bench", "-m", tiny, "-p", "4", "-n", "2", "-d", "0,8", "-r", "1", "-o", "jsonl"]) == 0
     recs = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [(r["test"], r["n_depth"]) for r in recs] == [("pp4", 0), ("pp4 @ d8", 8), ("tg2", 0), ("tg2 @ d8", 8)]
+
+
+def test_bench_cpu_script_without_peer(tiny):
+    """bench/bench_cpu.py runs (and says so) without llama.cpp: CI never depends on the peer."""
+    script = Path(__file__).resolve().parent.parent / "bench" / "bench_cpu.py"
+    r = subprocess.run([sys.executable, str(script), "--no-peer", "-m", tiny, "-p", "8", "-n", "2", "-r", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "peer: not available" in r.stdout
+    rows = [ln for ln in _table_rows(r.stdout) if ln[1] in ("pp8", "tg2")]
+    assert len(rows) == 2 and all(row[3] == "-" for row in rows)

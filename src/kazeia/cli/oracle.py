@@ -11,6 +11,7 @@ Exit status 0 if every supported case passed, 1 otherwise (as test-backend-ops).
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 
@@ -78,15 +79,20 @@ class ProgressBar:
         tally = " ".join(f"{_short(s)} {n}" for s, n in sorted(self.counts.items()))
         line = f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {tally} eta {eta:.0f}s"
         if self.tty:
-            self.stream.write("\r" + line[:150].ljust(150) + ("\n" if done == total else ""))
+            w = self.width()
+            self.stream.write("\r" + line[:w].ljust(w) + ("\n" if done == total else ""))
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
 
     def clear(self) -> None:
         if self.enabled and self.tty:
-            self.stream.write("\r" + " " * 150 + "\r")
+            self.stream.write("\r" + " " * self.width() + "\r")
             self.stream.flush()
+
+    @staticmethod
+    def width() -> int:
+        return max(40, shutil.get_terminal_size((100, 24)).columns - 1)
 
 
 def _short(status: str) -> str:

@@ -33,7 +33,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import zlib
@@ -188,7 +187,12 @@ def parse_case(name: str) -> Case:
         k, v = p.split("=", 1)
         params.append((k.strip(), _parse_value(v.strip())))
     case = Case(op, tuple(params))
-    op_def(op)  # unknown ops are a user error
+    try:
+        _build(case)  # the graph structure only (no data): unknown ops, missing or bad parameters
+    except KazeiaError:
+        raise
+    except Exception as e:
+        raise KazeiaError(f"case {name!r} cannot be built: {type(e).__name__}: {e}") from None
     return case
 
 
@@ -1147,6 +1151,8 @@ def run_case(case: Case, backend: BackendSpec | str = "HTP0", seed: int = 0,
     try:
         with np.errstate(all="ignore"):  # overflow in a backend is judged by the checks, not printed
             _run_case(case, spec, seed, caches, res)
+    except Exception as e:  # the oracle's own failure (bad parameters, data generation) fails this case only
+        res.status, res.reason = FAIL, f"oracle error: {type(e).__name__}: {e}"
     finally:
         res.seconds = time.perf_counter() - t0
     return res
@@ -1475,9 +1481,10 @@ class _Pool:
         return False
 
     def _lost(self, case: Case, status: str, reason: str) -> CaseResult:
+        """The result of a case whose worker never answered."""
+        spent = self.timeout if status == TIMEOUT else 0.0
         return CaseResult(case.name, case.op, case.vars, self.spec.name, status, reason, seed=self.seed,
-                          max_nmse=threshold(case.op), flops=_flops(case), seconds=self.timeout
-                          if status == TIMEOUT else 0.0)
+                          max_nmse=threshold(case.op), flops=_flops(case), seconds=spent)
 
     def _shutdown(self, workers: list[_Worker]) -> None:
         for w in workers:
@@ -1528,7 +1535,3 @@ def default_jobs() -> int:
 def now_seed() -> int:
     """A fresh seed for a run that was not given one (printed, so the run can be repeated)."""
     return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
-
-
-def stderr_is_tty() -> bool:
-    return sys.stderr.isatty()

@@ -155,14 +155,20 @@ class MatmulUnit:
                                            "modeled_s": cost.hmx_matmul_seconds(M, K, N, w.type, plan.mc or 32)})
 
     def _src1_rows_assumed_contiguous(self, x: Tensor, M: int, K: int) -> np.ndarray:
-        # the quantized HMX kernel is not given src1's row stride: it reads M*K floats from the data pointer
-        return np.ndarray((M, K), dtype=np.float32, buffer=x.buffer.data, offset=x.offset).copy()
+        """The quantized HMX kernel (2026-05) is given neither src1's row stride nor its type: it reads M*K
+        float32 from the data pointer. A strided view or F16 activations therefore feed it the wrong bytes
+        (past the tensor's end: whatever follows in the buffer; past the buffer: zeros here)."""
+        n = M * K * 4
+        raw = np.zeros(n, dtype=np.uint8)
+        avail = max(0, min(n, x.buffer.size - x.offset))
+        raw[:avail] = x.buffer.data[x.offset:x.offset + avail]
+        return raw.view(np.float32).reshape(M, K).copy()
 
     def _hmx_2d(self, dsp: Dsp, node: Tensor, plan: V.MatmulPlan) -> np.ndarray:
         w, x = node.src[0], node.src[1]
         M, K = x.ne[1], w.ne[0]
-        if w.type == GGMLType.F16:
-            xs = np.asarray(array(x)[0, 0], dtype=np.float32)  # the F16 kernel honours act_stride
+        if w.type == GGMLType.F16 or self.profile.hmx_reads_src1_layout:
+            xs = np.asarray(array(x)[0, 0], dtype=np.float32)  # stride and type honoured (F16 kernel; robust)
         else:
             xs = self._src1_rows_assumed_contiguous(x, M, K)
         rw = self.weights.get(w)
@@ -186,7 +192,7 @@ class MatmulUnit:
         changes run to run unless KAZEIA_HTP_RACE_SEED pins it."""
         K = w16.shape[1]
         nc = plan.nc
-        wt0 = plan.area("wt0")
+        wt0 = plan.area("wt0" if any(a.name == "wt0" for a in plan.areas) else "weight")
         stale = weight_from_tiles(np.frombuffer(dsp.vtcm.read(wt0.offset, nc * K * 2), dtype=np.uint8), nc, K)
         k_tiles = K // 32
         n_late = int(dsp.race.integers(1, k_tiles + 1))  # K tiles of the first column tile still in flight

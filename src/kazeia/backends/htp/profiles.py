@@ -27,6 +27,9 @@ class Profile:
     surface_status: bool
     # the partial last M tile of HMX activations: zero-filled rows (since #22724) or left stale
     zero_fill_m_tail: bool = True
+    # the quantized HMX kernel reads src1 through its row stride and type (2026-05: M*K float32 from the data
+    # pointer, whatever the view's stride or an F16 src1)
+    hmx_reads_src1_layout: bool = False
     # DSP callback-thread stack and the bytes one op_matmul -> hmx_matmul_q_f32 attempt takes from it
     dsp_stack_bytes: int = 64 * 1024
     matmul_frame_bytes: int = 1536
@@ -39,8 +42,8 @@ PROFILES: dict[str, Profile] = {
         name="2026-05",
         description="ggml-hexagon as of late May 2026 (bb4dc86a): HMX plan budgets 256 B of overhead but "
                     "rounds every area to 2048 B; a failing HMX matmul re-enters op_matmul; unary ops, "
-                    "argsort, concat, pad and HMX flash attention leave the src1 VTCM shortcut stale; op "
-                    "statuses are dropped",
+                    "argsort, concat, pad and HMX flash attention leave the src1 VTCM shortcut stale; the "
+                    "quantized HMX kernel ignores src1's row stride and type; op statuses are dropped",
         plan_counts_rounding=False,
         hmx_failure="reenter",
         stale_shortcut_ops=frozenset({"RMS_NORM", "NORM", "L2_NORM", "SCALE", "SQR", "SQRT", "UNARY_EXP",
@@ -53,11 +56,13 @@ PROFILES: dict[str, Profile] = {
         name="robust",
         description="the same backend with the defects fixed: the plan accounts for rounding and never "
                     "exceeds VTCM, an HMX failure falls back to HVX for that op, every op that writes VTCM "
-                    "clears the src1 shortcut, op statuses reach the host as errors naming the op",
+                    "clears the src1 shortcut, HMX reads src1 through its stride and type, op statuses reach "
+                    "the host as errors naming the op",
         plan_counts_rounding=True,
         hmx_failure="hvx",
         stale_shortcut_ops=frozenset(),
         surface_status=True,
+        hmx_reads_src1_layout=True,
     ),
 }
 
