@@ -6,7 +6,7 @@
 - HTP robust on SmolLM2 and on the Qwen3-4B-shaped model (40 tokens: HMX, 16 tokens: HVX): nothing out of
   tolerance; under --strict, every HVX excess is explained by ggml's own activation conversion;
 - fault injections: the first op out of tolerance is the first HMX MUL_MAT, found from a clean run's paths;
-- the 2026-05 death: the op that dies is the one whose HMX VTCM plan overflows (vtcm.plan_matmul);
+- the 2026-05 death: the op that dies is the one whose HMX VTCM plan overflows (plan.plan_matmul);
 - NaN produced by an op (hook injection) is named with a NaN reason; a NaN weight makes REF invalid, not
   the backend guilty;
 - the CLI: table, exit status, --json, --plot.
@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from kazeia.backends.base import Hook
-from kazeia.backends.htp import vtcm as V
+from kazeia.backends.htp.plan import plan_matmul
+from kazeia.debug.allowance import reference_activations
 from kazeia.debug.compare import (
     DRIFT,
     FAIL,
@@ -33,10 +34,9 @@ from kazeia.debug.compare import (
     capture_reference,
     compare,
     judge,
-    op_threshold,
-    reference_activations,
 )
 from kazeia.debug.runner import RunSpec, load_model
+from kazeia.debug.thresholds import node_threshold
 from kazeia.errors import KazeiaError
 from kazeia.graph import builder as gb
 from kazeia.graph.tensor import GGMLType, TFlag, array, make_tensor
@@ -100,14 +100,14 @@ def test_op_thresholds_follow_test_backend_ops():
     e = make_tensor(GGMLType.F32, (64, 32), name="e")
     x = make_tensor(GGMLType.F32, (64, 8), name="x")
     ids = make_tensor(GGMLType.I32, (4,), name="ids")
-    assert op_threshold(gb.mul_mat(w, x)) == 5e-4
-    assert op_threshold(gb.soft_max_ext(gb.mul_mat(e, x), None, 1.0)) == 1e-6
-    assert op_threshold(gb.add(x, x)) == 1e-7
-    assert op_threshold(gb.cont(gb.transpose(x))) == 0.0  # same type: exact
-    assert op_threshold(gb.get_rows(e, ids)) == 0.0
-    assert op_threshold(gb.get_rows(w, ids)) == 1e-7  # dequantizing: a conversion
+    assert node_threshold(gb.mul_mat(w, x)) == 5e-4
+    assert node_threshold(gb.soft_max_ext(gb.mul_mat(e, x), None, 1.0)) == 1e-6
+    assert node_threshold(gb.add(x, x)) == 1e-7
+    assert node_threshold(gb.cont(gb.transpose(x))) == 0.0  # same type: exact
+    assert node_threshold(gb.get_rows(e, ids)) == 0.0
+    assert node_threshold(gb.get_rows(w, ids)) == 1e-7  # dequantizing: a conversion
     h = make_tensor(GGMLType.F16, (64, 8), name="h")
-    assert op_threshold(gb.cpy(x, h)) == 1e-7  # to F16: the rounding is part of the op
+    assert node_threshold(gb.cpy(x, h)) == 1e-7  # to F16: the rounding is part of the op
 
 
 def test_reference_activation_conversion():
@@ -289,7 +289,7 @@ def test_death_is_the_op_whose_hmx_plan_overflows(q4b_model, q4b_ref):
     # independent: the only MUL_MAT shape whose HMX plan overflows 8 MiB under 2026-05 at M=40
     model = load_model(q4b_model)
     over = [name for name, w in model.weights.items() if w.type != GGMLType.F32 and w.ne[1] % 32 == 0
-            and V.plan_matmul(N_HMX, w.ne[0], w.ne[1], w.type.name.lower(), profile="2026-05").status == "overflow"]
+            and plan_matmul(N_HMX, w.ne[0], w.ne[1], w.type.name.lower(), profile="2026-05").status == "overflow"]
     assert over == ["blk.0.ffn_down.weight"]
     assert f.name == "ffn_down-0" and f.op == "MUL_MAT"
 

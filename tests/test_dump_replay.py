@@ -33,8 +33,9 @@ from kazeia.debug.dump import (
     load_dumps,
     manifest_digest,
 )
-from kazeia.debug.replay import compare, op_threshold, replay
+from kazeia.debug.replay import compare, replay
 from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.thresholds import op_threshold
 from kazeia.engine.scheduler import Scheduler
 from kazeia.errors import DumpFileError, KazeiaError
 from kazeia.gguf.writer import preset, write_model
@@ -306,11 +307,11 @@ def test_cpu_run_dumps_replay_on_every_device(tiny_qwen3, tmp_path):
 
 
 def test_thresholds():
-    assert op_threshold("MUL_MAT", "q4_0", "f32") == 5e-4
-    assert op_threshold("SOFT_MAX", "f32", "f32") == 1e-6
-    assert op_threshold("CPY", "f32", "f32") == 0.0
-    assert op_threshold("SET_ROWS", "f32", "f16") == 1e-7  # a conversion: its rounding is part of the op
-    assert op_threshold("RMS_NORM", "f32", "f32") == 1e-7
+    assert op_threshold("MUL_MAT", converts=True) == 5e-4
+    assert op_threshold("SOFT_MAX") == 1e-6
+    assert op_threshold("CPY") == 0.0
+    assert op_threshold("SET_ROWS", converts=True) == 1e-7  # a conversion: its rounding is part of the op
+    assert op_threshold("RMS_NORM") == 1e-7
     c = compare(np.array([1.0, np.nan]), np.array([1.0, 2.0]), 1e-7)
     assert not c.ok and "NaN" in c.reason
     c = compare(np.array([1.0, 2.0]), np.array([1.0, np.nan]), 1e-7)

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from kazeia.backends.htp import vtcm as V
+from kazeia.backends.htp.plan import plan_matmul
 from kazeia.debug.runner import RunSpec, run
 from kazeia.debug.stats import nmse
 
@@ -43,7 +43,7 @@ def test_2026_05_dies_for_38_tokens_from_the_cli(q4b1, m, dies):
 def test_the_crash_comes_from_the_plan_not_from_a_script(q4b1):
     """The same model dies exactly where the plan arithmetic says the HMX layout overflows, nowhere else."""
     for m in (31, 33, 64, 65):
-        plan = V.plan_matmul(m, 9728, 2560, "q4_0", profile="2026-05")
+        plan = plan_matmul(m, 9728, 2560, "q4_0", profile="2026-05")
         res = run(spec(q4b1, m, htp_profile="2026-05"))
         assert bool(res.death) == (plan.outcome == "reenter"), (m, plan.outcome, res.signature())
     # a bigger VTCM makes the same prompt pass: the overflow is 256 B

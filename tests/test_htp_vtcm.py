@@ -12,6 +12,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kazeia.backends.htp import vtcm as V
+from kazeia.backends.htp.deep_loads import bank_crossings, hmx_deep_loads
+from kazeia.backends.htp.plan import (
+    hmx_failure_fallback,
+    hmx_matmul_plan,
+    hvx_matmul_plan,
+    matmul_dispatch,
+    plan_matmul,
+)
+from kazeia.backends.htp.scratch_layouts import (
+    act_scratch,
+    argsort_scratch,
+    binary_scratch,
+    flash_attn_scratch,
+    rope_scratch,
+    softmax_scratch,
+    unary_scratch,
+)
+from kazeia.backends.htp.src1_shortcut import src1_cache_effect
 from kazeia.cli.main import main as cli_main
 
 MiB = 1024 * 1024
@@ -38,7 +56,7 @@ def _check_layout(areas, granule: int | None = None) -> None:
 
 
 def test_ffn_down_m38_overflows_by_256_bytes_in_2026_05():
-    p = V.hmx_matmul_plan(38, 9728, 2560, "q4_0", VT, "2026-05")
+    p = hmx_matmul_plan(38, 9728, 2560, "q4_0", VT, "2026-05")
     assert (p.path, p.mc, p.nc) == ("hmx", 64, 160)
     assert [a.name for a in p.areas] == ["qweight", "activation", "out0", "wt0", "wt1", "out1", "scales"]
     assert [a.size for a in p.areas] == [876_544, 1_245_184, 20_480, 3_112_960, 3_112_960, 20_480, 256]
@@ -49,19 +67,19 @@ def test_ffn_down_m38_overflows_by_256_bytes_in_2026_05():
     assert p.row_stride == 9728 // 256 * 144
     _check_layout(p.areas, V.HMX_TILE_BYTES)
     # the full decision agrees: 2026-05 keeps HMX and loops
-    d = V.plan_matmul(38, 9728, 2560, "q4_0", vtcm_size=VT, profile="2026-05")
+    d = plan_matmul(38, 9728, 2560, "q4_0", vtcm_size=VT, profile="2026-05")
     assert (d.path, d.used, d.overflow, d.outcome) == ("hmx", 8_388_864, 256, "reenter")
 
 
 def test_attn_output_m38_fits():
-    p = V.hmx_matmul_plan(38, 4096, 2560, "q4_0", VT, "2026-05")
+    p = hmx_matmul_plan(38, 4096, 2560, "q4_0", VT, "2026-05")
     assert (p.mc, p.nc, p.used, p.overflow, p.status) == (64, 384, 7_799_040, 0, "ok")
-    r = V.hmx_matmul_plan(38, 4096, 2560, "q4_0", VT, "robust")
+    r = hmx_matmul_plan(38, 4096, 2560, "q4_0", VT, "robust")
     assert (r.mc, r.nc, r.areas, r.used) == (p.mc, p.nc, p.areas, p.used)
 
 
 def test_robust_ffn_down_m38_fits():
-    p = V.plan_matmul(38, 9728, 2560, "q4_0", vtcm_size=VT, profile="robust")
+    p = plan_matmul(38, 9728, 2560, "q4_0", vtcm_size=VT, profile="robust")
     assert p.path == "hmx" and p.fits and p.used <= VT and p.overflow == 0
     assert (p.mc, p.nc) == (64, 128)
 
@@ -69,7 +87,7 @@ def test_robust_ffn_down_m38_fits():
 @pytest.mark.parametrize("profile", V.PROFILES)
 def test_qwen3_4b_overflow_only_ffn_down_m33_to_64(profile):
     overflowing = {(name, m) for name, (k, n) in QWEN3_4B.items() for m in range(1, 1025)
-                   if V.plan_matmul(m, k, n, "q4_0", vtcm_size=VT, profile=profile).overflow}
+                   if plan_matmul(m, k, n, "q4_0", vtcm_size=VT, profile=profile).overflow}
     if profile == "2026-05":
         assert overflowing == {("ffn_down", m) for m in range(33, 65)}
     else:
@@ -78,16 +96,16 @@ def test_qwen3_4b_overflow_only_ffn_down_m33_to_64(profile):
 
 @pytest.mark.parametrize("m,path", [(32, "hmx"), (33, "hmx"), (38, "hmx"), (64, "hmx"), (65, "hmx"), (31, "hvx")])
 def test_qwen3_4b_ffn_down_edges(m, path):
-    p = V.plan_matmul(m, 9728, 2560, vtcm_size=VT, profile="2026-05")
+    p = plan_matmul(m, 9728, 2560, vtcm_size=VT, profile="2026-05")
     assert p.path == path
     assert (p.overflow > 0) == (33 <= m <= 64)
 
 
 def test_bank_crossing_of_attn_output_m38():
-    p = V.plan_matmul(38, 4096, 2560, vtcm_size=VT, profile="2026-05")
-    c = V.bank_crossings(p)
+    p = plan_matmul(38, 4096, 2560, vtcm_size=VT, profile="2026-05")
+    c = bank_crossings(p)
     assert [(d.kind, d.area, d.offset, d.end - 1) for d in c] == [("weight", "wt0", 0x3F4000, 0x403FFF)]
-    loads = V.hmx_deep_loads(p)
+    loads = hmx_deep_loads(p)
     assert all(d.size <= 32 * V.HMX_TILE_BYTES for d in loads)
     # every load stays inside its own area
     for d in loads:
@@ -113,23 +131,23 @@ def test_bank_crossing_of_attn_output_m38():
     (dict(m=64, k=4096, n=2560, hmx_built=False), "hvx", "arch"),
 ])
 def test_dispatch(kw, path, word):
-    got, reason = V.matmul_dispatch(**kw)
+    got, reason = matmul_dispatch(**kw)
     assert got == path and word in reason
 
 
 def test_hmx_failure_fallback_by_profile():
-    assert V.hmx_failure_fallback("2026-05") == "reenter"
-    assert V.hmx_failure_fallback("robust") == "hvx"
+    assert hmx_failure_fallback("2026-05") == "reenter"
+    assert hmx_failure_fallback("robust") == "hvx"
     # a VTCM too small for any chunking: 2026-05 loops, robust falls back to HVX
-    old = V.plan_matmul(64, 9728, 2560, vtcm_size=MiB, profile="2026-05")
+    old = plan_matmul(64, 9728, 2560, vtcm_size=MiB, profile="2026-05")
     assert (old.path, old.status, old.outcome) == ("hmx", "no_chunking", "reenter")
-    new = V.plan_matmul(64, 9728, 2560, vtcm_size=MiB, profile="robust", n_threads=2)
+    new = plan_matmul(64, 9728, 2560, vtcm_size=MiB, profile="robust", n_threads=2)
     assert new.path == "hvx" and new.hmx_attempt is not None and new.hmx_attempt.status == "no_chunking"
     assert new.fits
 
 
 def test_hvx_plan_layout_and_too_small():
-    p = V.hvx_matmul_plan(38, 9728, 2560, "q4_0", n_threads=6, vtcm_size=VT)
+    p = hvx_matmul_plan(38, 9728, 2560, "q4_0", n_threads=6, vtcm_size=VT)
     row = V.align_up(9728 + 38 * 16, 128)
     assert p.area("src1").offset == 0 and p.area("src1").size == V.align_up(38 * row, 256)
     assert [a.name for a in p.areas[1:7]] == [f"src0[{t}]" for t in range(6)]
@@ -137,14 +155,14 @@ def test_hvx_plan_layout_and_too_small():
     assert p.area("dst[5]").size == V.align_up(2 * 2560 * 4, 256)
     assert p.used == sum(a.size for a in p.areas) and p.fits
     _check_layout(p.areas)
-    big = V.hvx_matmul_plan(1024, 9728, 2560, "q4_0", n_threads=6, vtcm_size=VT)
+    big = hvx_matmul_plan(1024, 9728, 2560, "q4_0", n_threads=6, vtcm_size=VT)
     assert big.status == "vtcm_too_small" and big.outcome == "dropped" and big.overflow == big.used - VT
 
 
 def test_hvx_f16_paths():
-    fast = V.hvx_matmul_plan(8, 128, 4096, "f16", 4, VT)
+    fast = hvx_matmul_plan(8, 128, 4096, "f16", 4, VT)
     assert fast.info["kernel"] == "f16-vtcm"
-    slow = V.hvx_matmul_plan(8, 128, 4096, "f16", 4, VT, permuted=True)
+    slow = hvx_matmul_plan(8, 128, 4096, "f16", 4, VT, permuted=True)
     assert slow.info["kernel"] == "f16-ddr" and slow.area("src1").size == 4 * V.align_up(16 * 128 * 4, 256)
 
 
@@ -160,8 +178,8 @@ shapes = st.tuples(st.integers(1, 1024), st.integers(1, 64).map(lambda x: 256 * 
 @given(shapes)
 def test_hmx_plan_properties(shape):
     m, k, n, qt, vt = shape
-    old = V.hmx_matmul_plan(m, k, n, qt, vt, "2026-05")
-    new = V.hmx_matmul_plan(m, k, n, qt, vt, "robust")
+    old = hmx_matmul_plan(m, k, n, qt, vt, "2026-05")
+    new = hmx_matmul_plan(m, k, n, qt, vt, "robust")
     for p in (old, new):
         if p.status == "no_chunking":
             assert p.areas == () and p.mc is None
@@ -192,10 +210,10 @@ def test_bump_allocator(reqs):
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 4096), st.integers(1, 2048), st.integers(1, 10), st.integers(MiB // 4, 16 * MiB))
 def test_op_scratch_layouts(ne0, nrows, nt, vt):
-    ops = [V.unary_scratch(ne0, nrows, nt, vt), V.binary_scratch((ne0, nrows), (ne0, nrows), nt, vt),
-           V.binary_scratch((ne0, nrows), (ne0, 1), nt, vt, op="MUL"), V.act_scratch(ne0 * 4, nrows, nt, vt),
-           V.softmax_scratch(ne0 * 4, nrows, nt, vt), V.rope_scratch(ne0, nrows, nt, vt),
-           V.argsort_scratch(ne0, nrows, nt, vt)]
+    ops = [unary_scratch(ne0, nrows, nt, vt), binary_scratch((ne0, nrows), (ne0, nrows), nt, vt),
+           binary_scratch((ne0, nrows), (ne0, 1), nt, vt, op="MUL"), act_scratch(ne0 * 4, nrows, nt, vt),
+           softmax_scratch(ne0 * 4, nrows, nt, vt), rope_scratch(ne0, nrows, nt, vt),
+           argsort_scratch(ne0, nrows, nt, vt)]
     for s in ops:
         _check_layout(s.areas)
         assert s.used == sum(a.size for a in s.areas)
@@ -207,13 +225,13 @@ def test_op_scratch_layouts(ne0, nrows, nt, vt):
 
 
 def test_flash_attn_qwen3():
-    h = V.flash_attn_scratch(128, 128, 38, 38, 32, 8, 6, VT)
+    h = flash_attn_scratch(128, 128, 38, 38, 32, 8, 6, VT)
     assert h.info["path"] == "hmx" and h.status == "ok" and h.used <= VT
     names = [a.name for a in h.areas]
     assert names.index("scales_id") + 1 == names.index("scales_qk")
     assert h.area("scales_id").size == h.area("scales_qk").size == 256
     _check_layout(h.areas)
-    v = V.flash_attn_scratch(128, 128, 38, 38, 32, 8, 6, VT, hmx_enabled=False)
+    v = flash_attn_scratch(128, 128, 38, 38, 32, 8, 6, VT, hmx_enabled=False)
     assert v.info["path"] == "hvx" and [a.name for a in v.areas][:2] == ["q[0]", "q[1]"]
     _check_layout(v.areas)
     blk = np.frombuffer(V.hmx_scale_block(0.25), dtype=np.float16)
@@ -223,11 +241,11 @@ def test_flash_attn_qwen3():
 def test_unary_overwrites_quantized_src1():
     # the stale-shortcut hazard: RMS_NORM over 38 rows of 2560 writes the start of VTCM, where HVX matmul keeps
     # the quantized activations it may reuse in the same batch (2026-05: unary ops do not reset the shortcut)
-    s = V.unary_scratch(2560, 38, 6, VT)
+    s = unary_scratch(2560, 38, 6, VT)
     first = s.areas[0]
     assert first.offset == 0 and first.written == 7 * 2560 * 4
-    assert V.src1_cache_effect("RMS_NORM", "2026-05") == "stale"
-    assert V.src1_cache_effect("RMS_NORM", "robust") == "reset"
+    assert src1_cache_effect("RMS_NORM", "2026-05") == "stale"
+    assert src1_cache_effect("RMS_NORM", "robust") == "reset"
 
 
 @pytest.mark.parametrize("op,path,effect", [
@@ -238,8 +256,8 @@ def test_unary_overwrites_quantized_src1():
     ("PAD", None, "stale"),
 ])
 def test_src1_shortcut_table(op, path, effect):
-    assert V.src1_cache_effect(op, "2026-05", path) == effect
-    assert V.src1_cache_effect(op, "robust", path) == ("reset" if effect == "stale" else effect)
+    assert src1_cache_effect(op, "2026-05", path) == effect
+    assert src1_cache_effect(op, "robust", path) == ("reset" if effect == "stale" else effect)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -287,7 +305,7 @@ def _plan_json(capsys, *args: str) -> dict:
 
 def test_cli_json_matches_plan(capsys, monkeypatch):
     d = _plan_json(capsys, "--m", "38", "--k", "9728", "--n", "2560", "--htp-profile", "2026-05")
-    p = V.plan_matmul(38, 9728, 2560, "q4_0", vtcm_size=VT, profile="2026-05")
+    p = plan_matmul(38, 9728, 2560, "q4_0", vtcm_size=VT, profile="2026-05")
     assert (d["path"], d["mc"], d["nc"], d["used"], d["vtcm"], d["overflow"]) == ("hmx", 64, 160, 8_388_864, VT, 256)
     assert [(a["name"], a["offset"], a["size"]) for a in d["areas"]] == [(a.name, a.offset, a.size) for a in p.areas]
     d = _plan_json(capsys, "--m", "38", "--k", "9728", "--n", "2560")  # default profile: robust

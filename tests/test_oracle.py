@@ -3,7 +3,7 @@
 The expectations come from outside the code under test: which MUL_MATs run on HMX follows the gate order of
 upstream's op_matmul (notes htp-backend.md 2.3), which of them overflow VTCM is recomputed here from the
 notes' description of hmx_matmul_q_f32 (chunk search with 256 B of overhead, areas rounded to 2048 B) and
-cross-checked with kazeia.backends.htp.vtcm.plan_matmul, and REF's products are compared with a float64
+cross-checked with kazeia.backends.htp.plan.plan_matmul, and REF's products are compared with a float64
 product computed here from the raw block bytes.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kazeia.backends import numpy_ops
-from kazeia.backends.htp import vtcm as V
+from kazeia.backends.htp.plan import plan_matmul
 from kazeia.backends.ref import RefBackend
 from kazeia.cli.main import main as cli_main
 from kazeia.debug import oracle as O
@@ -106,9 +106,9 @@ def test_first_principles_overflow_is_the_ffn_down_window():
     assert all(v == [] for v in over.values())
     # the doc's example, and kazeia's plan arithmetic agrees on every token count
     for n in range(32, 1025):
-        p = V.plan_matmul(n, 9728, 2560, "q4_0", vtcm_size=VTCM, profile="2026-05")
+        p = plan_matmul(n, 9728, 2560, "q4_0", vtcm_size=VTCM, profile="2026-05")
         assert (p.status == "overflow") == hmx_q_overflows(n, 9728, 2560, "q4_0"), n
-    p = V.plan_matmul(38, 9728, 2560, "q4_0", vtcm_size=VTCM, profile="2026-05")
+    p = plan_matmul(38, 9728, 2560, "q4_0", vtcm_size=VTCM, profile="2026-05")
     assert (p.mc, p.nc, p.used) == (64, 160, 8_388_864)
 
 
@@ -281,7 +281,7 @@ def test_2026_05_kills_exactly_the_overflowing_plans():
     assert down == set(range(33, 65))  # every n of the window is in the grid, and nothing else dies
     for c in cases:  # kazeia's plan arithmetic says the same
         if runs_on_hmx(c) and c["type_a"] in QUANT:
-            p = V.plan_matmul(c["n"], c["k"], c["m"], c["type_a"], vtcm_size=VTCM, profile="2026-05")
+            p = plan_matmul(c["n"], c["k"], c["m"], c["type_a"], vtcm_size=VTCM, profile="2026-05")
             assert (p.status == "overflow") == (c.name in want), c.name
     sweep = O.run_sweep(cases, O.BackendSpec("HTP0", profile="2026-05"), seed=2, jobs=2)
     deaths = {r.name for r in sweep.results if r.status == O.DEATH}

@@ -48,6 +48,11 @@ class DeviceDeathError(KazeiaError):
         self.faulting = faulting
         self.cause = cause
 
+    def to_dict(self) -> dict:
+        """The death as a JSON-ready dict; `kind` is the fault class where the emulator set one."""
+        return {"message": str(self), "code": self.code, "last_enqueued": self.last_enqueued,
+                "faulting": self.faulting, "cause": self.cause, "kind": getattr(self, "kind", None)}
+
 
 class DeviceOpError(KazeiaError):
     """An op on the device returned a non-OK status that the host chose to surface (robust profile)."""

@@ -16,16 +16,13 @@ from kazeia.engine.tokenizer import GGUFTokenizer
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import GGMLType
 
-_limits = None  # threadpoolctl limiter kept alive for the whole process
-
 
 def set_threads(n: int | None) -> None:
-    global _limits
     if n is None or n <= 0:
         return
-    from threadpoolctl import threadpool_limits
+    from kazeia.engine.threads import set_blas_threads
 
-    _limits = threadpool_limits(limits=n)
+    set_blas_threads(n)
 
 
 def add_model_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:

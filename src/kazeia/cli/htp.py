@@ -1,6 +1,6 @@
 """kazeia htp: the emulated Hexagon NPU backend. `htp plan` shows how one MUL_MAT uses VTCM.
 
-Every number printed here is what `kazeia.backends.htp.vtcm.plan_matmul` returns, i.e. what the HTP backend
+Every number printed here is what `kazeia.backends.htp.plan.plan_matmul` returns, i.e. what the HTP backend
 executes for the same shape, VTCM size and profile.
 """
 
@@ -12,6 +12,8 @@ from collections.abc import Callable
 from xml.sax.saxutils import escape
 
 from kazeia.backends.htp import vtcm as V
+from kazeia.backends.htp.deep_loads import BANK_BYTES, DeepLoad, bank_crossings
+from kazeia.backends.htp.plan import MatmulPlan, plan_matmul
 from kazeia.cli.common import add_common
 from kazeia.errors import KazeiaError
 
@@ -64,7 +66,7 @@ def add_plan_parser(hsub) -> argparse.ArgumentParser:
     return p
 
 
-def plan_from_args(args: argparse.Namespace) -> V.MatmulPlan:
+def plan_from_args(args: argparse.Namespace) -> MatmulPlan:
     """The plan for the flags, with the defaults the HTP backend itself resolves from the environment
     (KAZEIA_HTP_VTCM, KAZEIA_HTP_PROFILE, GGML_HEXAGON_NHVX, GGML_HEXAGON_USE_HMX, GGML_HEXAGON_ARCH)."""
     from kazeia.backends.htp.settings import HtpSettings
@@ -78,14 +80,14 @@ def plan_from_args(args: argparse.Namespace) -> V.MatmulPlan:
     threads = args.threads if args.threads is not None else s.nhvx
     if not 1 <= threads <= V.MAX_HVX_THREADS:
         raise KazeiaError(f"--threads must be 1..{V.MAX_HVX_THREADS}")
-    return V.plan_matmul(args.m, args.k, args.n, args.qtype, vtcm_size=s.vtcm_bytes,
-                         profile=V.check_profile(s.profile), n_threads=threads,
-                         hmx_enabled=s.use_hmx and not args.no_hmx, hmx_built=s.arch in V.HMX_ARCHS)
+    return plan_matmul(args.m, args.k, args.n, args.qtype, vtcm_size=s.vtcm_bytes,
+                       profile=V.check_profile(s.profile), n_threads=threads,
+                       hmx_enabled=s.use_hmx and not args.no_hmx, hmx_built=s.arch in V.HMX_ARCHS)
 
 
 def plan_main(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
-    crossings = V.bank_crossings(plan) if plan.fits else []  # a failing HMX plan never issues its loads
+    crossings = bank_crossings(plan) if plan.fits else []  # a failing HMX plan never issues its loads
     if args.svg:
         try:
             with open(args.svg, "w", encoding="utf-8") as f:
@@ -105,7 +107,7 @@ def _hex(v: int) -> str:
     return f"0x{v:06x}"
 
 
-def _consequence(plan: V.MatmulPlan) -> str:
+def _consequence(plan: MatmulPlan) -> str:
     if plan.outcome == "reenter":
         return "HMX returns -1 and op_matmul re-enters itself forever (DSP stack overflow or hang)"
     if plan.outcome == "dropped":
@@ -113,7 +115,7 @@ def _consequence(plan: V.MatmulPlan) -> str:
     return ""
 
 
-def plan_text(plan: V.MatmulPlan, crossings: list[V.DeepLoad] | None = None) -> str:
+def plan_text(plan: MatmulPlan, crossings: list[DeepLoad] | None = None) -> str:
     """The human-readable plan (what `kazeia htp plan` prints)."""
     lines = [f"MUL_MAT   m={plan.m} k={plan.k} n={plan.n} {plan.qtype}   profile {plan.profile}",
              f"path      {plan.path}   ({plan.reason})"]
@@ -154,7 +156,7 @@ _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#
 _W, _MARGIN, _BAR_Y, _BAR_H, _ROW_H = 960, 20, 56, 64, 18
 
 
-def plan_svg(plan: V.MatmulPlan) -> str:
+def plan_svg(plan: MatmulPlan) -> str:
     """A self-contained SVG of the VTCM map: areas to scale and labelled, the part past VTCM in red, the 4 MiB
     bank boundaries dashed, and a table of every area underneath."""
     extent = max(plan.vtcm, plan.used, 1)
@@ -189,7 +191,7 @@ def plan_svg(plan: V.MatmulPlan) -> str:
                    f'height="{_BAR_H + 12}" fill="red"><title>overflow {plan.overflow:,} B past VTCM</title></rect>')
         out.append(f'<text x="{x(plan.vtcm) - 4:.2f}" y="{_BAR_Y - 10}" text-anchor="end" fill="red">'
                    f'overflow {plan.overflow:,} B</text>')
-    for b in range(V.BANK_BYTES, extent, V.BANK_BYTES):
+    for b in range(BANK_BYTES, extent, BANK_BYTES):
         if b == plan.vtcm:
             continue  # the VTCM end marker is drawn below
         out.append(f'<line class="bank" x1="{x(b):.2f}" y1="{_BAR_Y - 16}" x2="{x(b):.2f}" y2="{_BAR_Y + _BAR_H + 8}"'

@@ -23,7 +23,7 @@ import numpy as np
 
 from kazeia.backends.base import Hook, OpInfo
 from kazeia.backends.weights import WeightCache
-from kazeia.debug.runner import RunResult, RunSpec, build_context, run, shared_cache
+from kazeia.debug.runner import RunResult, RunSpec, build_context, close_backends, run, shared_cache
 from kazeia.debug.stats import tensor_hash
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Tensor
@@ -65,8 +65,7 @@ def hashed_run(spec: RunSpec, hooks: tuple = (), share_weights: bool = False) ->
     try:
         ctx = build_context(spec, cache=shared_cache() if share_weights else WeightCache())
         res = run(spec, hooks=(*hooks, hook), ctx=ctx)
-        for b in ctx.scheduler.backends:
-            b.close()
+        close_backends(ctx)
     except KazeiaError as e:
         res = RunResult(ok=False, error=str(e))
     return HashedRun(res.ok, res.signature(), hook.records, res.logits)

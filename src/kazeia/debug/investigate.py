@@ -26,7 +26,6 @@ from kazeia.debug.runner import RunResult, RunSpec
 from kazeia.debug.stats import Stats, nmse, tensor_stats
 from kazeia.graph.tensor import Tensor, type_name
 
-WHOLE_MODEL_NMSE = 2e-3
 SYNC_ENV = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"}
 
 

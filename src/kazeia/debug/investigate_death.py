@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kazeia.debug.investigate import WHOLE_MODEL_NMSE, Context, logits_nmse, op_regex
-from kazeia.debug.investigate_steps import cpu_nodes_spec, out, sync_spec
+from kazeia.debug.investigate import Context, logits_nmse, op_regex
+from kazeia.debug.investigate_steps import cpu_nodes_spec, dump_op, out, sync_spec
 from kazeia.debug.runner import run
+from kazeia.debug.thresholds import WHOLE_MODEL_NMSE
+from kazeia.errors import KazeiaError
 
 
 def localise(cx: Context) -> tuple[str, str]:
@@ -78,17 +80,31 @@ def trace_summary(cx: Context) -> tuple[str, str]:
         cx.spec.command() + " --oplog"
 
 
-def _plot_amax(cx: Context, ops) -> None:
-    try:
-        import matplotlib
+def _axes(width: float, height: float):
+    """(figure, axes) on an Agg canvas (kazeia.debug.plots), or None without matplotlib: these plots are optional."""
+    from kazeia.debug.plots import new_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    try:
+        fig = new_figure(width, height)
+    except KazeiaError:
+        return None
+    return fig, fig.subplots()
+
+
+def _save_image(cx: Context, fig, name: str, caption: str) -> None:
+    fig.tight_layout()
+    path = out(cx, name)
+    fig.savefig(path, dpi=110)
+    cx.inv.images[caption] = path
+
+
+def _plot_amax(cx: Context, ops) -> None:
+    drawn = _axes(9, 3.2)
+    if drawn is None:
         return
+    fig, ax = drawn
     xs = [o.index for o in ops if o.out_stats]
     ys = [max(o.out_stats.amax, 1e-12) for o in ops if o.out_stats]
-    fig, ax = plt.subplots(figsize=(9, 3.2))
     ax.semilogy(xs, ys, ".-", label="max |output| (finite values)")
     ax.axhline(65504, color="r", ls="--", label="fp16 max 65504")
     fo = cx.findings.get("faulting_facts")
@@ -97,11 +113,7 @@ def _plot_amax(cx: Context, ops) -> None:
     ax.set_xlabel("node index")
     ax.set_ylabel("|x|")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out(cx, "amax.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    cx.inv.images["Activation magnitude along the graph, up to the fault"] = path
+    _save_image(cx, fig, "amax.png", "Activation magnitude along the graph, up to the fault")
 
 
 def determinism(cx: Context) -> tuple[str, str]:
@@ -113,15 +125,12 @@ def determinism(cx: Context) -> tuple[str, str]:
 
 
 def dump(cx: Context) -> tuple[str, str]:
-    from kazeia.debug.dump import DumpHook, compare_captures, find_pair, load_dumps
+    from kazeia.debug.dump import compare_captures, find_pair
 
     name = cx.findings.get("faulting")
     if not name:
         return "no single faulting op to dump", ""
-    d = out(cx, "dumps", "x")[:-2]
-    hook = DumpHook(op_regex(name), d, at="both")
-    run(cx.spec, hooks=(hook,))
-    dumps = load_dumps(d)
+    d, dumps = dump_op(cx, name, "both")
     complete = next((x for x in dumps if x.capture == "complete"), None)
     enqueue = find_pair(dumps, complete) if complete else None
     cx.findings["dump_dir"] = d
@@ -170,17 +179,26 @@ def routing(cx: Context) -> tuple[str, str]:
     return "; ".join(parts), ""
 
 
-def plan(cx: Context) -> tuple[str, str]:
-    from kazeia.backends.htp import vtcm as V
-    from kazeia.cli.htp import plan_svg
+def _faulting_matmul(cx: Context):
+    """(facts of the faulting op, VTCM size, HTP profile of the run), or None if that op is not a MUL_MAT."""
+    from kazeia.backends.htp.vtcm import DEFAULT_VTCM_SIZE
 
     fo = cx.findings.get("faulting_facts")
     if fo is None or fo.m is None:
+        return None
+    return fo, cx.spec.vtcm or DEFAULT_VTCM_SIZE, cx.spec.htp_profile or "robust"
+
+
+def plan(cx: Context) -> tuple[str, str]:
+    from kazeia.backends.htp.plan import plan_matmul
+    from kazeia.cli.htp import plan_svg
+
+    found = _faulting_matmul(cx)
+    if found is None:
         return "the faulting op is not a MUL_MAT: no matmul plan", ""
-    vt = cx.spec.vtcm or V.DEFAULT_VTCM_SIZE
-    prof = cx.spec.htp_profile or "robust"
-    p = V.plan_matmul(fo.m, fo.k, fo.n, fo.wtype, vtcm_size=vt, profile=prof)
-    pr = V.plan_matmul(fo.m, fo.k, fo.n, fo.wtype, vtcm_size=vt, profile="robust")
+    fo, vt, prof = found
+    p = plan_matmul(fo.m, fo.k, fo.n, fo.wtype, vtcm_size=vt, profile=prof)
+    pr = plan_matmul(fo.m, fo.k, fo.n, fo.wtype, vtcm_size=vt, profile="robust")
     cx.findings.update(plan=p, plan_robust=pr)
     cx.inv.facts["HMX plan of the faulting op"] = (f"{prof}: path {p.path}, mc={p.mc} nc={p.nc}, used {p.used} B of "
                                                    f"{p.vtcm} B, overflow {p.overflow} B, outcome {p.outcome}")
@@ -199,16 +217,15 @@ def plan(cx: Context) -> tuple[str, str]:
 
 def threshold(cx: Context) -> tuple[str, str]:
     """Predict the failing M from the plan arithmetic, then confirm the boundaries with real runs."""
-    from kazeia.backends.htp import vtcm as V
+    from kazeia.backends.htp.plan import plan_matmul
     from kazeia.debug.bisect import OracleJudge, bisect_m
 
-    fo = cx.findings.get("faulting_facts")
-    if fo is None or fo.m is None:
+    found = _faulting_matmul(cx)
+    if found is None:
         return "no matmul shape to scan", ""
-    vt = cx.spec.vtcm or V.DEFAULT_VTCM_SIZE
-    prof = cx.spec.htp_profile or "robust"
+    fo, vt, prof = found
     limit = min(1024, cx.spec.ubatch)
-    plans = {m: V.plan_matmul(m, fo.k, fo.n, fo.wtype, vtcm_size=vt, profile=prof) for m in range(1, limit + 1)}
+    plans = {m: plan_matmul(m, fo.k, fo.n, fo.wtype, vtcm_size=vt, profile=prof) for m in range(1, limit + 1)}
     bad = [m for m, p in plans.items() if p.outcome == "reenter"]
     ranges = _ranges(bad)
     cx.findings["predicted_ranges"] = ranges
@@ -238,21 +255,17 @@ def _ranges(ms: list[int]) -> list[tuple[int, int]]:
 
 
 def _plot_plan(cx: Context, fo, vt: int) -> None:
-    try:
-        import matplotlib
+    from kazeia.backends.htp.plan import plan_matmul
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    drawn = _axes(9, 3.4)
+    if drawn is None:
         return
-    from kazeia.backends.htp import vtcm as V
-
+    fig, ax = drawn
     ms = list(range(1, 257))
-    fig, ax = plt.subplots(figsize=(9, 3.4))
     for prof, style in (("2026-05", "r.-"), ("robust", "g.--")):
         head = []
         for m in ms:
-            p = V.plan_matmul(m, fo.k, fo.n, fo.wtype, vtcm_size=vt, profile=prof)
+            p = plan_matmul(m, fo.k, fo.n, fo.wtype, vtcm_size=vt, profile=prof)
             head.append(vt - (p.hmx_attempt.used if p.hmx_attempt is not None else p.used))
         ax.plot(ms, head, style, ms=3, lw=0.8, label=f"VTCM headroom of the plan, {prof}")
     ax.axhline(0, color="k", lw=0.8)
@@ -264,11 +277,7 @@ def _plot_plan(cx: Context, fo, vt: int) -> None:
     ax.set_ylabel("VTCM - used (bytes, symlog)")
     ax.set_title(f"{fo.name}: K={fo.k} N={fo.n} {fo.wtype}, VTCM {vt} B")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out(cx, "plan_vs_m.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    cx.inv.images["HMX VTCM plan size vs M for the faulting op"] = path
+    _save_image(cx, fig, "plan_vs_m.png", "HMX VTCM plan size vs M for the faulting op")
 
 
 def rows(cx: Context) -> tuple[str, str]:

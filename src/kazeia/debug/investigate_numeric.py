@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kazeia.debug.investigate import WHOLE_MODEL_NMSE, Context, logits_nmse, op_regex
-from kazeia.debug.investigate_steps import cpu_nodes_spec, out
+from kazeia.debug.investigate import Context, logits_nmse
+from kazeia.debug.investigate_steps import cpu_nodes_spec, dump_op, out
 from kazeia.debug.runner import run
+from kazeia.debug.thresholds import WHOLE_MODEL_NMSE
 
 
 def compare(cx: Context) -> tuple[str, str]:
@@ -41,15 +42,12 @@ def determinism(cx: Context) -> tuple[str, str]:
 
 
 def replay(cx: Context) -> tuple[str, str]:
-    from kazeia.debug.dump import DumpHook, load_dumps
     from kazeia.debug.replay import replay as do_replay
 
     name = cx.findings.get("first_bad")
     if not name:
         return "no op to dump", ""
-    d = out(cx, "dumps", "x")[:-2]
-    run(cx.spec, hooks=(DumpHook(op_regex(name), d, at="complete"),))
-    dumps = load_dumps(d)
+    d, dumps = dump_op(cx, name, "complete")
     if not dumps:
         return f"{name} was not captured", ""
     res = do_replay(dumps[0], with_context=True)

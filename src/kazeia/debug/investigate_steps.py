@@ -6,8 +6,9 @@ import os
 
 import numpy as np
 
-from kazeia.debug.investigate import SYNC_ENV, WHOLE_MODEL_NMSE, Context, FactsHook, logits_nmse, op_regex
+from kazeia.debug.investigate import SYNC_ENV, Context, FactsHook, logits_nmse, op_regex
 from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.thresholds import WHOLE_MODEL_NMSE
 
 
 def _outcome(r) -> str:
@@ -125,6 +126,15 @@ def out(cx: Context, *parts: str) -> str:
     p = os.path.join(cx.out_dir, *parts)
     os.makedirs(os.path.dirname(p), exist_ok=True)
     return p
+
+
+def dump_op(cx: Context, name: str, at: str) -> tuple[str, list]:
+    """Rerun the spec dumping the node `name` (captures `at`) under <out>/dumps: (the directory, its dumps)."""
+    from kazeia.debug.dump import DumpHook, load_dumps
+
+    d = out(cx, "dumps", "x")[:-2]
+    run(cx.spec, hooks=(DumpHook(op_regex(name), d, at=at),))
+    return d, load_dumps(d)
 
 
 def cpu_nodes_spec(cx: Context, names: list[str]) -> RunSpec:

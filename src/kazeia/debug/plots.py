@@ -70,7 +70,7 @@ def plot_errors(report: CompareReport, path: str, title: str | None = None) -> s
     """log10 NMSE of every op along the graph, one series per mode, the per-op thresholds (the one applied in
     isolated mode, a step line) and the whole-model threshold, failures in red and the first op out of
     tolerance marked. Returns `path`."""
-    from kazeia.debug.compare import WHOLE_MODEL_THRESHOLD
+    from kazeia.debug.thresholds import WHOLE_MODEL_NMSE
 
     fig = new_figure(14.0, 6.0)
     ax = fig.add_subplot(1, 1, 1)
@@ -101,8 +101,8 @@ def plot_errors(report: CompareReport, path: str, title: str | None = None) -> s
         xs = [pos[(r.ubatch, r.index)] for r in thr_rows]
         ax.step(xs, [_y(r.threshold) for r in thr_rows], where="mid", color="gray", lw=0.8, ls="--",
                 label="per-op threshold (0 drawn at 1e-20)")
-    ax.axhline(WHOLE_MODEL_THRESHOLD, color="black", lw=0.8, ls=":",
-               label=f"whole-model threshold {WHOLE_MODEL_THRESHOLD:g}")
+    ax.axhline(WHOLE_MODEL_NMSE, color="black", lw=0.8, ls=":",
+               label=f"whole-model threshold {WHOLE_MODEL_NMSE:g}")
     first = report.first_failure
     if first is not None:
         x = pos[(first.ubatch, first.index)]

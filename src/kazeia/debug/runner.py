@@ -167,6 +167,12 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
                    type_k=GGMLType.F16, type_v=GGMLType.F16)
 
 
+def close_backends(ctx: Context) -> None:
+    """Release every backend of a context built for one run (HTP sessions, per-run state)."""
+    for b in ctx.scheduler.backends:
+        b.close()
+
+
 def gates_for(names: list[str], backends) -> list:
     """Gate objects for --gate names, using the HTP backend's VTCM size and profile when there is one."""
     from kazeia.engine.gates import parse_gate
@@ -194,9 +200,7 @@ def run(spec: RunSpec, hooks=(), all_logits: bool = False, ctx: Context | None =
             logits = ctx.decode([tid])
         res.ok = True
     except DeviceDeathError as e:
-        res.death = {"message": str(e), "code": e.code, "last_enqueued": e.last_enqueued, "faulting": e.faulting,
-                     "cause": e.cause, "kind": getattr(e, "kind", None), "batch": getattr(e, "batch_seq", None),
-                     "batch_ops": getattr(e, "batch_ops", None)}
+        res.death = {**e.to_dict(), "batch": getattr(e, "batch_seq", None), "batch_ops": getattr(e, "batch_ops", None)}
     except DeviceOpError as e:
         res.error = str(e)
     finally:

@@ -28,13 +28,13 @@ class VtcmPlanGate:
     def __call__(self, node: Tensor) -> str | None:
         if node.op != "MUL_MAT":
             return None
-        from kazeia.backends.htp import vtcm as V
+        from kazeia.backends.htp.plan import HMX_TYPES, plan_matmul
 
         w, x = node.src[0], node.src[1]
-        if type_name(w.type) not in V.HMX_TYPES:
+        if type_name(w.type) not in HMX_TYPES:
             return None
-        plan = V.plan_matmul(x.ne[1], w.ne[0], w.ne[1], type_name(w.type), vtcm_size=self.vtcm_bytes,
-                             profile=self.profile, hmx_enabled=self.use_hmx)
+        plan = plan_matmul(x.ne[1], w.ne[0], w.ne[1], type_name(w.type), vtcm_size=self.vtcm_bytes,
+                           profile=self.profile, hmx_enabled=self.use_hmx)
         if plan.path == "hmx" and not plan.fits:
             return self.target
         return None

@@ -1,7 +1,8 @@
 """The `htp` backend as the scheduler sees it (-dev HTP0): supports_op, enqueue, synchronize.
 
 This file only adapts the host session to the Backend interface; the host model is in host.py, the DSP in
-dsp.py, the op kernels in executor.py and matmul.py, VTCM plans in vtcm.py.
+dsp.py, the op kernels in executor.py and matmul.py, the VTCM arena in vtcm.py and its layouts in plan.py
+(MUL_MAT) and scratch_layouts.py (the other ops).
 """
 
 from __future__ import annotations

@@ -101,17 +101,17 @@ class OpCost:
 
 def op_seconds(node: Tensor, settings, c: CostModel = DEFAULT) -> OpCost:
     """Modeled time of one node as the HTP backend (with these settings) would place and run it."""
-    from kazeia.backends.htp import vtcm as V
+    from kazeia.backends.htp.plan import plan_matmul
     from kazeia.backends.htp.support import supports_op
+    from kazeia.backends.htp.vtcm import HMX_ARCHS
 
     if not supports_op(node, settings):
         return OpCost(node.name, node.desc(), "CPU", cpu_op_seconds(node, c))
     if node.op == "MUL_MAT":
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
-        plan = V.plan_matmul(M, K, N, w.type.name.lower(), vtcm_size=settings.vtcm_bytes, profile=settings.profile,
-                             n_threads=settings.nhvx, hmx_enabled=settings.use_hmx,
-                             hmx_built=settings.arch in V.HMX_ARCHS)
+        plan = plan_matmul(M, K, N, w.type.name.lower(), vtcm_size=settings.vtcm_bytes, profile=settings.profile,
+                           n_threads=settings.nhvx, hmx_enabled=settings.use_hmx, hmx_built=settings.arch in HMX_ARCHS)
         if plan.path == "hmx" and plan.fits:
             return OpCost(node.name, "MUL_MAT", "HTP0/hmx", hmx_matmul_seconds(M, K, N, w.type, plan.mc, c))
         return OpCost(node.name, "MUL_MAT", "HTP0/hvx", hvx_matmul_seconds(M, K, N, w.type, c))

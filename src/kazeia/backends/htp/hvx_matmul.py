@@ -343,11 +343,9 @@ def _blas_single_thread() -> contextlib.AbstractContextManager:
     """The kernels issue thousands of tiny GEMMs (K = 32); multi-threaded OpenBLAS spins on them and, on a
     loaded machine, becomes 10-40x slower than one thread. Limit BLAS to one thread when threadpoolctl is
     available (optional dependency; without it the default BLAS threading is used)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - depends on the environment
-        return contextlib.nullcontext()
-    return threadpool_limits(1, user_api="blas")
+    from kazeia.engine.threads import single_blas_thread
+
+    return single_blas_thread()
 
 
 # --- quantized HVX matmul ---------------------------------------------------------------------------------

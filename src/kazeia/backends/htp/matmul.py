@@ -18,6 +18,7 @@ import numpy as np
 
 from kazeia.backends.htp import cost
 from kazeia.backends.htp import vtcm as V
+from kazeia.backends.htp.deep_loads import bank_crossings
 from kazeia.backends.htp.dsp import Dsp, DspFault, OpContext, OpRecord
 from kazeia.backends.htp.fp16 import f32_to_f16_shuffled, round_fp16_hw
 from kazeia.backends.htp.hmx_matmul import (
@@ -35,6 +36,7 @@ from kazeia.backends.htp.hvx_matmul import (
     q8_spill_bytes,
     quantize_activations,
 )
+from kazeia.backends.htp.plan import MatmulPlan, hmx_matmul_plan, hvx_matmul_plan, matmul_dispatch
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.repack import RepackedWeight
 from kazeia.backends.htp.settings import HtpSettings
@@ -46,6 +48,13 @@ _KIND = {GGMLType.Q4_1: "q8_1x4x2", GGMLType.F16: "f16"}
 
 def _qt(t: GGMLType) -> str:
     return type_name(t)
+
+
+def _layout_gates(w: Tensor, x: Tensor) -> tuple[bool, bool]:
+    """(batched, permuted): the descriptor layouts op_matmul's dispatch and the HVX plan look at."""
+    batched = w.ne[2] * w.ne[3] > 1 or x.ne[2] * x.ne[3] > 1
+    permuted = w.nb[0] > w.nb[1] or x.nb[0] > x.nb[1]
+    return batched, permuted
 
 
 class WeightStore:
@@ -98,10 +107,9 @@ class MatmulUnit:
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
-        batched = w.ne[2] * w.ne[3] > 1 or x.ne[2] * x.ne[3] > 1
-        permuted = w.nb[0] > w.nb[1] or x.nb[0] > x.nb[1]
-        path, reason = V.matmul_dispatch(M, K, N, _qt(w.type), hmx_enabled=self.settings.use_hmx,
-                                         hmx_built=self.hmx_built, batched=batched, permuted=permuted)
+        batched, permuted = _layout_gates(w, x)
+        path, reason = matmul_dispatch(M, K, N, _qt(w.type), hmx_enabled=self.settings.use_hmx,
+                                       hmx_built=self.hmx_built, batched=batched, permuted=permuted)
         if path == "hvx":
             return self._hvx(dsp, octx, op, reason)
         octx.src1_spad_src = None  # "always re-quantize src1 since HMX kernel overwrites vtcm"
@@ -130,7 +138,7 @@ class MatmulUnit:
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
         qt = _qt(w.type)
-        plan = V.hmx_matmul_plan(M, K, N, qt, self.settings.vtcm_bytes, self.profile.name)
+        plan = hmx_matmul_plan(M, K, N, qt, self.settings.vtcm_bytes, self.profile.name)
         if not plan.fits:
             tag = "hmx-mm-q" if w.type != GGMLType.F16 else "hmx-mm-f16"
             if plan.status == "overflow":
@@ -139,7 +147,7 @@ class MatmulUnit:
                 dsp.farf("ERROR", f"{tag}: no chunking fits VTCM {plan.vtcm} ({plan.reason})")
             return None
         if "vtcm-bank-crossing" in self.settings.faults:
-            crossing = V.bank_crossings(plan)
+            crossing = bank_crossings(plan)
             if crossing:
                 c = crossing[0]
                 raise DspFault("bus-error", f"precise bus error 0x2601: HMX {c.kind} load run 0x{c.offset:06x}-"
@@ -164,7 +172,7 @@ class MatmulUnit:
         raw[:avail] = x.buffer.data[x.offset:x.offset + avail]
         return raw.view(np.float32).reshape(M, K).copy()
 
-    def _hmx_2d(self, dsp: Dsp, node: Tensor, plan: V.MatmulPlan) -> np.ndarray:
+    def _hmx_2d(self, dsp: Dsp, node: Tensor, plan: MatmulPlan) -> np.ndarray:
         w, x = node.src[0], node.src[1]
         M, K = x.ne[1], w.ne[0]
         if w.type == GGMLType.F16 or self.profile.hmx_reads_src1_layout:
@@ -186,7 +194,7 @@ class MatmulUnit:
         self._leave_hmx_bytes(dsp, plan, rw, xs, a16, y)
         return y
 
-    def _unretired_scatter(self, dsp: Dsp, node: Tensor, plan: V.MatmulPlan, w16: np.ndarray) -> np.ndarray:
+    def _unretired_scatter(self, dsp: Dsp, node: Tensor, plan: MatmulPlan, w16: np.ndarray) -> np.ndarray:
         """Fault: some weight tiles of column chunk 0 were still in flight (vscatter not drained) when HMX read
         them, so for those tiles HMX sees what VTCM held before. How many is a race: it depends on timing, so it
         changes run to run unless KAZEIA_HTP_RACE_SEED pins it."""
@@ -215,7 +223,7 @@ class MatmulUnit:
         with np.errstate(all="ignore"):
             return round_fp16_hw(np.matmul(a16, wv.swapaxes(-1, -2)))
 
-    def _leave_hmx_bytes(self, dsp: Dsp, plan: V.MatmulPlan, rw: RepackedWeight, xs: np.ndarray,
+    def _leave_hmx_bytes(self, dsp: Dsp, plan: MatmulPlan, rw: RepackedWeight, xs: np.ndarray,
                          a16: np.ndarray, y: np.ndarray) -> None:
         """VTCM after the kernel: the last M chunk's activation tiles, the last column chunks' raw rows, weight
         tiles and output tiles in their ping-pong buffers, and the 256 B scale block."""
@@ -255,10 +263,9 @@ class MatmulUnit:
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
-        batched = w.ne[2] * w.ne[3] > 1 or x.ne[2] * x.ne[3] > 1
-        permuted = w.nb[0] > w.nb[1] or x.nb[0] > x.nb[1]
-        plan = V.hvx_matmul_plan(M, K, N, _qt(w.type), self.settings.nhvx, self.settings.vtcm_bytes,
-                                 batched=batched, permuted=permuted, profile=self.profile.name)
+        batched, permuted = _layout_gates(w, x)
+        plan = hvx_matmul_plan(M, K, N, _qt(w.type), self.settings.nhvx, self.settings.vtcm_bytes,
+                               batched=batched, permuted=permuted, profile=self.profile.name)
         if plan.status == "vtcm_too_small":
             dsp.farf("ERROR", f"matmul-{_qt(w.type)} : current VTCM reservation {plan.vtcm} is too small, "
                               f"needed {plan.used}")
@@ -273,7 +280,7 @@ class MatmulUnit:
         return OpRecord("hvx", STATUS_OK, {"reason": reason, "src1_reused": reused, "vtcm_used": plan.used,
                                            "modeled_s": cost.hvx_matmul_seconds(M, K, N, w.type)})
 
-    def _hvx_vtcm(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: V.MatmulPlan) -> tuple[np.ndarray, bool]:
+    def _hvx_vtcm(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> tuple[np.ndarray, bool]:
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K = x.ne[1], w.ne[0]
@@ -303,7 +310,7 @@ class MatmulUnit:
         self._leave_hvx_bytes(dsp, plan, rw, y)
         return y, reuse
 
-    def _first_row_read_early(self, dsp: Dsp, plan: V.MatmulPlan, rw: RepackedWeight, image: np.ndarray, M: int,
+    def _first_row_read_early(self, dsp: Dsp, plan: MatmulPlan, rw: RepackedWeight, image: np.ndarray, M: int,
                               y: np.ndarray) -> np.ndarray:
         """Fault: the previous op left a DMA descriptor outstanding, so thread 0's first pop returned that stale
         completion and its first weight row was used before its DMA landed: the ring slot still held what
@@ -329,7 +336,7 @@ class MatmulUnit:
                 out[i3, i2] = hvx_matmul_f16_ddr(wm, xv[i3, i2], src1_f16=x.type == GGMLType.F16)
         return out
 
-    def _leave_hvx_bytes(self, dsp: Dsp, plan: V.MatmulPlan, rw: RepackedWeight, y: np.ndarray) -> None:
+    def _leave_hvx_bytes(self, dsp: Dsp, plan: MatmulPlan, rw: RepackedWeight, y: np.ndarray) -> None:
         """Each thread's src0 ring ends holding its last weight rows, its dst area its last output rows."""
         vt = dsp.vtcm
         nt = plan.n_threads or 1

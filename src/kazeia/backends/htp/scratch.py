@@ -1,11 +1,11 @@
 """What the non-matmul ops leave in VTCM, and what they do to the src1 shortcut.
 
-Each HVX op streams its rows through per-thread ping-pong spads carved from vtcm_base (layouts in vtcm.py,
-read from the upstream op files). After the op, those spads hold real bytes of its inputs and outputs, and
-the next op that trusts VTCM without writing it first reads them. We write, for every area the layout says
-the op touches, the rows of the tensor that area streams (thread t's first block in half 0, its second in
-half 1), so stale bytes are the genuine leftovers of the previous op. The src1 shortcut is then cleared or
-left as the profile's rule for that op says (vtcm.src1_cache_effect).
+Each HVX op streams its rows through per-thread ping-pong spads carved from vtcm_base (layouts in
+scratch_layouts.py, read from the upstream op files). After the op, those spads hold real bytes of its inputs
+and outputs, and the next op that trusts VTCM without writing it first reads them. We write, for every area the
+layout says the op touches, the rows of the tensor that area streams (thread t's first block in half 0, its
+second in half 1), so stale bytes are the genuine leftovers of the previous op. The src1 shortcut is then
+cleared or left as the profile's rule for that op says (src1_shortcut.src1_cache_effect).
 """
 
 from __future__ import annotations
@@ -18,7 +18,18 @@ from kazeia.backends.htp import vtcm as V
 from kazeia.backends.htp.dsp import Dsp, OpContext
 from kazeia.backends.htp.host import OpBatch, OpDesc
 from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.scratch_layouts import (
+    OpScratch,
+    act_scratch,
+    binary_scratch,
+    flash_attn_scratch,
+    no_scratch,
+    rope_scratch,
+    softmax_scratch,
+    unary_scratch,
+)
 from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp.src1_shortcut import src1_cache_effect
 from kazeia.graph.tensor import Tensor, array
 
 _AREA = re.compile(r"^(?P<base>[a-z0-9_]+)(\[(?P<t>\d+)\])?(\.(?P<h>\d))?$")
@@ -44,30 +55,30 @@ class ScratchWriter:
         self.settings = settings
         self.profile = profile
 
-    def layout(self, node: Tensor) -> V.OpScratch:
+    def layout(self, node: Tensor) -> OpScratch:
         s, nt, vt = self.settings, self.settings.nhvx, self.settings.vtcm_bytes
         op = node.op
         if op in ("RMS_NORM", "SCALE"):
-            return V.unary_scratch(node.src[0].ne[0], node.src[0].nrows, nt, vt, op=op, dst_ne0=node.ne[0])
+            return unary_scratch(node.src[0].ne[0], node.src[0].nrows, nt, vt, op=op, dst_ne0=node.ne[0])
         if op in ("ADD", "MUL", "SUB", "DIV"):
-            return V.binary_scratch(node.src[0].ne, node.src[1].ne, nt, vt, op=op)
+            return binary_scratch(node.src[0].ne, node.src[1].ne, nt, vt, op=op)
         if op in ("GLU", "UNARY"):
             src1_row = node.src[1].nb[1] if len(node.src) > 1 and node.src[1] is not None else None
-            return V.act_scratch(node.src[0].nb[1], node.src[0].nrows, nt, vt, op=shortcut_name(node),
-                                 src1_row_bytes=src1_row, dst_row_bytes=node.nb[1])
+            return act_scratch(node.src[0].nb[1], node.src[0].nrows, nt, vt, op=shortcut_name(node),
+                               src1_row_bytes=src1_row, dst_row_bytes=node.nb[1])
         if op == "SOFT_MAX":
-            return V.softmax_scratch(node.src[0].nb[1], node.src[0].nrows, nt, vt, dst_row_bytes=node.nb[1],
-                                     ne00=node.src[0].ne[0])
+            return softmax_scratch(node.src[0].nb[1], node.src[0].nrows, nt, vt, dst_row_bytes=node.nb[1],
+                                   ne00=node.src[0].ne[0])
         if op == "ROPE":
-            return V.rope_scratch(node.ne[0], node.src[0].nrows, nt, vt)
+            return rope_scratch(node.ne[0], node.src[0].nrows, nt, vt)
         if op == "FLASH_ATTN_EXT":
             q, k, v = node.src[0], node.src[1], node.src[2]
-            return V.flash_attn_scratch(q.ne[0], v.ne[0], q.ne[1], k.ne[1], q.ne[2], k.ne[2], nt, vt,
-                                        hmx_enabled=s.use_hmx, hmx_built=s.arch in V.HMX_ARCHS,
-                                        q_f32=q.type.name == "F32", has_mask=len(node.src) > 3)
-        return V.no_scratch(shortcut_name(node), vt)
+            return flash_attn_scratch(q.ne[0], v.ne[0], q.ne[1], k.ne[1], q.ne[2], k.ne[2], nt, vt,
+                                      hmx_enabled=s.use_hmx, hmx_built=s.arch in V.HMX_ARCHS,
+                                      q_f32=q.type.name == "F32", has_mask=len(node.src) > 3)
+        return no_scratch(shortcut_name(node), vt)
 
-    def write(self, dsp: Dsp, node: Tensor, sc: V.OpScratch) -> None:
+    def write(self, dsp: Dsp, node: Tensor, sc: OpScratch) -> None:
         """Leave the op's bytes in every area it writes."""
         if not sc.writes:
             return
@@ -98,19 +109,19 @@ class ScratchWriter:
             dsp.vtcm.write(area.offset, _stream(rows, start, n))
 
     @staticmethod
-    def _thread_starts(node: Tensor, sc: V.OpScratch) -> list[int]:
+    def _thread_starts(node: Tensor, sc: OpScratch) -> list[int]:
         nrows = node.src[0].nrows if node.src else node.nrows
         nt = max(1, sc.n_threads)
         per = -(-nrows // nt)
         return [min(i * per, nrows) for i in range(nt)]
 
     def after_op(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch, path: str,
-                 sc: V.OpScratch | None = None) -> None:
+                 sc: OpScratch | None = None) -> None:
         node = op.node
         sc = sc or self.layout(node)
         self.write(dsp, node, sc)
         p = path if node.op in ("MUL_MAT", "FLASH_ATTN_EXT") else None
-        effect = V.src1_cache_effect(shortcut_name(node), self.profile.name, p)
+        effect = src1_cache_effect(shortcut_name(node), self.profile.name, p)
         if effect == "reset" and sc.status != "VTCM_TOO_SMALL":
             octx.src1_spad_src = None
             octx.src1_spad_kind = None

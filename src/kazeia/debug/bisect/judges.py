@@ -1,0 +1,236 @@
+"""Judging one bisect step: pass, fail, or "other" (failed, but not with the pinned signature).
+
+`OracleJudge`: the run must not die and its logits must match the CPU within the whole-model NMSE threshold;
+`CommandJudge`: a shell command, exit status 0 = pass, like Polygraphy's `--check`. Runs happen in child
+processes by default, so a crash or a hang in one step becomes a failed step, not a dead search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import numpy as np
+
+from kazeia.backends.weights import WeightCache
+from kazeia.debug.runner import RunResult, RunSpec, build_context, run, run_child
+from kazeia.debug.stats import nmse
+from kazeia.debug.thresholds import WHOLE_MODEL_NMSE
+from kazeia.errors import KazeiaError
+
+PASS, FAIL, OTHER = "pass", "fail", "other"
+
+# What a numeric (logits) failure says; a --fail-regex that matches none of these cannot pin a numeric
+# failure, so runs that complete need no reference run.
+_NUMERIC_SAMPLES = ("logits mismatch: NMSE 1 > 0.002", "logits hold NaN", "logits inf sign mismatch")
+
+
+@dataclass
+class Verdict:
+    outcome: str  # PASS, FAIL or OTHER (failed, but not with the pinned signature)
+    detail: str = ""
+    seconds: float = 0.0
+
+
+class Judge(Protocol):
+    def __call__(self, spec: RunSpec) -> Verdict: ...
+
+    def describe(self) -> dict: ...
+
+
+def classify(text: str, fail_regex: re.Pattern | None) -> str:
+    """A failed step is FAIL if it carries the pinned signature (or none is pinned), else OTHER."""
+    if fail_regex is None or fail_regex.search(text):
+        return FAIL
+    return OTHER
+
+
+def first_line(text: str, limit: int = 160) -> str:
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def failure_text(res: RunResult) -> str:
+    """Everything a person could see of a failed run: the host error line, the error, the DSP's FARF log."""
+    parts = []
+    if res.death:
+        parts.append(res.death.get("message") or "")
+    if res.error:
+        parts.append(res.error)
+    parts += res.dsp_log
+    return "\n".join(p for p in parts if p)
+
+
+class OracleJudge:
+    """Built-in check: the run must not die, and its logits must match the reference device (CPU) within
+    `threshold` NMSE (NaN on the device side fails; NaN in the reference is an error: it cannot judge)."""
+
+    def __init__(self, reference: str = "CPU", threshold: float = WHOLE_MODEL_NMSE, fail_regex: str | None = None,
+                 timeout: float = 600.0, isolate: bool = True, cache_dir: str | None = None) -> None:
+        self.reference = reference
+        self.threshold = threshold
+        self.fail_regex = re.compile(fail_regex) if fail_regex else None
+        self.timeout = timeout
+        self.isolate = isolate
+        self.cache_dir = cache_dir  # reference logits are kept here (resumed searches do not redo them)
+        self._refs: dict[str, np.ndarray] = {}
+        self._weights = WeightCache()
+        self.runs = 0  # every run made, reference runs included
+        self.reference_runs = 0
+
+    def describe(self) -> dict:
+        return {"judge": "oracle", "reference": self.reference, "threshold": self.threshold,
+                "fail_regex": self.fail_regex.pattern if self.fail_regex else None}
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.fail_regex is None or any(self.fail_regex.search(s) for s in _NUMERIC_SAMPLES)
+
+    def _run(self, spec: RunSpec) -> RunResult:
+        self.runs += 1
+        if self.isolate:
+            return run_child(spec, timeout=self.timeout)
+        try:
+            # in process, the CPU's dequantized weights (read-only) are shared between runs; device state is not
+            return run(spec, ctx=build_context(spec, cache=self._weights))
+        except Exception as e:  # noqa: BLE001 - in-process mode: any exception is this step's failure
+            return RunResult(ok=False, error=f"{type(e).__name__}: {e}")
+
+    def __call__(self, spec: RunSpec) -> Verdict:
+        t0 = time.perf_counter()
+        res = self._run(spec)
+        if not res.ok:
+            text = failure_text(res) or "failed"
+            return Verdict(classify(text, self.fail_regex), first_line(text), time.perf_counter() - t0)
+        if not self.needs_reference or res.logits is None:
+            return Verdict(PASS, "ok (death check only: the fail regex cannot match a numeric failure)",
+                           time.perf_counter() - t0)
+        problem = self.compare(res.logits, self.reference_logits(spec))
+        if problem is None:
+            return Verdict(PASS, "ok", time.perf_counter() - t0)
+        return Verdict(classify(problem, self.fail_regex), problem, time.perf_counter() - t0)
+
+    def compare(self, got: np.ndarray, ref: np.ndarray) -> str | None:
+        """None if the logits pass, else why not (NaN first, then inf signs, then NMSE)."""
+        got = np.asarray(got, dtype=np.float64).reshape(-1)
+        ref = np.asarray(ref, dtype=np.float64).reshape(-1)
+        if got.shape != ref.shape:
+            return f"logits shape {got.shape} != reference {ref.shape}"
+        if np.isnan(got).any():
+            return f"logits hold NaN ({int(np.isnan(got).sum())} of {got.size})"
+        if not np.array_equal(np.isposinf(got), np.isposinf(ref)) or not np.array_equal(np.isneginf(got),
+                                                                                         np.isneginf(ref)):
+            return "logits inf sign mismatch"
+        fin = np.isfinite(got) & np.isfinite(ref)
+        e = nmse(got[fin], ref[fin])
+        if e > self.threshold:
+            return f"logits mismatch: NMSE {e:.3g} > {self.threshold:g}"
+        return None
+
+    def reference_spec(self, spec: RunSpec) -> RunSpec:
+        return RunSpec(model=spec.model, prompt=spec.prompt, n_prompt=spec.n_prompt, tokens=spec.tokens,
+                       device=self.reference, ubatch=spec.ubatch, ctx=spec.ctx, flash_attn=spec.flash_attn,
+                       n_predict=spec.n_predict)
+
+    def reference_logits(self, spec: RunSpec) -> np.ndarray:
+        rspec = self.reference_spec(spec)
+        key = hashlib.blake2b(json.dumps(asdict(rspec), sort_keys=True).encode(), digest_size=8).hexdigest()
+        if key in self._refs:
+            return self._refs[key]
+        path = os.path.join(self.cache_dir, f"ref-{key}.npy") if self.cache_dir else None
+        if path and os.path.exists(path):
+            self._refs[key] = np.load(path)
+            return self._refs[key]
+        self.reference_runs += 1
+        res = self._run(rspec)
+        if not res.ok or res.logits is None:
+            raise KazeiaError(f"the reference run on {self.reference} failed ({res.signature()}): cannot judge; "
+                              f"reproduce with: {rspec.command()}")
+        if np.isnan(res.logits).any():
+            raise KazeiaError(f"reference invalid: the {self.reference} logits hold NaN; reproduce with: "
+                              f"{rspec.command()}")
+        self._refs[key] = np.asarray(res.logits)
+        if path:
+            os.makedirs(self.cache_dir, exist_ok=True)
+            np.save(path, self._refs[key])
+        return self._refs[key]
+
+
+class CommandJudge:
+    """`--check CMD`: a shell command per step, exit status 0 = pass. The step's configuration reaches it as
+    placeholders `{cpu_node_range}`, `{m}`, `{run}` (the step's full `kazeia run` command) and as environment
+    variables KAZEIA_CPU_NODE_RANGE (which `kazeia run` also reads as its --cpu-node-range default),
+    KAZEIA_BISECT_M and KAZEIA_RUN_CMD. A timeout kills the command's whole process group."""
+
+    def __init__(self, command: str, fail_regex: str | None = None, timeout: float = 600.0) -> None:
+        self.command = command
+        self.fail_regex = re.compile(fail_regex) if fail_regex else None
+        self.timeout = timeout
+        self.runs = 0
+        self.reference_runs = 0
+
+    def describe(self) -> dict:
+        return {"judge": "command", "command": self.command,
+                "fail_regex": self.fail_regex.pattern if self.fail_regex else None}
+
+    def step_env(self, spec: RunSpec) -> dict[str, str]:
+        return {"KAZEIA_CPU_NODE_RANGE": spec.cpu_node_range or "",
+                "KAZEIA_BISECT_M": "" if spec.n_prompt is None else str(spec.n_prompt),
+                "KAZEIA_RUN_CMD": spec.command()}
+
+    def __call__(self, spec: RunSpec) -> Verdict:
+        env = self.step_env(spec)
+        cmd = (self.command.replace("{cpu_node_range}", env["KAZEIA_CPU_NODE_RANGE"])
+               .replace("{m}", env["KAZEIA_BISECT_M"]).replace("{run}", env["KAZEIA_RUN_CMD"]))
+        self.runs += 1
+        t0 = time.perf_counter()
+        # own session: on a timeout the whole group (the shell and what it started) is killed, not just the shell
+        proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **env}, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=self.timeout)
+            status = _exit_status(proc.returncode)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            out, _ = proc.communicate()
+            status = f"timed out after {self.timeout:g} s (hang)"
+        except BaseException:  # Ctrl-C: its own session does not get the SIGINT, so end it before leaving
+            _kill_group(proc.pid)
+            proc.wait()
+            raise
+        seconds = time.perf_counter() - t0
+        if proc.returncode == 0 and not status.startswith("timed out"):
+            return Verdict(PASS, "exit status 0", seconds)
+        text = f"{status}\n{out or ''}"
+        tail = [x for x in (out or "").strip().splitlines() if x.strip()][-1:]
+        detail = status + (f": {tail[0].strip()[:140]}" if tail else "")
+        return Verdict(classify(text, self.fail_regex), detail, seconds)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _exit_status(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    if rc > 128:  # a shell reports a child killed by signal N as 128+N
+        try:
+            return f"exit status {rc} ({signal.Signals(rc - 128).name})"
+        except ValueError:
+            pass
+    return f"exit status {rc}"

@@ -1,0 +1,100 @@
+"""The content-addressed blob store of a dump: `blobs/<sha256>.npy|.npz`, each array stored once however many
+dumps use it, verified against its hash when loaded (numpy files only, with allow_pickle=False)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from kazeia.errors import DumpFileError
+
+
+def array_digest(a: np.ndarray) -> str:
+    """sha256 over dtype, shape and the C-order bytes: the name of a blob and its integrity check."""
+    a = np.ascontiguousarray(a)
+    h = hashlib.sha256()
+    h.update(f"{a.dtype.str}|{','.join(str(x) for x in a.shape)}|".encode())
+    h.update(memoryview(a.reshape(-1).view(np.uint8)))
+    return h.hexdigest()
+
+
+class BlobStore:
+    """`root/blobs/<sha256>.npy` (or .npz when compressed). Writes are atomic; an existing blob is reused."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.dir = self.root / "blobs"
+        self._digests: dict[tuple, str] = {}  # (buffer address, offset, shape) of immutable weights -> digest
+
+    def put(self, a: np.ndarray, compress: bool = False, cache_key: tuple | None = None) -> dict:
+        a = np.ascontiguousarray(a)
+        digest = self._digests.get(cache_key) if cache_key is not None else None
+        if digest is None:
+            digest = array_digest(a)
+            if cache_key is not None:
+                self._digests[cache_key] = digest
+        ext = "npz" if compress else "npy"
+        ref = {"blob": digest, "file": f"blobs/{digest}.{ext}", "dtype": a.dtype.str, "shape": list(a.shape)}
+        path = self.root / ref["file"]
+        if not path.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    if compress:
+                        np.savez_compressed(f, a=a)
+                    else:
+                        np.save(f, a, allow_pickle=False)
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        ref["bytes"] = path.stat().st_size
+        return ref
+
+    def get(self, ref: dict, where: str) -> np.ndarray:
+        """Load and verify one blob; anything wrong is a DumpFileError naming `where`."""
+        try:
+            rel = str(ref["file"])
+            digest = str(ref["blob"])
+            dtype, shape = np.dtype(ref["dtype"]), tuple(int(x) for x in ref["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise DumpFileError(f"{where}: malformed blob reference in the manifest") from None
+        if dtype.hasobject or not re.fullmatch(r"blobs/[0-9a-f]{64}\.(npy|npz)", rel) or not rel[6:70] == digest:
+            raise DumpFileError(f"{where}: blob reference {rel!r} is not a kazeia blob")
+        path = self.root / rel
+        if not path.is_file():
+            raise DumpFileError(f"{where}: missing blob {path}")
+        try:
+            if rel.endswith(".npz"):
+                with np.load(path, allow_pickle=False) as z:
+                    a = z["a"]
+            else:  # memory-mapped: a dump of many weights need not sit in RAM
+                a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except Exception as e:  # numpy raises ValueError/OSError/EOFError/zipfile errors on bad files
+            raise DumpFileError(f"{where}: blob {path.name} is corrupt or truncated ({type(e).__name__})") from None
+        if a.dtype != dtype or a.shape != shape:
+            raise DumpFileError(f"{where}: blob {path.name} holds {a.dtype}{list(a.shape)}, the manifest says "
+                                f"{dtype}{list(shape)}")
+        if array_digest(a) != digest:
+            raise DumpFileError(f"{where}: blob {path.name} does not match its content hash (corrupt)")
+        return a
+
+    def check_present(self, ref: dict, where: str) -> None:
+        """Cheap check (existence and size) for blobs loaded later."""
+        try:
+            path = self.root / str(ref["file"])
+            size = int(ref["bytes"])
+        except (KeyError, TypeError, ValueError):
+            raise DumpFileError(f"{where}: malformed blob reference in the manifest") from None
+        if not path.is_file():
+            raise DumpFileError(f"{where}: missing blob {path}")
+        if path.stat().st_size != size:
+            raise DumpFileError(f"{where}: blob {path.name} is {path.stat().st_size} B, expected {size} B "
+                                f"(truncated or replaced)")

@@ -1,0 +1,135 @@
+"""The entry point: replay one dumped op alone and, optionally, with its batch context, judged against float64
+and against the recorded output, with the HTP settings of the recorded run (or overrides)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from kazeia.debug.dump import Dump, load_dump
+from kazeia.debug.replay.alone import reference_run, run_alone
+from kazeia.debug.replay.comparison import compare, dump_threshold
+from kazeia.debug.replay.results import Execution, ReplayResult
+from kazeia.debug.replay.with_context import run_with_context
+from kazeia.errors import DumpFileError, KazeiaError
+
+
+def htp_settings_for(dump: Dump, profile: str | None = None, vtcm: int | None = None,
+                     faults: list[str] | None = None, env: dict[str, str] | None = None) -> Any:
+    """The HTP settings of the recorded run (or of this environment for a CPU dump), with overrides."""
+    from kazeia.backends.htp.profiles import check_faults, get_profile
+    from kazeia.backends.htp.settings import HtpSettings
+
+    rec = dump.htp_settings
+    if rec is None:
+        base = HtpSettings.from_env(profile=profile, vtcm_bytes=vtcm, faults=faults, overrides=env)
+    else:
+        base = _overridden(_recorded_settings(dump, rec), profile, vtcm, faults, env)
+    get_profile(base.profile)
+    check_faults(base.faults)
+    return base
+
+
+def _recorded_settings(dump: Dump, rec: dict) -> Any:
+    """The HtpSettings the dump recorded (fields this kazeia does not know are dropped), without logging."""
+    from kazeia.backends.htp.settings import HtpSettings
+
+    known = {f.name for f in dataclasses.fields(HtpSettings)}
+    kw = {k: v for k, v in rec.items() if k in known}
+    if kw.get("opfilter"):
+        kw["opfilter"] = re.compile(kw["opfilter"], re.IGNORECASE)
+    kw["faults"] = tuple(kw.get("faults") or ())
+    kw["farf"] = False
+    kw["verbose"] = 0
+    try:
+        return HtpSettings(**kw)
+    except TypeError as e:
+        raise DumpFileError(f"{dump.path}: recorded HTP settings do not fit this kazeia ({e})") from None
+
+
+def _overridden(base: Any, profile: str | None, vtcm: int | None, faults: list[str] | None,
+                env: dict[str, str] | None) -> Any:
+    """Recorded settings with the explicit overrides, and the GGML_HEXAGON_* switches `env` names."""
+    from kazeia.backends.htp.settings import HtpSettings
+
+    if env:
+        envd = HtpSettings.from_env(env=env)
+        base = dataclasses.replace(base, **{k: getattr(envd, k) for k in ("opbatch", "opqueue", "nhvx", "use_hmx",
+                                                                            "arch")
+                                            if any(n.endswith(k.upper()) for n in env)})
+    if profile is not None:
+        base = dataclasses.replace(base, profile=profile)
+    if vtcm is not None:
+        if vtcm < 64 * 1024 or vtcm > 1 << 30:
+            raise KazeiaError(f"VTCM size {vtcm} B is out of range (64 KiB .. 1 GiB)")
+        base = dataclasses.replace(base, vtcm_bytes=vtcm)
+    if faults is not None:
+        base = dataclasses.replace(base, faults=tuple(dict.fromkeys(faults)))
+    return base
+
+
+def replay(dump: Dump | str | os.PathLike, device: str | None = None, htp_profile: str | None = None,
+           vtcm: int | None = None, faults: list[str] | None = None, env: dict[str, str] | None = None,
+           with_context: bool = False, spec: Any = None, strict: bool = False) -> ReplayResult:
+    """Rerun a dumped op on `device` (default: the device of the recorded run; CPU, HTP0 or REF), alone and
+    optionally with its batch context, and judge it against float64 and against the recorded output.
+    `spec` (a runner.RunSpec) may supply device, htp_profile, vtcm, faults and env instead.
+    `faults=[]` clears the recorded fault injections; None keeps them. A weight MUL_MAT is allowed, on top of
+    its threshold, the NMSE that ggml's own activation conversion commits on these inputs (as `kazeia compare`
+    does: test-backend-ops compares with ggml's CPU, which converts them too); `strict=True` turns that off."""
+    if not isinstance(dump, Dump):
+        dump = load_dump(dump)
+    if spec is not None:
+        device = device or spec.device
+        htp_profile = htp_profile or spec.htp_profile
+        vtcm = vtcm or spec.vtcm
+        faults = faults if faults is not None else (list(spec.faults) if spec.faults else None)
+        env = env or (dict(spec.env) if spec.env else None)
+    dev = (device or dump.backend).upper()
+    if dev == "HTP":
+        dev = "HTP0"
+    settings = htp_settings_for(dump, htp_profile, vtcm, faults, env) if dev == "HTP0" else None
+    if with_context and dev != "HTP0":
+        raise KazeiaError("--with-context reruns the op's HTP batch: it needs -dev HTP0")
+    thr = dump_threshold(dump)
+    res = ReplayResult(dump.id, dump.name, dump.desc, dump.capture, thr, dev,
+                       settings.profile if settings is not None else None,
+                       alone=Execution("alone", dev), recorded_fault=dump.fault)
+    if dump.capture == "enqueue" and not dump.manifest.get("synchronous"):
+        res.notes.append("these inputs are an ENQUEUE-time capture: not what the op consumed on its device")
+
+    ref, allowance = reference_run(dump)
+    res.base_threshold = thr
+    if allowance is not None:
+        res.quant_allowance = allowance
+        if not strict:
+            thr = res.threshold = thr + allowance
+    if ref.output is None:
+        res.reference_error = ref.error or (ref.died or {}).get("message")
+        res.notes.append(f"the float64 reference could not run: {res.reference_error}")
+    recorded = dump.output.values if dump.output is not None and dump.capture == "complete" else None
+    if recorded is not None and recorded.dtype.kind == "f":
+        recorded = recorded.astype(np.float64)
+    if recorded is not None and ref.output is not None:
+        res.recorded_vs_ref = compare(recorded, ref.output, thr, "ref")
+
+    def judge(ex: Execution) -> Execution:
+        if ex.output is not None and ref.output is not None:
+            ex.vs_ref = compare(ex.output, ref.output, thr, "ref")
+        if ex.output is not None and recorded is not None:
+            ex.vs_recorded = compare(ex.output, recorded, thr, "recorded output")
+        if ex.died is not None and dump.fault:
+            ex.same_death_as_recorded = (ex.died.get("kind") == dump.fault.get("kind")
+                                         and ex.died.get("cause") == dump.fault.get("cause"))
+        return ex
+
+    res.alone = judge(run_alone(dump, dev, settings))
+    if with_context:
+        if dump.capture != "complete":
+            raise KazeiaError(f"{dump.id}: an enqueue-time capture has no batch context")
+        res.context = judge(run_with_context(dump, settings))
+    return res

@@ -1,0 +1,97 @@
+"""Rerunning a dumped op with its HTP batch context: the VTCM contents and DSP state at the start of its batch
+restored, the memory the batch read put back at the original addresses, and the ops that preceded it in its
+batch rerun first, in the same order and with the same descriptor indexes. That answers "does this op fail
+because of what ran before it in the batch?"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kazeia.debug.dump import Dump
+from kazeia.debug.replay.alone import run_watched
+from kazeia.debug.replay.materialize import context_tensors
+from kazeia.debug.replay.results import Execution
+from kazeia.errors import DumpFileError, KazeiaError
+from kazeia.graph.tensor import Tensor
+
+
+def restore_dsp(dump: Dump, ctx: dict, dsp: Any, ex: Execution) -> None:
+    """VTCM contents and the DSP state that survives between batches, as at the start of the recorded batch."""
+    vt = dump.load_blob(ctx["vtcm"], "context VTCM")
+    n = min(vt.size, dsp.vtcm.size)
+    if vt.size != dsp.vtcm.size:
+        ex.notes.append(f"VTCM is {dsp.vtcm.size} B here, {vt.size} B in the recorded run: restored the first {n} B")
+    dsp.vtcm.mem[:n] = vt[:n]
+    state = ctx.get("dsp_state") or {}
+    for name in ("hmx_scale", "dma_stale_pop"):
+        if name in state and hasattr(dsp, name):
+            setattr(dsp, name, type(getattr(dsp, name))(state[name]))
+    if "race_rng" in state and getattr(dsp, "race", None) is not None:
+        try:
+            dsp.race.bit_generator.state = state["race_rng"]
+        except (TypeError, ValueError, KeyError):
+            ex.notes.append("could not restore the DSP race generator state")
+
+
+def _batch_nodes(dump: Dump, ctx: dict) -> tuple[list[dict], list[Tensor]]:
+    """The recorded ops of the batch up to the dumped one, and their nodes rebuilt over the context's tensors."""
+    try:
+        tensors, _ = context_tensors(dump, ctx)
+        ops = ctx["ops"]
+        nodes = []
+        for o in ops:
+            n = tensors[int(o["dst_key"])]
+            n.op, n.params = o["op"], dict(o.get("params") or {})
+            n.src = tuple(tensors[int(k)] if k is not None else None for k in o["src_keys"])
+            nodes.append(n)
+    except (KeyError, TypeError, ValueError) as e:
+        raise DumpFileError(f"{dump.path}: malformed batch context ({type(e).__name__}: {e})") from None
+    return ops, nodes
+
+
+def _mismatched_inputs(dump: Dump, got: list) -> list[str]:
+    """The sources whose bytes, as the op started in the replay, differ from the dumped ones."""
+    mism = []
+    for i, (rec, v) in enumerate(zip(dump.sources, got)):
+        if rec is None or rec.values is None or v is None:
+            continue
+        if v.shape != rec.values.shape or not np.array_equal(v.view(np.uint8), rec.values.view(np.uint8)):
+            mism.append(f"src{i} {rec.name}")
+    return mism
+
+
+def run_with_context(dump: Dump, settings: Any) -> Execution:
+    """Rerun the dumped op's batch up to it on an HTP whose VTCM, DSP state and memory are as they were."""
+    from kazeia.backends.htp.backend import HtpBackend
+    from kazeia.backends.htp.host import OpBatch
+
+    ctx = dump.context
+    if ctx is None:
+        raise KazeiaError(f"{dump.id}: no batch context to replay ({dump.context_note})")
+    ops, nodes = _batch_nodes(dump, ctx)
+    backend = HtpBackend(settings)
+    ex = Execution("with context", backend.name, settings.profile)
+    restore_dsp(dump, ctx, backend.dsp, ex)
+    batch = OpBatch(seq=int(ctx["batch_seq"]))
+    same = True
+    for o, n in zip(ops, nodes):
+        d = batch.add_op(n, int(o["graph_index"]))
+        same &= d.src == list(o["src"]) and d.dst == int(o["dst"])
+    ex.descriptors_reproduced = same
+    if not same:
+        ex.notes.append("the rebuilt batch did not reproduce the recorded descriptor indexes")
+    backend.node_index = {id(n): int(o["graph_index"]) for o, n in zip(ops, nodes)}
+    target = nodes[-1]
+    host = backend.host
+    host.batch, host.last_enqueued, host._seq = batch, batch.ops[-1], batch.seq
+
+    def run() -> None:
+        backend.synchronize()
+
+    ex.output = run_watched(backend, target, ex, run)
+    if ex.inputs_seen is not None:
+        ex.input_mismatch = _mismatched_inputs(dump, ex.inputs_seen)
+        ex.inputs_reproduced = not ex.input_mismatch
+    return ex

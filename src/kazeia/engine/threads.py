@@ -1,0 +1,38 @@
+"""BLAS threading, switched cheaply.
+
+OpenBLAS's threads spin while they wait. For small products (decode matvecs, the HVX kernel's thousands of
+K=32 GEMMs) two threads are slower than one here, and on a machine where another process holds a core they
+are 10-50x slower. Big GEMMs (prefill) do gain from the threads. A single ThreadpoolController switches the
+limit in microseconds (threadpoolctl's threadpool_limits re-inspects the process each time: ~0.5 ms).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+SMALL_BATCH = 8  # micro-batches up to this many tokens run their BLAS calls on one thread
+
+_controller = None
+
+
+def _get():
+    global _controller
+    if _controller is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+            return None
+        _controller = ThreadpoolController()
+    return _controller
+
+
+def single_blas_thread() -> contextlib.AbstractContextManager:
+    c = _get()
+    return c.limit(limits=1, user_api="blas") if c is not None else contextlib.nullcontext()
+
+
+def set_blas_threads(n: int) -> None:
+    """Process-wide BLAS thread count (the -t flag)."""
+    c = _get()
+    if c is not None and n > 0:
+        c.limit(limits=n, user_api="blas")  # the returned limiter is not restored: it stays in force
