@@ -61,6 +61,7 @@ class Backend:
 
     name: str = "?"  # device name the user types: CPU, HTP0, REF
     is_async: bool = False
+    static_supports: bool = False  # `supports` depends only on the node (the scheduler may cache placement)
     float_dtype: str = "float32"
 
     def __init__(self) -> None:
@@ -78,7 +79,9 @@ class Backend:
         """Wait for everything queued so far (no-op for synchronous backends)."""
 
     def begin_graph(self, graph: Graph) -> None:
-        self.node_index = {id(n): i for i, n in enumerate(graph.nodes)}
+        if getattr(self, "_indexed", None) is not graph or len(self.node_index) != len(graph.nodes):
+            self.node_index = {id(n): i for i, n in enumerate(graph.nodes)}
+            self._indexed = graph
 
     def end_graph(self) -> None:
         self.synchronize()

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from kazeia.backends.base import Backend
+from kazeia.backends.fast_ops import FAST_KERNELS
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps
 from kazeia.backends.weights import WeightCache
 from kazeia.errors import UnsupportedError
 from kazeia.gguf.quants import BlockFormat, dequantize
-from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array, is_quantized, rows
+from kazeia.graph.builder import Graph
+from kazeia.graph.tensor import SCALAR_DTYPES, BufferUsage, GGMLType, Tensor, TFlag, array, is_quantized, rows
 
 
 class NumpyBackend(Backend, NumpyOps):
     """Shared plumbing of `cpu` and `ref`: loading sources, caching weights, writing results."""
 
     ft = np.float32
+    static_supports = True
+    fast_kernels: dict = {}  # op -> (plain kernel it replaces, fast kernel); used while KERNELS[op] is that plain one
 
     def __init__(self, weight_cache: WeightCache | None = None) -> None:
         super().__init__()
@@ -29,6 +35,9 @@ class NumpyBackend(Backend, NumpyOps):
 
     def compute(self, node: Tensor) -> None:
         kern = KERNELS.get(node.op)
+        fast = self.fast_kernels.get(node.op)
+        if fast is not None and fast[0] is kern:  # (a patched KERNELS entry, e.g. by a test, wins)
+            kern = fast[1]
         if kern is None:
             raise UnsupportedError(f"op {node.op} ({node.name}) is not implemented by {self.name}")
         if self.hooks:
@@ -78,7 +87,124 @@ def _writable(t: GGMLType) -> bool:
 
 
 class CpuBackend(NumpyBackend):
+    """float32 with BLAS; weight matmuls that share their input (Q/K/V, gate/up) run as one GEMM."""
+
     name = "CPU"
+    fast_kernels = FAST_KERNELS
     ft = np.float32
     float_dtype = "float32"
     path_name = "cpu"
+    fuse_matmuls = True
+
+    def __init__(self, weight_cache: WeightCache | None = None) -> None:
+        super().__init__(weight_cache)
+        self._groups: dict[int, tuple[Graph, dict[int, _Member]]] = {}  # per graph: node id -> its group
+        self._fused: dict[int, _Member] = {}
+        self._pending: dict[tuple, list] = {}  # group -> [fused product of this graph run, members still to store]
+        self._mirrors: dict[int, tuple[Tensor, int, np.ndarray]] = {}  # id(root) -> (root, version, float32)
+
+    def begin_graph(self, graph: Graph) -> None:
+        super().begin_graph(graph)
+        self._pending.clear()
+        if not self.fuse_matmuls:
+            self._fused = {}
+            return
+        hit = self._groups.get(id(graph))
+        if hit is None or hit[0] is not graph:
+            if len(self._groups) > 16:
+                self._groups.clear()
+            hit = self._groups[id(graph)] = (graph, _matmul_groups(graph))
+        self._fused = hit[1]
+
+    def compute(self, node: Tensor) -> None:
+        m = self._fused.get(id(node))
+        if m is None:
+            return super().compute(node)
+        if self.hooks:
+            self.emit_start(node, self._info(node, self.path_name, fused=len(m.weights)))
+        entry = self._pending.get(m.key)
+        if entry is None:
+            y = self.load(node.src[1])
+            w = self.weights.get(m.key, lambda: self._fused_matrix(m.weights))
+            entry = self._pending[m.key] = [y.reshape(-1, y.shape[-1]) @ w.T, len(m.weights)]
+        self.store(node, entry[0][:, m.c0:m.c1])
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._pending[m.key]  # every member has its columns: free the product
+        if self.hooks:
+            self.emit_complete(node, self._info(node, self.path_name, fused=len(m.weights)))
+
+    # --- float32 mirrors of F16 KV caches: flash attention reads them without converting every token ---
+    # A mirror is made when this backend first writes rows into an F16 tensor outside the compute buffer (the
+    # KV cache's SET_ROWS) and follows every later store_rows. It expires when the buffer's `version` changes
+    # (KVCache.clear bumps it; any host code that writes such a buffer directly must bump it too) or when
+    # another backend writes the tensor (foreign_write).
+    def kv_mirror(self, t: Tensor) -> np.ndarray | None:
+        """t (a view of an F16 KV cache) over the float32 mirror of its root, if a current one exists."""
+        e = self._mirrors.get(id(t.root))
+        if e is None or e[0] is not t.root or e[1] != t.root.buffer.version:
+            return None
+        return _same_view(t, t.root, e[2])
+
+    def foreign_write(self, root: Tensor) -> None:
+        self._mirrors.pop(id(root), None)
+
+    def store_rows(self, t: Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
+        super().store_rows(t, idx, vals)
+        root = t.root
+        if root.type != GGMLType.F16 or root.buffer is None or root.buffer.usage == BufferUsage.COMPUTE:
+            return
+        e = self._mirrors.get(id(root))
+        if e is None or e[0] is not root or e[1] != root.buffer.version:
+            self._mirrors[id(root)] = (root, root.buffer.version, array(root).astype(np.float32))
+            return  # made from the buffer, which already holds the new rows
+        mv, src = _same_view(t, root, e[2]), array(t)
+        for i3 in range(vals.shape[0]):
+            for i2 in range(vals.shape[1]):
+                sel = idx[i3 % idx.shape[0], i2 % idx.shape[1], 0]
+                j3, j2 = i3 % mv.shape[0], i2 % mv.shape[1]
+                mv[j3, j2, sel] = src[j3, j2, sel]  # the rows just written, as the F16 buffer holds them
+
+    def _fused_matrix(self, ws: tuple[Tensor, ...]) -> np.ndarray:
+        """The weights stacked as one (sum N, K) float32 matrix, dequantized straight into place."""
+        out = np.empty((sum(w.ne[1] for w in ws), ws[0].ne[0]), dtype=np.float32)
+        r = 0
+        for w in ws:
+            out[r:r + w.ne[1]] = self.load(w)[0, 0]
+            r += w.ne[1]
+        return out
+
+
+@dataclass(frozen=True)
+class _Member:
+    key: tuple  # identifies the fused weight matrix (names, addresses, types)
+    weights: tuple[Tensor, ...]
+    c0: int  # this node's columns in the fused product
+    c1: int
+
+
+def _same_view(t: Tensor, root: Tensor, full: np.ndarray) -> np.ndarray:
+    """The view t takes of root's bytes, taken of `full` (root's values in another dtype) instead."""
+    src_el, el = root.nb[0], full.itemsize
+    start = (t.offset - root.offset) // src_el
+    strides = tuple(nb // src_el * el for nb in t.nb[::-1])
+    return np.lib.stride_tricks.as_strided(full.reshape(-1)[start:], shape=t.ne[::-1], strides=strides)
+
+
+def _matmul_groups(graph: Graph) -> dict[int, _Member]:
+    """MUL_MAT nodes on 2-D weights grouped by their input tensor; groups of two or more are fused."""
+    by_input: dict[int, list[Tensor]] = {}
+    for n in graph.nodes:
+        if n.op == "MUL_MAT" and n.src[0].flags & TFlag.WEIGHT and n.src[0].ne[2] == n.src[0].ne[3] == 1:
+            by_input.setdefault(id(n.src[1]), []).append(n)
+    out: dict[int, _Member] = {}
+    for nodes in by_input.values():
+        if len(nodes) < 2:
+            continue
+        ws = tuple(n.src[0] for n in nodes)
+        key = ("fused",) + tuple((w.weight_name or w.name, w.data_addr, w.type) for w in ws)
+        c = 0
+        for n, w in zip(nodes, ws):
+            out[id(n)] = _Member(key, ws, c, c + w.ne[1])
+            c += w.ne[1]
+    return out

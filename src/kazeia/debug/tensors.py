@@ -22,8 +22,10 @@ def logical_values(t: Tensor) -> np.ndarray:
 
 
 def write_elements(t: Tensor, values: np.ndarray) -> None:
-    """Write storage-typed values into the tensor's elements (views included)."""
+    """Write storage-typed values into the tensor's elements (views included). A host-side write outside the
+    graph: bump the buffer's version so backends drop their copies of it (the cpu backend's KV mirrors)."""
     elements(t)[...] = values
+    t.buffer.version += 1
 
 
 def read_bytes(t: Tensor) -> int:

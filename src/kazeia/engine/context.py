@@ -71,6 +71,7 @@ class KVCache:
 
     def clear(self) -> None:
         self.buffer.data[:] = 0
+        self.buffer.version += 1
         self.n_past = 0
 
 

@@ -101,6 +101,7 @@ class Scheduler:
         self.hooks: list[Hooks] = []
         self.placements: list[Placement] = []
         self._last_writer: dict[int, Backend] = {}  # data address of a root tensor -> backend that wrote it
+        self._plans: dict[int, tuple[Graph, int, list[Tensor], list[Placement]]] = {}  # single-backend fast path
 
     def add_hook(self, hook: Hooks) -> None:
         self.hooks.append(hook)
@@ -126,7 +127,13 @@ class Scheduler:
         raise UnsupportedError(f"no backend can run {node.name} ({node.desc()} "
                                f"{node.type.name}{node.shape_str()})")
 
+    def _cacheable(self) -> bool:
+        """Placement is a pure function of the node when no gate runs and every backend's `supports` is."""
+        return not self.router.gates and all(b.static_supports for b in self.backends)
+
     def compute(self, graph: Graph) -> None:
+        if len(self.backends) == 1 and not self.backends[0].is_async and self._cacheable():
+            return self._compute_single(graph)
         self.placements = []
         for b in self.backends:
             b.begin_graph(graph)
@@ -144,6 +151,28 @@ class Scheduler:
                     other.foreign_write(root)
         for b in self.backends:
             b.end_graph()
+
+    def _compute_single(self, graph: Graph) -> None:
+        """One synchronous backend: nothing to wait for, nobody else to tell; placements computed once
+        per graph (same reasons and indices as the general path)."""
+        (backend,) = self.backends
+        cached = self._plans.get(id(graph))
+        if cached is None or cached[0] is not graph or cached[1] != len(graph.nodes):
+            nodes, placements = [], []
+            for i, node in enumerate(graph.nodes):
+                if node.is_computed:
+                    b, reason = self.place(node, i)
+                    nodes.append(node)
+                    placements.append(Placement(node.name, node.desc(), b.name, reason, i))
+            if len(self._plans) > 16:
+                self._plans.clear()
+            cached = self._plans[id(graph)] = (graph, len(graph.nodes), nodes, placements)
+        _, _, nodes, self.placements = cached
+        backend.begin_graph(graph)
+        compute = backend.compute
+        for node in nodes:
+            compute(node)
+        backend.end_graph()
 
     def _wait_for_inputs(self, node: Tensor, backend: Backend) -> None:
         for s in node.src:

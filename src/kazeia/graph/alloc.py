@@ -71,6 +71,8 @@ class GraphAllocator:
 
     def allocate(self, graph: Graph) -> Buffer:
         """Assign buffer/offset to every tensor of the graph that has no storage yet; resolve views."""
+        if self.buffer is not None and graph.allocated_in is self.buffer:
+            return self.buffer  # placed in this very buffer last time: the plan is deterministic, keep it
         for t in graph.leafs + graph.nodes:  # a reused graph is placed again, in the current compute buffer
             if t.view_src is None and t.buffer is not None and t.buffer.usage == BufferUsage.COMPUTE:
                 t.buffer = None
@@ -87,6 +89,7 @@ class GraphAllocator:
                 if root.buffer is None:
                     raise RuntimeError(f"view {t.name!r} of unallocated tensor {root.name!r}")
                 t.buffer, t.offset = root.buffer, root.offset + t.view_offs
+        graph.allocated_in = self.buffer
         return self.buffer
 
 

@@ -192,8 +192,10 @@ class Graph:
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
         self._seen: set[int] = set()
+        self.allocated_in = None  # the compute buffer GraphAllocator last placed every tensor in
 
     def expand(self, t: Tensor) -> Tensor:
+        self.allocated_in = None
         self._visit(t)
         return t
 

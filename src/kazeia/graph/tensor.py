@@ -84,6 +84,7 @@ class Buffer:
         self.name = name
         self.data = data
         self.usage = usage
+        self.version = 0  # bumped by host-side writes outside the graph (KV cache clear): backends' copies expire
         # 4 GiB apart, 1 MiB aligned: distinct, readable, deterministic per process start order
         self.base_addr = 0x1_0000_0000 * next(_next_address)
 
@@ -198,6 +199,16 @@ def make_tensor(t: GGMLType, ne: tuple[int, ...], name: str = "", **kw) -> Tenso
 
 def array(t: Tensor) -> np.ndarray:
     """Strided view of a scalar-typed tensor, shape (ne3, ne2, ne1, ne0). Writes go to the buffer."""
+    v = t.__dict__.get("_view")  # (buffer, offset, type, ne, nb, array): a reused graph keeps its places
+    if v is not None and v[0] is t.buffer and v[1] == t.offset and v[2] == t.type and v[3] == t.ne \
+            and v[4] == t.nb:
+        return v[5]
+    arr = _array(t)
+    t.__dict__["_view"] = (t.buffer, t.offset, t.type, t.ne, t.nb, arr)
+    return arr
+
+
+def _array(t: Tensor) -> np.ndarray:
     dt = SCALAR_DTYPES.get(GGMLType(t.type))
     if dt is None:
         raise TypeError(f"{t.name}: {type_name(t.type)} has no scalar view; use rows()")

@@ -1,0 +1,158 @@
+"""float32 fast paths of the `cpu` backend (the `ref` oracle keeps the plain kernels of numpy_ops).
+
+Same results up to float32 rounding order; each falls back to the plain kernel outside its fast case.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kazeia.backends.numpy_ops import KERNELS, NumpyOps, rope_angles
+from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
+from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
+
+FAST_KERNELS: dict[str, tuple] = {}  # op -> (the plain kernel it stands in for, the fast kernel)
+FA_ROW_BLOCK = 64  # query rows per block: a causal block only attends to the KV cells its rows can see
+
+
+def fast(op: str):
+    def deco(fn):
+        FAST_KERNELS[op] = (KERNELS[op], fn)
+        return fn
+    return deco
+
+
+def _kv(be: NumpyOps, t: Tensor, n: int) -> np.ndarray:
+    """The first n cells of a K or V cache view (S, Hkv, n_kv, D), converted to float32."""
+    mirror = getattr(be, "kv_mirror", None)
+    m = mirror(t) if mirror is not None else None
+    if m is not None:
+        return m[:, :, :n]
+    if t.type in SCALAR_DTYPES:
+        return array(t)[:, :, :n].astype(be.ft)
+    return be.load(t)[:, :, :n]
+
+
+def _softmax_inplace(s: np.ndarray) -> None:
+    """Softmax over the last axis, in place; an all -inf row gives zeros."""
+    m = s.max(axis=-1, keepdims=True)
+    m[np.isneginf(m)] = 0.0
+    s -= m
+    np.exp(s, out=s)
+    z = s.sum(axis=-1, keepdims=True)
+    z[z == 0] = 1.0
+    s /= z
+
+
+@fast("FLASH_ATTN_EXT")
+def _flash_attn_ext(be: NumpyOps, n: Tensor) -> None:
+    qt, kt, vt = n.src[0], n.src[1], n.src[2]
+    mt = n.src[3] if len(n.src) > 3 else None
+    if n.params.get("max_bias", 0.0) > 0.0 or n.params.get("softcap", 0.0) or mt is None or mt.ne[2] != 1:
+        return KERNELS["FLASH_ATTN_EXT"](be, n)  # ALiBi, softcap, no mask or a per-head mask: the plain kernel
+    q = be.load(qt)  # (S, H, T, D)
+    S, H, T, D = q.shape
+    Hkv = kt.ne[2]
+    g = H // Hkv
+    qs = (q * be.ft(n.params["scale"])).reshape(S, Hkv, g, T, D)  # GQA: a kv head's g query heads
+    mask = array(mt)[:, :, :T, : kt.ne[1]]  # (S|1, 1, T, n_kv), -inf where a row must not look
+    seen = ~np.isneginf(mask).all(axis=(0, 1))  # (T, n_kv): a cell some row of the batch sees
+    out = np.empty((S, T, H, vt.ne[0]), dtype=be.ft)
+    for t0 in range(0, T, FA_ROW_BLOCK):
+        t1 = min(T, t0 + FA_ROW_BLOCK)
+        cols = np.flatnonzero(seen[t0:t1].any(axis=0))
+        nv = int(cols[-1]) + 1 if cols.size else 1  # masked cells beyond nv add exactly nothing
+        k = _kv(be, kt, nv)  # (S, Hkv, nv, D)
+        v = _kv(be, vt, nv)
+        qb = qs[:, :, :, t0:t1].reshape(S, Hkv, g * (t1 - t0), D)
+        s = np.matmul(qb, k.swapaxes(-1, -2)).reshape(S, Hkv, g, t1 - t0, nv)
+        s += mask[:, :, None, t0:t1, :nv]
+        with np.errstate(invalid="ignore", over="ignore"):
+            _softmax_inplace(s)
+        o = np.matmul(s.reshape(S, Hkv, g * (t1 - t0), nv), v).reshape(S, H, t1 - t0, -1)
+        out[:, t0:t1] = o.transpose(0, 2, 1, 3)
+    be.store(n, out)
+
+
+_rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _angles(pos: np.ndarray, p: dict) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin (T, n_dims/2) * attn_factor, float32, computed once per positions and parameters (Q and K of
+    every layer share them)."""
+    key = (pos.tobytes(), p["n_dims"], p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
+    hit = _rope_cache.get(key)
+    if hit is None:
+        cos, sin = rope_angles(pos, p["n_dims"], p["freq_base"], p["freq_scale"], np.float32)
+        af = np.float32(p.get("attn_factor", 1.0))
+        if len(_rope_cache) > 8:
+            _rope_cache.clear()
+        hit = _rope_cache[key] = (cos * af, sin * af)
+    return hit
+
+
+@fast("ROPE")
+def _rope(be: NumpyOps, n: Tensor) -> None:
+    p = n.params
+    if p.get("ext_factor", 0.0) != 0.0 or p["mode"] not in (ROPE_NORM, ROPE_NEOX):
+        return KERNELS["ROPE"](be, n)
+    x = be.load(n.src[0])  # (ne3, T, H, D)
+    nd = p["n_dims"]
+    cos, sin = _angles(array(n.src[1]).reshape(-1), p)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    out = array(n)
+    if nd < x.shape[-1]:
+        out[..., nd:] = x[..., nd:]
+    if p["mode"] == ROPE_NEOX:
+        x0, x1 = x[..., : nd // 2], x[..., nd // 2: nd]
+        o0, o1 = out[..., : nd // 2], out[..., nd // 2: nd]
+    else:
+        x0, x1 = x[..., 0:nd:2], x[..., 1:nd:2]
+        o0, o1 = out[..., 0:nd:2], out[..., 1:nd:2]
+    if np.shares_memory(x, out):  # in place (the allocator may reuse the source's memory)
+        x0, x1 = x0.copy(), x1.copy()
+    np.multiply(x0, cos, out=o0)
+    o0 -= x1 * sin
+    np.multiply(x0, sin, out=o1)
+    o1 += x1 * cos
+
+
+def _numpy_broadcastable(a: Tensor, b: Tensor) -> bool:
+    """ggml_repeat of b over a is plain numpy broadcasting (no tiling)."""
+    return all(bd == 1 or bd == ad for ad, bd in zip(a.ne, b.ne))
+
+
+def _binary(ufunc, fallback: str):
+    def kern(be: NumpyOps, n: Tensor) -> None:
+        a, b = n.src
+        if n.type != GGMLType.F32 or not _numpy_broadcastable(a, b):
+            return KERNELS[fallback](be, n)
+        ufunc(be.load(a), be.load(b), out=array(n))
+    return kern
+
+
+fast("ADD")(_binary(np.add, "ADD"))
+fast("MUL")(_binary(np.multiply, "MUL"))
+
+
+@fast("RMS_NORM")
+def _rms_norm(be: NumpyOps, n: Tensor) -> None:
+    x = be.load(n.src[0])
+    mean = np.einsum("...i,...i->...", x, x, dtype=np.float64) / x.shape[-1]
+    inv = (1.0 / np.sqrt(mean + n.params["eps"])).astype(np.float32)
+    np.multiply(x, inv[..., None], out=array(n))
+
+
+@fast("GLU")
+def _glu(be: NumpyOps, n: Tensor) -> None:
+    if n.params["glu_op"] != "SWIGLU":
+        return KERNELS["GLU"](be, n)
+    a, b = be.load(n.src[0]), be.load(n.src[1])
+    if n.params.get("swapped"):
+        a, b = b, a
+    t = np.negative(a)  # silu(a) = a / (1 + exp(-a)), the same operations as the plain kernel
+    with np.errstate(over="ignore"):
+        np.exp(t, out=t)
+    t += 1
+    np.divide(a, t, out=t)
+    np.multiply(t, b, out=array(n))
