@@ -156,3 +156,15 @@ def _glu(be: NumpyOps, n: Tensor) -> None:
     t += 1
     np.divide(a, t, out=t)
     np.multiply(t, b, out=array(n))
+
+
+@fast("SET_ROWS")
+def _set_rows(be: NumpyOps, n: Tensor) -> None:
+    """The KV-cache store of one micro-batch: one contiguous block of rows, indices in range."""
+    src, ids = n.src[0], n.src[1]
+    if src.ne[2] != 1 or src.ne[3] != 1 or n.ne[2] != 1 or n.ne[3] != 1 or ids.ne[1] != 1 or ids.ne[2] != 1:
+        return KERNELS["SET_ROWS"](be, n)
+    sel = array(ids).reshape(-1)
+    if sel.size and (int(sel.min()) < 0 or int(sel.max()) >= n.ne[1]):
+        raise IndexError(f"{n.name}: row id out of range [0, {n.ne[1]})")
+    be.store_rows(n, sel.reshape(1, 1, 1, -1), be.load(src))

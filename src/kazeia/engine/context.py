@@ -14,7 +14,6 @@ from types import ModuleType
 import numpy as np
 
 from kazeia.engine.scheduler import Scheduler
-from kazeia.engine.threads import SMALL_BATCH, single_blas_thread
 from kazeia.errors import ContextOverflowError, KazeiaError
 from kazeia.gguf.reader import GGUFFile, load_gguf
 from kazeia.graph.alloc import GraphAllocator
@@ -154,11 +153,7 @@ class Context:
         bg = self._graph_for(T, n_kv, n_out)
         self._write_inputs(bg.inputs, tokens, p0, n_kv, all_logits)
         self.last_graph = bg.graph
-        if T <= SMALL_BATCH:  # matvec-sized products: one BLAS thread is faster (engine/threads.py)
-            with single_blas_thread():
-                self.scheduler.compute(bg.graph)
-        else:
-            self.scheduler.compute(bg.graph)
+        self.scheduler.compute(bg.graph)
         self.kv.n_past = p0 + T
         out = array(bg.logits)[0, 0]  # (n_out, n_vocab)
         return np.array(out, dtype=np.float32)

@@ -1,16 +1,15 @@
 """BLAS threading, switched cheaply.
 
-OpenBLAS's threads spin while they wait. For small products (decode matvecs, the HVX kernel's thousands of
-K=32 GEMMs) two threads are slower than one here, and on a machine where another process holds a core they
-are 10-50x slower. Big GEMMs (prefill) do gain from the threads. A single ThreadpoolController switches the
-limit in microseconds (threadpoolctl's threadpool_limits re-inspects the process each time: ~0.5 ms).
+OpenBLAS's threads spin while they wait. For tiny products (the HVX kernel's thousands of K=32 GEMMs) two
+threads are slower than one, and on a machine where another process holds a core they are 10-50x slower.
+Decode matvecs do gain from two threads on an idle machine (memory bandwidth: ~40 vs ~27 GB/s measured here),
+so only the tiny-GEMM kernels switch. A single ThreadpoolController switches the limit in microseconds
+(threadpoolctl's threadpool_limits re-inspects the process each time: ~0.5 ms).
 """
 
 from __future__ import annotations
 
 import contextlib
-
-SMALL_BATCH = 8  # micro-batches up to this many tokens run their BLAS calls on one thread
 
 _controller = None
 
