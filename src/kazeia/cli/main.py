@@ -29,6 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def death_attribution(e: DeviceDeathError) -> str:
+    """What the host can say about a device death: the last op it enqueued and, when the failed batch held a
+    single op (one-op batches), which op died. It never knows more than that."""
+    ops = getattr(e, "batch_ops", None) or []
+    line = f"kazeia: last op enqueued when the error was read: {e.last_enqueued}"
+    if len(ops) == 1:
+        return line + f"; faulting op: {ops[0]} (the failed batch held only that op)"
+    return (line + f"; the failed batch held {len(ops)} ops ({ops[0]} .. {ops[-1]}): rerun with --sync "
+                   f"(GGML_HEXAGON_OPBATCH=1 GGML_HEXAGON_OPQUEUE=1) to attribute the death to one op"
+            if ops else line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -39,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except DeviceDeathError as e:
         print(str(e), file=sys.stderr)
+        print(death_attribution(e), file=sys.stderr)
         if getattr(args, "verbose", False):
             traceback.print_exc()
         return e.exit_code

@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kazeia.backends.htp import cost
+from kazeia.backends.htp import cost, pipeline
 from kazeia.backends.htp import vtcm as V
 from kazeia.backends.htp.deep_loads import bank_crossings
 from kazeia.backends.htp.dsp import Dsp, DspFault, OpContext, OpRecord
@@ -160,7 +160,9 @@ class MatmulUnit:
         out = array(node)
         out[...] = y.reshape(out.shape)
         return OpRecord("hmx", STATUS_OK, {"mc": plan.mc, "nc": plan.nc, "vtcm_used": plan.used,
-                                           "modeled_s": cost.hmx_matmul_seconds(M, K, N, w.type, plan.mc or 32)})
+                                           "modeled_s": cost.hmx_matmul_seconds(M, K, N, w.type, plan.mc or 32),
+                                           "pipeline": f"{-(-M // (plan.mc or M))} M chunk(s) x "
+                                                       f"[{pipeline.describe(-(-N // (plan.nc or N)))}]"})
 
     def _src1_rows_assumed_contiguous(self, x: Tensor, M: int, K: int) -> np.ndarray:
         """The quantized HMX kernel (2026-05) is given neither src1's row stride nor its type: it reads M*K
@@ -232,8 +234,11 @@ class MatmulUnit:
         mc, nc = plan.mc, plan.nc
         names = {a.name for a in plan.areas}
         m0 = (max(M - 1, 0) // mc) * mc
-        act = stage_activations(xs[m0:])
         a = plan.area("activation")
+        # rows past M in the last tile: zero-filled (since #22724) or whatever the area held before
+        prev = None if self.profile.zero_fill_m_tail else np.frombuffer(
+            vt.read(a.offset, min(a.size, -(-(M - m0) // 32) * 32 * xs.shape[1] * 2)), dtype=np.uint8)
+        act = stage_activations(xs[m0:], prev=prev)
         vt.write(a.offset, act[: a.size])
         n_chunks = -(-N // nc)
         if "wt0" not in names:  # F16 kernel: [weight][activation][output][scratch0][scratch1][scales]
@@ -242,19 +247,20 @@ class MatmulUnit:
             vt.write(wa.offset, weight_to_tiles(rw.w16[n0:])[: wa.size])
             vt.write(oa.offset, output_to_tiles(y[m0:, n0:])[: oa.size])
         else:
-            for j in range(max(0, n_chunks - 2), n_chunks):
+            # what each area holds when the 4-stage pipeline ends (pipeline.py replays its program order)
+            for area, j in pipeline.final_contents(n_chunks).items():
                 n0, n1 = j * nc, min(N, (j + 1) * nc)
-                wt = plan.area(f"wt{j % 2}")
-                vt.write(wt.offset, weight_to_tiles(rw.w16[n0:n1])[: wt.size])
-                out = plan.area(f"out{j % 2}")
-                vt.write(out.offset, output_to_tiles(y[m0:, n0:n1])[: out.size])
-            n0 = (n_chunks - 1) * nc
-            q = plan.area("qweight")
-            if plan.row_stride:
-                raw = rw.data[n0:]
-                buf = np.zeros((raw.shape[0], plan.row_stride), dtype=np.uint8)
-                buf[:, : min(raw.shape[1], plan.row_stride)] = raw[:, : plan.row_stride]
-                vt.write(q.offset, buf.reshape(-1)[: q.size])
+                ar = plan.area(area)
+                if area.startswith("wt"):
+                    data = weight_to_tiles(rw.w16[n0:n1])
+                elif area.startswith("out"):
+                    data = output_to_tiles(y[m0:, n0:n1])
+                else:  # qweight: the raw x4x2 rows of chunk j, at the plan's row stride
+                    raw = rw.data[n0:n1]
+                    buf = np.zeros((raw.shape[0], plan.row_stride), dtype=np.uint8)
+                    buf[:, : min(raw.shape[1], plan.row_stride)] = raw[:, : plan.row_stride]
+                    data = buf.reshape(-1)
+                vt.write(ar.offset, data[: ar.size])
         s = plan.area("scales")
         vt.write(s.offset, V.hmx_scale_block(1.0))
 
