@@ -23,17 +23,8 @@ from kazeia.debug import bisect as B
 from kazeia.debug.runner import RunSpec, run
 from kazeia.engine.scheduler import Router, format_node_ranges, parse_node_ranges
 from kazeia.errors import KazeiaError
-from kazeia.gguf.writer import preset, write_model
 
 QWEN3_4B_MATMULS = [(2560, 4096), (2560, 1024), (4096, 2560), (2560, 9728), (9728, 2560)]  # (K, N)
-
-
-@pytest.fixture(scope="module")
-def q4b1(tmp_path_factory) -> str:
-    """The Qwen3-4B-shaped model with one layer (Q4_0), as `kazeia make-model --preset qwen3-4b --layers 1`."""
-    path = str(tmp_path_factory.mktemp("q4b1") / "q4b1.gguf")
-    write_model(preset("qwen3-4b", n_layer=1), path)
-    return path
 
 
 def crash_spec(model: str, m: int = 38) -> RunSpec:

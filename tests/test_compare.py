@@ -207,12 +207,8 @@ def test_htp_strict_excess_is_ggml_conversion_error(default_model, smol_ref, smo
 
 
 @pytest.fixture(scope="module")
-def q4b_model(tmp_path_factory) -> str:
-    from kazeia.gguf.writer import preset, write_model
-
-    path = str(tmp_path_factory.mktemp("q4b1") / "q4b1.gguf")
-    write_model(preset("qwen3-4b", n_layer=1), path)
-    return path
+def q4b_model(q4b1) -> str:
+    return q4b1  # the session's Qwen3-4B-shaped 1-layer model (conftest)
 
 
 @pytest.fixture(scope="module")

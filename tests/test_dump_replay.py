@@ -38,7 +38,6 @@ from kazeia.debug.runner import RunSpec, run
 from kazeia.debug.thresholds import op_threshold
 from kazeia.engine.scheduler import Scheduler
 from kazeia.errors import DumpFileError, KazeiaError
-from kazeia.gguf.writer import preset, write_model
 from kazeia.graph import builder as gb
 from kazeia.graph.alloc import GraphAllocator
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, TFlag, array, make_tensor
@@ -92,14 +91,6 @@ def _stale_shortcut_graph(seed: int = 0):
     array(y)[0, 0] = (rng.standard_normal((64, 1024)) * 10).astype(np.float32)
     expected = xv.astype(np.float64) @ w2f.T  # independent float64 oracle for mm2
     return g, expected
-
-
-@pytest.fixture(scope="module")
-def q4b1(tmp_path_factory) -> str:
-    """The Qwen3-4B shapes with one layer (~100 MB, Q4_0)."""
-    path = str(tmp_path_factory.mktemp("q4b1") / "q4b1.gguf")
-    write_model(preset("qwen3-4b", n_layer=1), path)
-    return path
 
 
 @pytest.fixture(scope="module")
