@@ -17,6 +17,7 @@ from gguf import quants as gq
 
 from kazeia.backends.htp import hmx_matmul as hmx
 from kazeia.backends.htp import hvx_matmul as hvx
+from kazeia.backends.htp import hvx_quant as hq
 from kazeia.backends.htp.fp16 import f32_to_f16_plain, f32_to_f16_shuffled, round_fp16, round_fp16_hw
 from kazeia.backends.htp.repack import RepackedWeight, repack_x4x2, unpack_x4x2
 
@@ -224,14 +225,14 @@ def int8_scalar(v: float) -> int:
 
 def test_inverse_f16_bitwise_and_accuracy():
     bits = np.arange(0, 1 << 16, 7, dtype=np.uint16)
-    got = hvx.hvx_inverse_f16(bits)
+    got = hq.hvx_inverse_f16(bits)
     with np.errstate(all="ignore"):
         want = np.array([inverse_scalar(int(b)) for b in bits], dtype=np.uint16)
     assert np.array_equal(got, want)
     # documented accuracy: within 1 fp16 ulp of 1/x wherever 1/x is a normal fp16 (0x101 <= x < 16384)
     b = np.arange(0x0101, 0x7400, dtype=np.uint16)
     x = b.view(np.float16).astype(np.float64)
-    r = hvx.hvx_inverse_f16(b).view(np.float16)
+    r = hq.hvx_inverse_f16(b).view(np.float16)
     ulp = np.abs(r.view(np.int16).astype(int) - (1 / x).astype(np.float16).view(np.int16).astype(int))
     assert ulp.max() <= 1
     assert inverse_scalar(0) == 0x7BFF                      # d == 0 (all-zero group) -> 65504
@@ -239,7 +240,7 @@ def test_inverse_f16_bitwise_and_accuracy():
 
 def test_int8_conversion():
     allh = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-    got = hvx.hf_to_int8(allh)
+    got = hq.hf_to_int8(allh)
     with np.errstate(all="ignore"):
         want = np.array([int8_scalar(float(v)) for v in allh], dtype=np.int8)
     assert np.array_equal(got, want)
@@ -247,7 +248,7 @@ def test_int8_conversion():
     fin = np.isfinite(allh) & (np.abs(allh) < 32000)
     v = allh[fin].astype(np.float64)
     assert np.array_equal(got[fin], np.clip(np.floor(np.rint(v * 64) / 64 + 0.5), -128, 127).astype(np.int8))
-    assert list(hvx.hf_to_int8(np.array([2.5, -2.5, 0.4921875, np.inf, np.nan], np.float32))) == [3, -2, 1, 0, 0]
+    assert list(hq.hf_to_int8(np.array([2.5, -2.5, 0.4921875, np.inf, np.nan], np.float32))) == [3, -2, 1, 0, 0]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -287,12 +288,12 @@ def test_quantize_q8x4x2_image(group, k):
     x = (rng.standard_normal((3, k)) * np.array([[0.01], [1.0], [40.0]])).astype(np.float32)
     x[1, 5] = 0.0
     x[2, :group] = 0.0                                    # an all-zero group: d = 0, inv = 65504, q = 0
-    img = hvx.quantize_q8x4x2(x, group=group)
-    stride = hvx.q8x4x2_row_size(k)
+    img = hq.quantize_q8x4x2(x, group=group)
+    stride = hq.q8x4x2_row_size(k)
     assert img.shape == (3, stride)
     for r in range(3):
         assert img[r].tobytes() == quantize_row_scalar(x[r], k, group), f"row {r}"
-    q, d = hvx.parse_q8x4x2(img, k, 3)
+    q, d = hq.parse_q8x4x2(img, k, 3)
     # the reciprocal is approximate, but the quants stay within one step of x/d
     xq = q.reshape(3, k).astype(np.float64) * np.repeat(d, 32, axis=1)
     assert np.all(np.abs(xq - f16(x)) <= 1.01 * np.repeat(d, 32, axis=1) + 1e-12)
@@ -302,24 +303,24 @@ def test_quantize_untouched_bytes_keep_prev():
     # K = 1024: quants [0, 1024), scales [1024, 1088), stride 1152 -> 64 bytes per row the DSP never writes
     k = 1024
     x = np.random.default_rng(1).standard_normal((2, k)).astype(np.float32)
-    prev = np.full((2, hvx.q8x4x2_row_size(k)), 0xAA, dtype=np.uint8)
-    img = hvx.quantize_q8x4x2(x, prev=prev)
+    prev = np.full((2, hq.q8x4x2_row_size(k)), 0xAA, dtype=np.uint8)
+    img = hq.quantize_q8x4x2(x, prev=prev)
     assert img.shape == (2, 1152)
-    assert np.all(img[:, 1088:] == 0xAA) and np.all(hvx.quantize_q8x4x2(x)[:, 1088:] == 0)
-    assert np.array_equal(img[:, :1088], hvx.quantize_q8x4x2(x)[:, :1088])
+    assert np.all(img[:, 1088:] == 0xAA) and np.all(hq.quantize_q8x4x2(x)[:, 1088:] == 0)
+    assert np.array_equal(img[:, :1088], hq.quantize_q8x4x2(x)[:, :1088])
     # K = 1056: padded quants (1280 B) run past the stride (1152 B), so every byte of the row is written
     k = 1056
     x = np.random.default_rng(2).standard_normal((2, k)).astype(np.float32)
-    img = hvx.quantize_q8x4x2(x, prev=np.full((2, 1152), 0xAA, dtype=np.uint8))
-    assert np.array_equal(img, hvx.quantize_q8x4x2(x))
-    assert hvx.q8_spill_bytes(k) == 128
+    img = hq.quantize_q8x4x2(x, prev=np.full((2, 1152), 0xAA, dtype=np.uint8))
+    assert np.array_equal(img, hq.quantize_q8x4x2(x))
+    assert hq.q8_spill_bytes(k) == 128
 
 
 def test_quantize_q8_1x4x2_image():
     k = 800
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((2, k)) * 3).astype(np.float32)
-    img = hvx.quantize_q8_1x4x2(x)
+    img = hq.quantize_q8_1x4x2(x)
     nb = 4
     assert img.shape == (2, -(-(k + 32 * nb) // 128) * 128)
     for r in range(2):
@@ -397,8 +398,8 @@ def test_hvx_matmul_bitwise(qtype, k):
     w = RepackedWeight.from_ggml(raw, qtype, k)
     x = (rng.standard_normal((max(M_VALUES), k)) * 2).astype(np.float32)
     for m in M_VALUES:
-        img = hvx.quantize_activations(x[:m], qtype)
-        assert img.shape == (m, hvx.activation_row_size(k, qtype))
+        img = hq.quantize_activations(x[:m], qtype)
+        assert img.shape == (m, hq.activation_row_size(k, qtype))
         y = hvx.hvx_matmul(w, img, m)
         assert y.dtype == np.float32 and y.shape == (m, n)
         assert np.array_equal(y, hvx_reference(raw, qtype, k, img, m)), f"M={m}"
@@ -445,7 +446,7 @@ def test_hvx_f16_bitwise(k):
     w16 = raw.view(np.float16).astype(np.float32)
     for m in (1, 3, 33):
         x = (rng.standard_normal((m, k)) * 4).astype(np.float32)
-        img = hvx.quantize_activations(x, T.F16)
+        img = hq.quantize_activations(x, T.F16)
         assert img.shape == (m, -(-2 * k // 128) * 128)
         x16 = f16(x)
         assert np.array_equal(hvx.hvx_matmul(w, img, m), f16_reference(x16, w16, k))
@@ -502,7 +503,7 @@ def test_hmx_overflow_and_special_values():
     # the HVX quantizer: a group containing an inf gets d = inf
     xq = np.ones((1, 256), dtype=np.float32)
     xq[0, 3] = 1e6
-    _, d = hvx.parse_q8x4x2(hvx.quantize_q8x4x2(xq), 256, 1)
+    _, d = hq.parse_q8x4x2(hq.quantize_q8x4x2(xq), 256, 1)
     assert np.all(np.isposinf(d[0, :4])) and np.all(np.isfinite(d[0, 4:]))
 
 
@@ -583,7 +584,7 @@ def test_garbage_images_never_raise(qtype):
     rng = np.random.default_rng(99)
     k, n, m = 800, 6, 5
     w = RepackedWeight.from_ggml(ggml_blocks(qtype, n, k, rng), qtype, k)
-    stride = hvx.activation_row_size(k, qtype)
+    stride = hq.activation_row_size(k, qtype)
     img = rng.integers(0, 256, (m, stride), dtype=np.uint8)
     sc = img[:, k:k + 16].view(np.uint16)
     sc[:, 0], sc[:, 1], sc[:, 2] = 0x7C00, 0xFC00, 0x7E01                # inf, -inf, NaN scales

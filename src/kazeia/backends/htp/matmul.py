@@ -29,13 +29,8 @@ from kazeia.backends.htp.hmx_matmul import (
     weight_to_tiles,
 )
 from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpDesc
-from kazeia.backends.htp.hvx_matmul import (
-    activation_row_size,
-    hvx_matmul,
-    hvx_matmul_f16_ddr,
-    q8_spill_bytes,
-    quantize_activations,
-)
+from kazeia.backends.htp.hvx_matmul import hvx_matmul, hvx_matmul_f16_ddr
+from kazeia.backends.htp.hvx_quant import activation_row_size, q8_spill_bytes, quantize_activations
 from kazeia.backends.htp.plan import MatmulPlan, hmx_matmul_plan, hvx_matmul_plan, matmul_dispatch
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.repack import RepackedWeight
