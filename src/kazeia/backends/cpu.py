@@ -8,7 +8,7 @@ import numpy as np
 
 from kazeia.backends.base import Backend
 from kazeia.backends.fast_ops import FAST_KERNELS
-from kazeia.backends.numpy_ops import KERNELS, NumpyOps
+from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
 from kazeia.backends.weights import WeightCache
 from kazeia.errors import UnsupportedError
 from kazeia.gguf.quants import BlockFormat, dequantize
@@ -71,14 +71,7 @@ class NumpyBackend(Backend, NumpyOps):
         out[...] = values.reshape(out.shape) if values.shape != out.shape else values
 
     def store_rows(self, t: Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
-        out = array(t)  # (d3, d2, rows, ne0)
-        if vals.shape[:2] == (1, 1) and out.shape[:2] == (1, 1):  # one block of rows (the KV cache store)
-            out[0, 0, idx.reshape(-1)] = vals[0, 0]
-            return
-        for i3 in range(vals.shape[0]):
-            for i2 in range(vals.shape[1]):
-                sel = idx[i3 % idx.shape[0], i2 % idx.shape[1], 0]
-                out[i3 % out.shape[0], i2 % out.shape[1], sel] = vals[i3, i2]
+        scatter_rows(array(t), idx, vals)
 
 
 def _readable(t: GGMLType) -> bool:
@@ -161,16 +154,8 @@ class CpuBackend(NumpyBackend):
         if e is None or e[0] is not root or e[1] != root.buffer.version:
             self._mirrors[id(root)] = (root, root.buffer.version, array(root).astype(np.float32))
             return  # made from the buffer, which already holds the new rows
-        mv, src = _same_view(t, root, e[2]), array(t)
-        if vals.shape[:2] == (1, 1) and mv.shape[:2] == (1, 1):
-            sel = idx.reshape(-1)
-            mv[0, 0, sel] = src[0, 0, sel]  # the rows just written, as the F16 buffer holds them
-            return
-        for i3 in range(vals.shape[0]):
-            for i2 in range(vals.shape[1]):
-                sel = idx[i3 % idx.shape[0], i2 % idx.shape[1], 0]
-                j3, j2 = i3 % mv.shape[0], i2 % mv.shape[1]
-                mv[j3, j2, sel] = src[j3, j2, sel]  # the rows just written, as the F16 buffer holds them
+        # the rows just written, as the F16 buffer holds them (the store rounded vals to fp16)
+        scatter_rows(_same_view(t, root, e[2]), idx, vals.astype(np.float16).astype(np.float32))
 
     def _fused_matrix(self, ws: tuple[Tensor, ...]) -> np.ndarray:
         """The weights stacked as one (sum N, K) float32 matrix, dequantized straight into place."""

@@ -221,6 +221,18 @@ def _unary(be: NumpyOps, n: Tensor) -> None:
     be.store(n, _silu(be.load(n.src[0])))
 
 
+def scatter_rows(out: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> None:
+    """out[..., idx, :] = vals with ggml's broadcasting over dims 2/3: out (d3, d2, rows, ne0), idx (i3, i2, 1, n),
+    vals (v3, v2, n, ne0). The one-block case (a KV-cache store) is a single fancy assignment."""
+    if vals.shape[:2] == (1, 1) and out.shape[:2] == (1, 1):
+        out[0, 0, idx.reshape(-1)] = vals[0, 0]
+        return
+    for i3 in range(vals.shape[0]):
+        for i2 in range(vals.shape[1]):
+            sel = idx[i3 % idx.shape[0], i2 % idx.shape[1], 0]
+            out[i3 % out.shape[0], i2 % out.shape[1], sel] = vals[i3, i2]
+
+
 @kernel("SET_ROWS")
 def _set_rows(be: NumpyOps, n: Tensor) -> None:
     src, ids = n.src[0], n.src[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from kazeia.backends.cpu import NumpyBackend
+from kazeia.backends.numpy_ops import scatter_rows
 from kazeia.backends.weights import WeightCache
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import BufferUsage, GGMLType, Tensor, array
@@ -66,11 +67,7 @@ class RefBackend(NumpyBackend):
         super().store_rows(t, idx, vals)
         if t.type in _SHADOWED:
             self._ensure_shadow(t)
-            sv = self._shadow_view(t)
-            for i3 in range(vals.shape[0]):
-                for i2 in range(vals.shape[1]):
-                    sel = idx[i3 % idx.shape[0], i2 % idx.shape[1], 0]
-                    sv[i3 % sv.shape[0], i2 % sv.shape[1], sel] = vals[i3, i2]
+            scatter_rows(self._shadow_view(t), idx, vals)
 
     def _ensure_shadow(self, t: Tensor) -> None:
         root = t.root

@@ -76,7 +76,6 @@ class Dsp:
         self.on_op_fault: Callable[[OpDesc, OpBatch, DspFault], None] | None = None
         self.on_op_start: Callable[[OpDesc, OpBatch], None] | None = None
         self.on_batch_start: list[Callable[[Dsp, OpBatch], None]] = []
-        self.flushed: set[int] = set()  # descriptor indexes flushed in the current batch
         self.hmx_scale = 0.0  # the HMX output-conversion scale last loaded (reset value 0)
         self.dma_stale_pop = False  # a DMA descriptor left outstanding by the previous op (fault injection)
         # timing races (fault injections only) come from here: run-dependent unless KAZEIA_HTP_RACE_SEED is set
@@ -96,7 +95,6 @@ class Dsp:
             return []
         self.batches_run += 1
         self.octx = OpContext()  # memset(octx, 0): the src1 shortcut never survives a batch
-        self.flushed = set()
         for cb in self.on_batch_start:
             cb(self, batch)
         statuses: list[int] = []
@@ -111,7 +109,6 @@ class Dsp:
                 if self.on_op_fault:
                     self.on_op_fault(op, batch, f)
                 break
-            self.flushed.add(op.dst)  # hex_l2flush(dst) + FLUSHED
             statuses.append(rec.status)
             if self.on_op_done:
                 self.on_op_done(op, batch, rec)

@@ -14,7 +14,7 @@ from kazeia.backends.htp.matmul import MatmulUnit
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.scratch import ScratchWriter
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.numpy_ops import KERNELS, NumpyOps, _softmax_rows
+from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
 from kazeia.graph.tensor import SCALAR_DTYPES, Tensor, array
 
 
@@ -36,11 +36,7 @@ class DspOps(NumpyOps):
         out[...] = values.reshape(out.shape)
 
     def store_rows(self, t: Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
-        out = array(t)
-        for i3 in range(vals.shape[0]):
-            for i2 in range(vals.shape[1]):
-                sel = idx[i3 % idx.shape[0], i2 % idx.shape[1], 0]
-                out[i3 % out.shape[0], i2 % out.shape[1], sel] = vals[i3, i2]
+        scatter_rows(array(t), idx, vals)
 
 
 FA_KV_BLOCK = 128  # KV rows per HMX flash-attention step (fp16 P@V partial results are rounded per step)
@@ -106,5 +102,3 @@ class Executor:
         o = o / np.where(l == 0, 1.0, l)
         self.io.store(n, o.transpose(1, 0, 2)[None])  # (T, H, Dv): dst ne = [Dv, H, T]
 
-
-__all__ = ["Executor", "DspOps", "_softmax_rows"]

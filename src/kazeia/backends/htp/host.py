@@ -162,8 +162,6 @@ class HostSession:
         self.in_flight: deque[OpBatch] = deque()
         self.last_enqueued: OpDesc | None = None
         self.dead: DeviceDeathError | None = None
-        self.batches_submitted = 0
-        self.on_enqueue: Callable[[OpDesc, OpBatch], None] | None = None
 
     # --- the upstream entry points ---
     def enqueue_op(self, node: Tensor, graph_index: int) -> None:
@@ -174,8 +172,6 @@ class HostSession:
         self.last_enqueued = op
         if self.settings.verbose:
             self.log(op_desc_line(node, self.name))
-        if self.on_enqueue:
-            self.on_enqueue(op, self.batch)
 
     def flush_batch(self) -> None:
         if self.batch.empty():
@@ -183,7 +179,6 @@ class HostSession:
         if len(self.in_flight) >= self.settings.opqueue:
             self.flush_pending(all_=False)
         self.in_flight.append(self.batch)
-        self.batches_submitted += 1
         self._seq += 1
         self.batch = OpBatch(seq=self._seq)
 

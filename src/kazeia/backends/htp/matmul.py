@@ -289,7 +289,8 @@ class MatmulUnit:
         stride = activation_row_size(K, w.type)
         nbytes = M * stride
         src1 = op.src[1]
-        reuse = octx.src1_spad_src == src1 and (self.profile.name == "2026-05" or octx.src1_spad_kind == kind)
+        reuse = octx.src1_spad_src == src1 and (not self.profile.shortcut_checks_format
+                                                    or octx.src1_spad_kind == kind)
         if reuse:
             image = np.frombuffer(dsp.vtcm.read(0, nbytes), dtype=np.uint8).reshape(M, stride)
         else:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kazeia.backends.htp.profiles import get_profile
 from kazeia.backends.htp.vtcm import (
     DEFAULT_HVX_THREADS,
     DEFAULT_PROFILE,
@@ -193,7 +194,7 @@ def _spec_alloc(spec: LayoutSpec) -> BumpAllocator:
 def hmx_failure_fallback(profile: str) -> str:
     """What op_matmul does when the HMX kernel returns nonzero: "reenter" (2026-05, matmul-ops.c: op_matmul
     calls op_matmul again with the same inputs, so a deterministic failure never ends) or "hvx" (robust)."""
-    return "reenter" if check_profile(profile) == "2026-05" else "hvx"
+    return get_profile(check_profile(profile)).hmx_failure
 
 
 def hmx_matmul_plan(m: int, k: int, n: int, qtype: str = "q4_0", vtcm_size: int = DEFAULT_VTCM_SIZE,
@@ -230,8 +231,9 @@ def hmx_matmul_plan(m: int, k: int, n: int, qtype: str = "q4_0", vtcm_size: int 
         def spec(mc: int, nc: int) -> LayoutSpec:
             return _hmx_q_spec(mc, nc, k, row_stride)
 
-    exact = (lambda mc, nc: _spec_used(spec(mc, nc))) if profile == "robust" else None
-    fail_outcome = "reenter" if profile == "2026-05" else "fallback"
+    prof = get_profile(profile)
+    exact = (lambda mc, nc: _spec_used(spec(mc, nc))) if prof.plan_counts_rounding else None
+    fail_outcome = "reenter" if prof.hmx_failure == "reenter" else "fallback"
     common = dict(path="hmx", m=m, k=k, n=n, qtype=qt, profile=profile, vtcm=vtcm_size, row_stride=row_stride)
     # hmx_matmul_q_f32 / hmx_matmul_f16_f32 refuse K or N not multiples of 32 before anything else
     if k % HMX_TILE or n % HMX_TILE:
@@ -351,7 +353,7 @@ def plan_matmul(m: int, k: int, n: int, qtype: str = "q4_0", *, vtcm_size: int =
     h = hmx_matmul_plan(m, k, n, qtype, vtcm_size, profile, act_stride=act_stride)
     if h.fits:
         return replace(h, reason=reason)
-    if profile == "2026-05":
+    if get_profile(profile).hmx_failure == "reenter":
         return replace(h, reason=f"{reason}; {h.reason}: HMX returns -1 and op_matmul re-enters itself")
     p = hvx_matmul_plan(m, k, n, qtype, n_threads, vtcm_size, batched=batched, permuted=permuted, profile=profile)
     why = f"HMX failed ({h.reason}), falling back to HVX"

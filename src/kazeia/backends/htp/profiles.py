@@ -21,10 +21,12 @@ class Profile:
     plan_counts_rounding: bool
     # what op_matmul does when the HMX kernel fails: "reenter" (calls itself again) or "hvx" (falls back)
     hmx_failure: str
-    # ops that overwrite VTCM without clearing the src1 "already quantized" shortcut
-    stale_shortcut_ops: frozenset[str]
     # do op status codes reach the host? (2026-05: responses always say OK)
     surface_status: bool
+    # does every op that writes VTCM clear the src1 shortcut (the per-op rules are in src1_shortcut.py), and
+    # does HVX matmul check that the cached image has its own format (not only the same descriptor)?
+    vtcm_writers_clear_shortcut: bool = False
+    shortcut_checks_format: bool = False
     # the partial last M tile of HMX activations: zero-filled rows (since #22724) or left stale
     zero_fill_m_tail: bool = True
     # the quantized HMX kernel reads src1 through its row stride and type (2026-05: M*K float32 from the data
@@ -46,10 +48,6 @@ PROFILES: dict[str, Profile] = {
                     "quantized HMX kernel ignores src1's row stride and type; op statuses are dropped",
         plan_counts_rounding=False,
         hmx_failure="reenter",
-        stale_shortcut_ops=frozenset({"RMS_NORM", "NORM", "L2_NORM", "SCALE", "SQR", "SQRT", "UNARY_EXP",
-                                      "UNARY_NEG", "UNARY_SIGMOID", "UNARY_SOFTPLUS", "UNARY_TANH", "ARGSORT",
-                                      "CONCAT", "PAD", "GATED_DELTA_NET", "CUMSUM", "DIAG", "TRI",
-                                      "FLASH_ATTN_EXT_HMX"}),
         surface_status=False,
     ),
     "robust": Profile(
@@ -60,8 +58,9 @@ PROFILES: dict[str, Profile] = {
                     "the host as errors naming the op",
         plan_counts_rounding=True,
         hmx_failure="hvx",
-        stale_shortcut_ops=frozenset(),
         surface_status=True,
+        vtcm_writers_clear_shortcut=True,
+        shortcut_checks_format=True,
         hmx_reads_src1_layout=True,
     ),
 }

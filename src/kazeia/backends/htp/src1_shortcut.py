@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kazeia.backends.htp.profiles import get_profile
 from kazeia.backends.htp.vtcm import check_profile
 from kazeia.errors import KazeiaError
 
@@ -72,7 +73,7 @@ def src1_cache_effect(op: str, profile: str = "2026-05", path: str | None = None
     rule = SRC1_RULES.get(op)
     if rule is None:
         raise KazeiaError(f"no src1-shortcut rule for op {op}")
-    if profile == "robust" and rule.effect == "stale":
+    if get_profile(profile).vtcm_writers_clear_shortcut and rule.effect == "stale":
         return "reset"
     return rule.effect
 
