@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from kazeia.debug.investigate import Context, logits_nmse, op_regex
-from kazeia.debug.investigate_steps import cpu_nodes_spec, dump_op, out, sync_spec
+from kazeia.debug.investigate_steps import cpu_nodes_spec, dump_op, out, sync_spec, validate_gate
 from kazeia.debug.runner import run
-from kazeia.debug.thresholds import WHOLE_MODEL_NMSE
 from kazeia.errors import KazeiaError
 
 
@@ -114,14 +111,6 @@ def _plot_amax(cx: Context, ops) -> None:
     ax.set_ylabel("|x|")
     ax.legend(fontsize=8)
     _save_image(cx, fig, "amax.png", "Activation magnitude along the graph, up to the fault")
-
-
-def determinism(cx: Context) -> tuple[str, str]:
-    from kazeia.debug.determinism import check_determinism
-
-    rep = check_determinism(cx.spec, n_runs=2)
-    cx.findings["determinism"] = rep
-    return rep.message, cx.spec.command()
 
 
 def dump(cx: Context) -> tuple[str, str]:
@@ -308,10 +297,5 @@ def gate(cx: Context) -> tuple[str, str]:
     else:
         return "no gate to propose", ""
     spec = cx.spec.with_(gates=[g]) if g else cpu_nodes_spec(cx, [f["faulting"]])
-    r = run(spec)
-    e = logits_nmse(r.logits, cx.reference_logits)
-    ok = bool(r.ok and e is not None and e <= WHOLE_MODEL_NMSE and np.isfinite(r.logits).all())
-    cx.inv.gate = {"description": desc, "flags": spec.command(), "validated": ok,
-                   "evidence": (f"rerun with the gate {'completes' if r.ok else 'still fails: ' + r.signature()}"
-                                + (f", logits NMSE vs CPU {e:.3g} (<= {WHOLE_MODEL_NMSE:g})" if e is not None else ""))}
+    ok = validate_gate(cx, spec, desc)
     return f"gate {g}: {'validated' if ok else 'NOT validated'}", spec.command()

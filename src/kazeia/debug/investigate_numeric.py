@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from kazeia.debug.investigate import Context, logits_nmse
-from kazeia.debug.investigate_steps import cpu_nodes_spec, dump_op, out
+from kazeia.debug.investigate_steps import cpu_nodes_spec, dump_op, out, validate_gate
 from kazeia.debug.runner import run
-from kazeia.debug.thresholds import WHOLE_MODEL_NMSE
 
 
 def compare(cx: Context) -> tuple[str, str]:
@@ -29,16 +26,6 @@ def compare(cx: Context) -> tuple[str, str]:
         cx.inv.notes.append(f"no error plot: {e}")
     return (f"first op out of tolerance: {first.name} ({first.reason})" if first else "no op out of tolerance"), \
         compare_command(cx.spec)
-
-
-def determinism(cx: Context) -> tuple[str, str]:
-    from kazeia.debug.determinism import check_determinism
-
-    rep = check_determinism(cx.spec, n_runs=3)
-    cx.findings["determinism"] = rep
-    if not rep.deterministic and rep.first_diff is not None:
-        cx.inv.facts["first op whose output differs between runs"] = rep.first_diff.name
-    return rep.message, cx.spec.command()
 
 
 def replay(cx: Context) -> tuple[str, str]:
@@ -75,14 +62,8 @@ def gate(cx: Context) -> tuple[str, str]:
         return "no gate needed", ""
     same = [r.name for r in rep.rows.get("isolated", []) if r.op == first.op and r.path == first.path]
     spec = cpu_nodes_spec(cx, same or [first.name])
-    r = run(spec)
-    e = logits_nmse(r.logits, cx.reference_logits)
-    ok = bool(r.ok and e is not None and e <= WHOLE_MODEL_NMSE and np.isfinite(r.logits).all())
-    cx.inv.gate = {"description": f"route the {len(same) or 1} {first.op} ops that ran on {first.backend}/"
-                                  f"{first.path} to the CPU",
-                   "flags": spec.command(), "validated": ok,
-                   "evidence": f"rerun {'completes' if r.ok else 'fails'}"
-                               + (f", logits NMSE vs CPU {e:.3g}" if e is not None else "")}
+    ok = validate_gate(cx, spec, f"route the {len(same) or 1} {first.op} ops that ran on {first.backend}/"
+                                 f"{first.path} to the CPU")
     return f"{'validated' if ok else 'NOT validated'}", spec.command()
 
 

@@ -60,20 +60,19 @@ def reproduce(cx: Context) -> tuple[str, str]:
 
 def death_branch(cx: Context) -> None:
     from kazeia.debug import investigate_death as D
-
-    cx.step("localise with one-op batches (sync)", lambda: D.localise(cx))
-    cx.step("what the logs would have blamed", lambda: D.misattribution(cx))
-    cx.step("trace up to the fault", lambda: D.trace_summary(cx))
-    cx.step("determinism", lambda: D.determinism(cx))
-    cx.step("dump the faulting op (completion vs enqueue time)", lambda: D.dump(cx))
-    cx.step("replay alone and with batch context", lambda: D.replay(cx))
-    cx.step("route op classes away", lambda: D.routing(cx))
-    cx.step("VTCM plan of the faulting op", lambda: D.plan(cx))
-    cx.step("failing prompt lengths", lambda: D.threshold(cx))
-    cx.step("rows: values or row count?", lambda: D.rows(cx))
-    cx.step("gate", lambda: D.gate(cx))
     from kazeia.debug.hypotheses import evaluate_death
 
+    run_steps(cx, [("localise with one-op batches (sync)", D.localise),
+                   ("what the logs would have blamed", D.misattribution),
+                   ("trace up to the fault", D.trace_summary),
+                   ("determinism", lambda c: determinism(c, 2)),
+                   ("dump the faulting op (completion vs enqueue time)", D.dump),
+                   ("replay alone and with batch context", D.replay),
+                   ("route op classes away", D.routing),
+                   ("VTCM plan of the faulting op", D.plan),
+                   ("failing prompt lengths", D.threshold),
+                   ("rows: values or row count?", D.rows),
+                   ("gate", D.gate)])
     evaluate_death(cx)
 
 
@@ -83,14 +82,13 @@ def death_branch(cx: Context) -> None:
 
 def numeric_branch(cx: Context) -> None:
     from kazeia.debug import investigate_numeric as N
-
-    cx.step("compare against the float64 reference (isolated and cumulative)", lambda: N.compare(cx))
-    cx.step("determinism", lambda: N.determinism(cx))
-    cx.step("dump and replay the first bad op", lambda: N.replay(cx))
-    cx.step("route the first bad op away", lambda: N.routing(cx))
-    cx.step("gate", lambda: N.gate(cx))
     from kazeia.debug.hypotheses import evaluate_numeric
 
+    run_steps(cx, [("compare against the float64 reference (isolated and cumulative)", N.compare),
+                   ("determinism", lambda c: determinism(c, 3)),
+                   ("dump and replay the first bad op", N.replay),
+                   ("route the first bad op away", N.routing),
+                   ("gate", N.gate)])
     evaluate_numeric(cx)
 
 
@@ -99,14 +97,7 @@ def numeric_branch(cx: Context) -> None:
 
 
 def healthy_branch(cx: Context) -> None:
-    def det():
-        from kazeia.debug.determinism import check_determinism
-
-        rep = check_determinism(cx.spec, n_runs=2)
-        cx.findings["determinism"] = rep
-        return rep.message, cx.spec.command()
-
-    cx.step("determinism", det)
+    cx.step("determinism", lambda: determinism(cx, 2))
     rep = cx.findings.get("determinism")
     e = cx.findings.get("logits_nmse")
     cx.inv.verdict = (f"No fault: the run completes on {cx.spec.device}"
@@ -116,10 +107,35 @@ def healthy_branch(cx: Context) -> None:
     cx.inv.facts["logits NMSE vs CPU"] = e
 
 
-def model_args(spec: RunSpec):
-    from kazeia.debug.runner import load_model
+# ----------------------------------------------------------------------------------------------------------
+# steps shared by the branches
 
-    return load_model(spec.model_path).args
+
+def run_steps(cx: Context, steps) -> None:
+    for title, fn in steps:
+        cx.step(title, lambda fn=fn: fn(cx))
+
+
+def determinism(cx: Context, n_runs: int) -> tuple[str, str]:
+    from kazeia.debug.determinism import check_determinism
+
+    rep = check_determinism(cx.spec, n_runs=n_runs)
+    cx.findings["determinism"] = rep
+    if not rep.deterministic and rep.first_diff is not None:
+        cx.inv.facts["first op whose output differs between runs"] = rep.first_diff.name
+    return rep.message, cx.spec.command()
+
+
+def validate_gate(cx: Context, spec: RunSpec, description: str) -> bool:
+    """Rerun the investigated configuration with the gate: it must complete and its logits must match the CPU
+    reference within the whole-model threshold. Records the gate, its command and the evidence."""
+    r = run(spec)
+    e = logits_nmse(r.logits, cx.reference_logits)
+    ok = bool(r.ok and e is not None and e <= WHOLE_MODEL_NMSE and np.isfinite(r.logits).all())
+    cx.inv.gate = {"description": description, "flags": spec.command(), "validated": ok,
+                   "evidence": (f"rerun with the gate {'completes' if r.ok else 'still fails: ' + r.signature()}"
+                                + (f", logits NMSE vs CPU {e:.3g} (<= {WHOLE_MODEL_NMSE:g})" if e is not None else ""))}
+    return ok
 
 
 def out(cx: Context, *parts: str) -> str:
