@@ -48,7 +48,6 @@ class OpContext:
     src1_spad_src: int | None = None  # descriptor index whose quantized copy sits at vtcm_base
     src1_spad_kind: str | None = None  # which quantization the cached image holds (q8x4x2, q8_1x4x2, f16)
     stack_used: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -177,7 +177,7 @@ class MatmulUnit:
         else:
             xs = self._src1_rows_assumed_contiguous(x, M, K)
         rw = self.weights.get(w)
-        a16 = f32_to_f16_shuffled(xs, self.settings.arch if self.settings.extra.get("arch_quirks") else None)
+        a16 = f32_to_f16_shuffled(xs, self.settings.arch)  # below v79 a -inf activation stages as NaN
         w16 = rw.w16
         faults = self.settings.faults
         if "scatter-unretired" in faults:

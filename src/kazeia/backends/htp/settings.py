@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kazeia.errors import KazeiaError
 
@@ -46,7 +46,6 @@ class HtpSettings:
     farf: bool = False
     fp32_quantize_group: int = 128
     race_seed: int | None = None  # KAZEIA_HTP_RACE_SEED: pins the timing of injected races
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, profile: str | None = None, vtcm_bytes: int | None = None,
