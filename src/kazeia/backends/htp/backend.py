@@ -8,12 +8,15 @@ dsp.py, the op kernels in executor.py and matmul.py, the VTCM arena in vtcm.py a
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from kazeia.backends.base import Backend
-from kazeia.backends.htp.dsp import Dsp, DspFault, OpRecord
+from kazeia.backends.htp.dsp import DeviceState, Dsp, DspFault, OpRecord
 from kazeia.backends.htp.executor import Executor
 from kazeia.backends.htp.host import HostSession, OpBatch, OpDesc
+from kazeia.backends.htp.matmul import WeightStore
 from kazeia.backends.htp.profiles import check_faults, get_profile
+from kazeia.backends.htp.repack import RepackedWeight
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.support import supports_op
 from kazeia.graph.builder import Graph
@@ -25,12 +28,13 @@ class HtpBackend(Backend):
     is_async = True
     float_dtype = "float32"
 
-    def __init__(self, settings: HtpSettings | None = None, log=None) -> None:
+    def __init__(self, settings: HtpSettings | None = None, log=None, weight_store: WeightStore | None = None) -> None:
+        """`weight_store`: the REPACK buffer to use (default: the one shared by every session of the process)."""
         super().__init__()
         self.settings = settings or HtpSettings.from_env()
         self.profile = get_profile(self.settings.profile)
         check_faults(self.settings.faults)
-        self.executor = Executor(self.settings, self.profile)
+        self.executor = Executor(self.settings, self.profile, weight_store)
         self.dsp = Dsp(self.settings, self.profile, self.executor)
         self.host = HostSession(self.name, self.settings, self.profile, self.dsp, log)
         self.dsp.on_op_done = self._op_done
@@ -107,6 +111,28 @@ class HtpBackend(Backend):
         if len(self._graph_runs) > 16:  # fold old graphs into the total so the table stays small
             self._modeled_done, self._graph_runs = done, {}
         return {"modeled device": done}
+
+    # --- for forensic tools: the device state, without reaching into the DSP ---
+    def snapshot(self) -> DeviceState:
+        """A copy of what survives on the DSP between batches (VTCM bytes and registers)."""
+        return self.dsp.snapshot()
+
+    def restore(self, state: DeviceState) -> list[str]:
+        """Put a snapshot back; returns notes on what could not be restored exactly."""
+        return self.dsp.restore(state)
+
+    def add_batch_start_hook(self, fn: Callable[[HtpBackend, OpBatch], None]) -> None:
+        """Call fn(backend, batch) when the DSP starts a batch, before its first op (device state as it found it)."""
+        self.dsp.on_batch_start.append(lambda _dsp, batch: fn(self, batch))
+
+    def open_batch(self, seq: int, ops: list[tuple[Tensor, int]]) -> OpBatch:
+        """Queue (node, graph index) `ops` as one batch numbered `seq` (a recorded batch rebuilt); returns it with
+        its descriptors. `synchronize()` runs it."""
+        return self.host.open_batch(seq, ops)
+
+    def weights_for(self, node: Tensor) -> RepackedWeight:
+        """The REPACK-buffer form of a MUL_MAT node's weight (src0), as the kernels read it."""
+        return self.executor.matmul.weights.get(node.src[0])
 
     def dsp_log(self) -> list[str]:
         return list(self.dsp.log)

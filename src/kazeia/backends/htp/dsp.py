@@ -1,10 +1,9 @@
 """The DSP side: batch processing, the per-batch op context, VTCM, the DSP log, and death.
 
 Per batch (htp_packet_callback / proc_op_req): the op context is zeroed (so the src1 "already quantized in
-VTCM" shortcut starts empty), then each op runs in order: inputs that are compute tensors not yet flushed
-get their L2 lines invalidated, the op executes (its return status is what the profile decides to keep or
-drop), and its dst is flushed from L2 to DDR and marked FLUSHED. An op's writes reach host-visible memory
-only at that flush: if the process dies inside an op, that op's output never lands.
+VTCM" shortcut starts empty), then each op runs in order and its return status is what the profile decides to
+keep or drop. Memory is shared with the host and an op writes its dst in place; what survives from one batch
+to the next on the DSP itself is VTCM and a few registers (`DeviceState`).
 
 A death (stack overflow, bus error, abort) ends the batch and the session: nothing after it runs, and the
 host only learns at its next blocking read.
@@ -27,7 +26,7 @@ class DspFault(Exception):
 
     def __init__(self, kind: str, cause: str):
         super().__init__(cause)
-        self.kind = kind  # "stack-overflow" | "bus-error" | "abort" | "hang"
+        self.kind = kind  # "stack-overflow" | "bus-error" | "abort"
         self.cause = cause
 
 
@@ -51,6 +50,22 @@ class OpContext:
 
 
 @dataclass
+class DeviceState:
+    """What survives on the DSP from one batch to the next: the VTCM bytes, the HMX output-conversion scale last
+    loaded, a DMA descriptor left outstanding (fault injection) and the timing-race generator's state."""
+
+    vtcm: np.ndarray  # uint8, a copy
+    hmx_scale: float = 0.0
+    dma_stale_pop: bool = False
+    race_rng: dict | None = None
+
+    def registers(self) -> dict:
+        """Everything but VTCM, as plain values (JSON-ready)."""
+        return {"hmx_scale": float(self.hmx_scale), "dma_stale_pop": bool(self.dma_stale_pop),
+                "race_rng": self.race_rng}
+
+
+@dataclass
 class OpRecord:
     """What the DSP did for one op (for traces and forensics; the host never sees this on a device)."""
 
@@ -70,7 +85,6 @@ class Dsp:
         self.death: Death | None = None
         self.log: list[str] = []  # FARF lines (visible on a device only to root)
         self.octx = OpContext()
-        self.batches_run = 0
         self.on_op_done: Callable[[OpDesc, OpBatch, OpRecord], None] | None = None
         self.on_op_fault: Callable[[OpDesc, OpBatch, DspFault], None] | None = None
         self.on_op_start: Callable[[OpDesc, OpBatch], None] | None = None
@@ -79,6 +93,27 @@ class Dsp:
         self.dma_stale_pop = False  # a DMA descriptor left outstanding by the previous op (fault injection)
         # timing races (fault injections only) come from here: run-dependent unless KAZEIA_HTP_RACE_SEED is set
         self.race = np.random.default_rng(settings.race_seed)
+
+    def snapshot(self) -> DeviceState:
+        return DeviceState(self.vtcm.mem.copy(), self.hmx_scale, self.dma_stale_pop,
+                           dict(self.race.bit_generator.state))
+
+    def restore(self, state: DeviceState) -> list[str]:
+        """Put `state` back; returns notes on what could not be restored exactly (another VTCM size)."""
+        notes = []
+        n = min(state.vtcm.size, self.vtcm.size)
+        if state.vtcm.size != self.vtcm.size:
+            notes.append(f"VTCM is {self.vtcm.size} B here, {state.vtcm.size} B in the snapshot: restored the "
+                         f"first {n} B")
+        self.vtcm.write(0, np.asarray(state.vtcm[:n], dtype=np.uint8))
+        self.hmx_scale = float(state.hmx_scale)
+        self.dma_stale_pop = bool(state.dma_stale_pop)
+        if state.race_rng is not None:
+            try:
+                self.race.bit_generator.state = state.race_rng
+            except (TypeError, ValueError, KeyError):
+                notes.append("could not restore the DSP race generator state")
+        return notes
 
     def farf(self, level: str, msg: str) -> None:
         line = f"[dsp {level}] {msg}"
@@ -92,7 +127,6 @@ class Dsp:
         """Run every op of the batch; returns per-op statuses. Sets self.death and stops on a fault."""
         if self.death is not None:
             return []
-        self.batches_run += 1
         self.octx = OpContext()  # memset(octx, 0): the src1 shortcut never survives a batch
         for cb in self.on_batch_start:
             cb(self, batch)

@@ -10,7 +10,7 @@ import numpy as np
 from kazeia.backends.htp.dsp import Dsp, OpContext, OpRecord
 from kazeia.backends.htp.fp16 import round_fp16
 from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpDesc
-from kazeia.backends.htp.matmul import MatmulUnit
+from kazeia.backends.htp.matmul import MatmulUnit, WeightStore
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.scratch import ScratchWriter
 from kazeia.backends.htp.settings import HtpSettings
@@ -43,11 +43,11 @@ FA_KV_BLOCK = 128  # KV rows per HMX flash-attention step (fp16 P@V partial resu
 
 
 class Executor:
-    def __init__(self, settings: HtpSettings, profile: Profile) -> None:
+    def __init__(self, settings: HtpSettings, profile: Profile, weights: WeightStore | None = None) -> None:
         self.settings = settings
         self.profile = profile
         self.io = DspOps()
-        self.matmul = MatmulUnit(settings, profile)
+        self.matmul = MatmulUnit(settings, profile, weights)
         self.scratch = ScratchWriter(settings, profile)
 
     def execute(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:

@@ -28,8 +28,7 @@ MAX_BUFS = 16  # HTP_OP_MAX_BUFS: buffer table entries per batch
 MAX_INPUTS = 6  # HTP_OP_MAX_INPUTS
 MAX_VMEM = 3200 * 1024 * 1024  # GGML_HEXAGON_VMEM default on v75+
 
-TENSOR_COMPUTE = 1
-TENSOR_FLUSHED = 2
+TENSOR_COMPUTE = 1  # htp_tensor flag: lives in a compute buffer (not a weight)
 
 STATUS_OK, STATUS_INTERNAL_ERR, STATUS_NO_SUPPORT, STATUS_INVAL_PARAMS, STATUS_VTCM_TOO_SMALL = 1, 2, 3, 4, 5
 STATUS_NAMES = {1: "OK", 2: "INTERNAL-ERROR", 3: "NO-SUPPORT", 4: "INVAL-PARAMS", 5: "VTCM-TOO-SMALL"}
@@ -196,6 +195,16 @@ class HostSession:
                                         f"{STATUS_NAMES.get(s, s)}")
             if not all_:
                 break
+
+    def open_batch(self, seq: int, ops: list[tuple[Tensor, int]]) -> OpBatch:
+        """Make (node, graph index) `ops` the open batch, numbered `seq`, as the host would have built it: a replay
+        of a recorded batch. The next flush sends it."""
+        self._check_alive()
+        self._seq = seq
+        self.batch = OpBatch(seq=seq)
+        for node, graph_index in ops:
+            self.last_enqueued = self.batch.add_op(node, graph_index)
+        return self.batch
 
     def flush(self) -> None:
         """Graph end / synchronize: close the open batch and wait for every response."""

@@ -1,9 +1,10 @@
 """MUL_MAT on the emulated DSP: op_matmul's dispatch, the HMX and HVX paths, and what each leaves in VTCM.
 
-op_matmul (matmul-ops.c) picks HMX or HVX by its gates (vtcm.matmul_dispatch). The HMX kernel plans its
-VTCM layout (vtcm.hmx_matmul_plan) and returns -1 when the plan does not fit; what happens next is the
-profile's: `2026-05` calls op_matmul again with the same inputs (each attempt takes a stack frame; the
-callback thread's stack runs out and the DSP process dies), `robust` runs the HVX kernel instead.
+op_matmul (matmul-ops.c) picks HMX or HVX by its gates and the HMX kernel plans its VTCM layout, returning -1
+when the plan does not fit; both come from plan.plan_for_node, the one plan the cost model, the routing gates
+and the forensic tools also use. What happens after an HMX failure is the profile's: `2026-05` calls op_matmul
+again with the same inputs (each attempt takes a stack frame; the callback thread's stack runs out and the
+DSP process dies), `robust` runs the HVX kernel instead.
 
 The HVX kernel quantizes src1 into VTCM at vtcm_base unless the per-batch shortcut says the same src1
 descriptor is already there, then reads its activations back FROM VTCM: whatever bytes are there are what
@@ -31,7 +32,7 @@ from kazeia.backends.htp.hmx_matmul import (
 from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpDesc
 from kazeia.backends.htp.hvx_matmul import hvx_matmul, hvx_matmul_f16_ddr
 from kazeia.backends.htp.hvx_quant import activation_row_size, q8_spill_bytes, quantize_activations
-from kazeia.backends.htp.plan import MatmulPlan, hmx_matmul_plan, hvx_matmul_plan, matmul_dispatch
+from kazeia.backends.htp.plan import MatmulPlan, plan_for_node, src_layout
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.repack import RepackedWeight
 from kazeia.backends.htp.settings import HtpSettings
@@ -43,13 +44,6 @@ _KIND = {GGMLType.Q4_1: "q8_1x4x2", GGMLType.F16: "f16"}
 
 def _qt(t: GGMLType) -> str:
     return type_name(t)
-
-
-def _layout_gates(w: Tensor, x: Tensor) -> tuple[bool, bool]:
-    """(batched, permuted): the descriptor layouts op_matmul's dispatch and the HVX plan look at."""
-    batched = w.ne[2] * w.ne[3] > 1 or x.ne[2] * x.ne[3] > 1
-    permuted = w.nb[0] > w.nb[1] or x.nb[0] > x.nb[1]
-    return batched, permuted
 
 
 class WeightStore:
@@ -91,49 +85,46 @@ def shared_store() -> WeightStore:
 
 
 class MatmulUnit:
-    def __init__(self, settings: HtpSettings, profile: Profile) -> None:
+    def __init__(self, settings: HtpSettings, profile: Profile, weights: WeightStore | None = None) -> None:
         self.settings = settings
         self.profile = profile
-        self.weights = shared_store()
-        self.hmx_built = settings.arch in V.HMX_ARCHS
+        self.weights = weights if weights is not None else shared_store()
 
     # --- op_matmul ---
     def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
+        return self._op_matmul(dsp, octx, op, plan_for_node(op.node, self.settings))
+
+    def _op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
-        batched, permuted = _layout_gates(w, x)
-        path, reason = matmul_dispatch(M, K, N, _qt(w.type), hmx_enabled=self.settings.use_hmx,
-                                       hmx_built=self.hmx_built, batched=batched, permuted=permuted)
-        if path == "hvx":
-            return self._hvx(dsp, octx, op, reason)
+        batched, _ = src_layout(w, x)
+        hmx = plan if plan.path == "hmx" else plan.hmx_attempt  # None: the dispatch chose HVX
+        if hmx is None:
+            return self._hvx(dsp, octx, op, plan.reason, plan)
         octx.src1_spad_src = None  # "always re-quantize src1 since HMX kernel overwrites vtcm"
         octx.src1_spad_kind = None
-        rec = self._hmx(dsp, op, batched)
+        rec = self._hmx(dsp, op, batched, hmx)
         if rec is not None:
             return rec
         if self.profile.hmx_failure == "reenter":
             # upstream: `return op_matmul(octx);` -- same inputs, same plan, same failure, one more frame
             octx.stack_used += self.profile.matmul_frame_bytes
-            if self.profile.reentry_outcome == "hang":
-                raise DspFault("hang", f"op_matmul re-enters itself forever on {node.name} (tail call as loop)")
             if octx.stack_used > self.profile.dsp_stack_bytes:
                 attempts = octx.stack_used // self.profile.matmul_frame_bytes
                 raise DspFault("stack-overflow",
                                f"stack overflow after {attempts} op_matmul -> hmx_matmul_q_f32 re-entries on "
                                f"{node.name} (M={M} K={K} N={N})")
-            return self.op_matmul(dsp, octx, op, batch)
-        rec = self._hvx(dsp, octx, op, "HMX failed, fell back to HVX")
+            return self._op_matmul(dsp, octx, op, plan)
+        rec = self._hvx(dsp, octx, op, "HMX failed, fell back to HVX", plan)
         rec.detail["hmx_fallback"] = True
         return rec
 
     # --- HMX ---
-    def _hmx(self, dsp: Dsp, op: OpDesc, batched: bool) -> OpRecord | None:
+    def _hmx(self, dsp: Dsp, op: OpDesc, batched: bool, plan: MatmulPlan) -> OpRecord | None:
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
-        qt = _qt(w.type)
-        plan = hmx_matmul_plan(M, K, N, qt, self.settings.vtcm_bytes, self.profile.name)
         if not plan.fits:
             tag = "hmx-mm-q" if w.type != GGMLType.F16 else "hmx-mm-f16"
             if plan.status == "overflow":
@@ -260,13 +251,11 @@ class MatmulUnit:
         vt.write(s.offset, V.hmx_scale_block(1.0))
 
     # --- HVX ---
-    def _hvx(self, dsp: Dsp, octx: OpContext, op: OpDesc, reason: str) -> OpRecord:
+    def _hvx(self, dsp: Dsp, octx: OpContext, op: OpDesc, reason: str, plan: MatmulPlan) -> OpRecord:
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
-        batched, permuted = _layout_gates(w, x)
-        plan = hvx_matmul_plan(M, K, N, _qt(w.type), self.settings.nhvx, self.settings.vtcm_bytes,
-                               batched=batched, permuted=permuted, profile=self.profile.name)
+        batched, permuted = src_layout(w, x)
         if plan.status == "vtcm_too_small":
             dsp.farf("ERROR", f"matmul-{_qt(w.type)} : current VTCM reservation {plan.vtcm} is too small, "
                               f"needed {plan.used}")

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kazeia.backends.htp.profiles import get_profile
+from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm import (
     DEFAULT_HVX_THREADS,
     DEFAULT_PROFILE,
     DEFAULT_VTCM_SIZE,
+    HMX_ARCHS,
     HMX_SCALES_BYTES,
     HMX_TILE,
     HMX_TILE_BYTES,
@@ -31,6 +33,7 @@ from kazeia.backends.htp.vtcm import (
     row_extent,
 )
 from kazeia.errors import KazeiaError
+from kazeia.graph.tensor import GGMLType, Tensor
 
 SUPER_BLOCK = 256  # x4x2 super-block: 8 ggml blocks of 32
 
@@ -358,3 +361,28 @@ def plan_matmul(m: int, k: int, n: int, qtype: str = "q4_0", *, vtcm_size: int =
     p = hvx_matmul_plan(m, k, n, qtype, n_threads, vtcm_size, batched=batched, permuted=permuted, profile=profile)
     why = f"HMX failed ({h.reason}), falling back to HVX"
     return replace(p, reason=why if p.fits else f"{why}; {p.reason}", hmx_attempt=h)
+
+
+def src_layout(w: Tensor, x: Tensor) -> tuple[bool, bool]:
+    """(batched, permuted) of a MUL_MAT's src0 `w` and src1 `x`: the descriptor layouts op_matmul's dispatch and
+    the HVX plan look at (matmul-ops.c: op_matmul)."""
+    batched = w.ne[2] * w.ne[3] > 1 or x.ne[2] * x.ne[3] > 1
+    permuted = w.nb[0] > w.nb[1] or x.nb[0] > x.nb[1]
+    return batched, permuted
+
+
+def plan_for_node(node: Tensor, settings: HtpSettings) -> MatmulPlan:
+    """The plan of a MUL_MAT node on an HTP with `settings`: the one way the backend, the cost model, the routing
+    gates and the forensic tools get it, so they can never disagree. It reads what op_matmul reads: the shapes
+    (M = src1 rows, K, N), the weight type, src1's layout (batched, permuted, its row stride for the F16 kernel),
+    the arch (HMX is built for some arches only), GGML_HEXAGON_USE_HMX, the profile, the VTCM size and NHVX."""
+    if node.op != "MUL_MAT":
+        raise KazeiaError(f"{node.name}: a MUL_MAT plan needs a MUL_MAT node, not {node.op}")
+    w, x = node.src[0], node.src[1]
+    batched, permuted = src_layout(w, x)
+    act_stride = None
+    if w.type == GGMLType.F16 and x.type in (GGMLType.F32, GGMLType.F16):
+        act_stride = x.nb[1] // (4 if x.type == GGMLType.F32 else 2)  # src1 row stride in elements
+    return plan_matmul(x.ne[1], w.ne[0], w.ne[1], w.type, vtcm_size=settings.vtcm_bytes, profile=settings.profile,
+                       n_threads=settings.nhvx, hmx_enabled=settings.use_hmx, hmx_built=settings.arch in HMX_ARCHS,
+                       batched=batched, permuted=permuted, act_stride=act_stride)

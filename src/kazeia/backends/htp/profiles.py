@@ -35,8 +35,6 @@ class Profile:
     # DSP callback-thread stack and the bytes one op_matmul -> hmx_matmul_q_f32 attempt takes from it
     dsp_stack_bytes: int = 64 * 1024
     matmul_frame_bytes: int = 1536
-    # a self-call the compiler turned into a loop spins instead of overflowing: "crash" or "hang"
-    reentry_outcome: str = "crash"
 
 
 PROFILES: dict[str, Profile] = {
