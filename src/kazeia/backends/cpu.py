@@ -1,4 +1,4 @@
-"""The `cpu` backend: float32 numpy, BLAS GEMM for matmuls, a bounded cache of dequantized weights."""
+"""The `cpu` backend: float32 numpy; weight matmuls computed from the quantized bytes (qmatmul.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 from kazeia.backends.base import Backend
 from kazeia.backends.fast_ops import FAST_KERNELS
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
+from kazeia.backends.qmatmul import dequantize_rows, weight_matmul
 from kazeia.backends.weights import WeightCache
 from kazeia.errors import UnsupportedError
 from kazeia.gguf.quants import BlockFormat, dequantize
@@ -17,7 +18,7 @@ from kazeia.graph.tensor import SCALAR_DTYPES, BufferUsage, GGMLType, Tensor, TF
 
 
 class NumpyBackend(Backend, NumpyOps):
-    """Shared plumbing of `cpu` and `ref`: loading sources, caching weights, writing results."""
+    """Shared plumbing of `cpu` and `ref`: loading sources, weight matrices, writing results."""
 
     ft = np.float32
     static_supports = True
@@ -66,6 +67,9 @@ class NumpyBackend(Backend, NumpyOps):
         key = (t.weight_name or t.name, t.data_addr, t.type, self.ft)
         return self.weights.get(key, lambda: np.ascontiguousarray(self.load(t)[0, 0]))
 
+    def weight_matmul(self, t: Tensor, y: np.ndarray) -> np.ndarray:
+        return y @ self.weight_matrix(t).T
+
     def store(self, t: Tensor, values: np.ndarray) -> None:
         out = array(t)
         out[...] = values.reshape(out.shape) if values.shape != out.shape else values
@@ -83,7 +87,9 @@ def _writable(t: GGMLType) -> bool:
 
 
 class CpuBackend(NumpyBackend):
-    """float32 with BLAS; weight matmuls that share their input (Q/K/V, gate/up) run as one GEMM."""
+    """float32; weight matmuls read the weights' own (memory-mapped) bytes through qmatmul, so no float copy of
+    a weight is kept (`weight_cache` is accepted for the callers that share one with `ref`, and not used).
+    Weight matmuls that share their input (Q/K/V, gate/up) write one product, each into its columns."""
 
     name = "CPU"
     fast_kernels = FAST_KERNELS
@@ -93,7 +99,7 @@ class CpuBackend(NumpyBackend):
     fuse_matmuls = True
 
     def __init__(self, weight_cache: WeightCache | None = None) -> None:
-        super().__init__(weight_cache)
+        super().__init__(WeightCache(0))
         self._groups: dict[int, tuple[Graph, dict[int, _Member]]] = {}  # per graph: node id -> its group
         self._fused: dict[int, _Member] = {}
         self._pending: dict[tuple, list] = {}  # group -> [fused product of this graph run, members still to store]
@@ -121,8 +127,8 @@ class CpuBackend(NumpyBackend):
         entry = self._pending.get(m.key)
         if entry is None:
             y = self.load(node.src[1])
-            w = self.weights.get(m.key, lambda: self._fused_matrix(m.weights))
-            entry = self._pending[m.key] = [y.reshape(-1, y.shape[-1]) @ w.T, len(m.weights)]
+            entry = self._pending[m.key] = [self._fused_product(m.weights, y.reshape(-1, y.shape[-1])),
+                                            len(m.weights)]
         self.store(node, entry[0][:, m.c0:m.c1])
         entry[1] -= 1
         if entry[1] == 0:
@@ -157,13 +163,20 @@ class CpuBackend(NumpyBackend):
         # the rows just written, as the F16 buffer holds them (the store rounded vals to fp16)
         scatter_rows(_same_view(t, root, e[2]), idx, vals.astype(np.float16).astype(np.float32))
 
-    def _fused_matrix(self, ws: tuple[Tensor, ...]) -> np.ndarray:
-        """The weights stacked as one (sum N, K) float32 matrix, dequantized straight into place."""
-        out = np.empty((sum(w.ne[1] for w in ws), ws[0].ne[0]), dtype=np.float32)
-        r = 0
+    def weight_matrix(self, t: Tensor) -> np.ndarray:
+        """The weight as float32 (N, K), dequantized now and not kept (for tools; matmuls never need it)."""
+        return dequantize_rows(rows(t)[0, 0], t.type, t.ne[0])
+
+    def weight_matmul(self, t: Tensor, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return weight_matmul(rows(t)[0, 0], t.type, t.ne[0], y, out)
+
+    def _fused_product(self, ws: tuple[Tensor, ...], y: np.ndarray) -> np.ndarray:
+        """y @ [W1; W2; ...]^T as one (M, sum N) array, each weight's product written into its columns."""
+        out = np.empty((y.shape[0], sum(w.ne[1] for w in ws)), dtype=np.float32)
+        c = 0
         for w in ws:
-            out[r:r + w.ne[1]] = self.load(w)[0, 0]
-            r += w.ne[1]
+            self.weight_matmul(w, y, out[:, c:c + w.ne[1]])
+            c += w.ne[1]
         return out
 
 

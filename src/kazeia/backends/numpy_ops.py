@@ -1,8 +1,9 @@
 """Op kernels in numpy, written once for any float dtype: `ref` runs them in float64, `cpu` in float32.
 
-Each kernel reads its sources through the backend (`load`, `weight_matrix`) and writes the result through
-it (`store`), so the same code serves the oracle (which keeps float64 shadows) and the fast path (which
-caches dequantized weights). Arrays are shaped (ne3, ne2, ne1, ne0) like the tensors' numpy views.
+Each kernel reads its sources through the backend (`load`, `weight_matmul`) and writes the result through
+it (`store`), so the same code serves the oracle (which keeps float64 shadows and exact float64 weights) and
+the fast path (which multiplies the quantized bytes directly). Arrays are shaped (ne3, ne2, ne1, ne0) like
+the tensors' numpy views.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ class NumpyOps:
         raise NotImplementedError
 
     def weight_matrix(self, t: Tensor) -> np.ndarray:
-        """A 2-D weight (flags WEIGHT) as an (N, K) float array, cached."""
+        """A 2-D weight (flags WEIGHT) as an (N, K) float array."""
+        raise NotImplementedError
+
+    def weight_matmul(self, t: Tensor, y: np.ndarray) -> np.ndarray:
+        """y (M, K) @ W^T for a 2-D weight (flags WEIGHT): (M, N) in the backend's float type."""
         raise NotImplementedError
 
     def store(self, t: Tensor, values: np.ndarray) -> None:
@@ -99,8 +104,7 @@ def _mul_mat(be: NumpyOps, n: Tensor) -> None:
     a, b = n.src[0], n.src[1]
     y = be.load(b)  # (b3, b2, M, K)
     if a.flags & TFlag.WEIGHT and a.ne[2] == a.ne[3] == 1:
-        w = be.weight_matrix(a)  # (N, K)
-        out = (y.reshape(-1, a.ne[0]) @ w.T).reshape(n.ne[::-1])
+        out = be.weight_matmul(a, y.reshape(-1, a.ne[0])).reshape(n.ne[::-1])  # (M, K) @ (N, K)^T
     else:
         x = be.load(a)  # (a3, a2, N, K)
         r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
