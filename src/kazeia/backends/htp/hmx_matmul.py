@@ -9,7 +9,7 @@ htp/hvx-base.h (hvx_vec_f32_to_f16_shuff); snapshot ggml-org/ggml bb4dc86a.
 Numerics (layout-free; the tile helpers below only matter for VTCM images, padding and staleness):
 - weights: W16 = fp16(q * d) for Q4_0 (q - 8), IQ4_NL (table value) and Q8_0 (one rounding of the exact
   product, the qf16 multiply); Q4_1: fp16(fp16(q * d) + m) (qf16 multiply, then qf16 add, two roundings);
-  F16: the stored values.
+  F16: the stored values. Computed per tile of rows from the ggml blocks (`hmx_weight_rows`).
 - activations: A16 = fp16(x) by the shuffled converter (|x| > 65504 -> inf; optional arch quirks).
 - products accumulated inside HMX (internal precision not public), modelled as ONE float32 GEMM over the
   whole K, then the read-out (scale 1.0, bias 0) rounds each output once to fp16 (|y| > 65504 -> inf) and
@@ -40,29 +40,9 @@ TILE_BYTES = 2 * TILE_ELEMS    # 2048 B
 
 
 def hmx_weight_fp16(w: RepackedWeight) -> np.ndarray:
-    """(N, K) float32 of fp16 values: what the dequant tasks scatter into the weight tiles.
-
-    Computed from the x4x2 rows (w.quants / w.scales / w.mins decode the repacked bytes). Use `w.w16`
-    for the cached copy.
-    """
-    if w.qtype == GGMLType.F16:
-        return from_fp16_bits(np.ascontiguousarray(w.data).view(np.uint16))
-    quants, scales = w.quants, w.scales
-    mins = w.mins if w.qtype == GGMLType.Q4_1 else None
-    out = np.empty((w.n, w.k), dtype=np.float32)
-    step = max(1, (1 << 19) // w.k)        # rows per block: keeps the temporaries cache-sized
-    with np.errstate(over="ignore", invalid="ignore"):
-        for r0 in range(0, w.n, step):
-            r1 = min(w.n, r0 + step)
-            prod = quants[r0:r1].astype(np.float32)    # q-8 / table value / int8 / 0..15: exact
-            prod *= scales[r0:r1, :, None]             # at most 8 bits x 11 bits: exact in float32
-            if mins is not None:
-                # fp16 + fp16 is exact in float64 (not always in float32), so the add is rounded only once
-                blk = round_fp16_hw(round_fp16_hw(prod).astype(np.float64) + mins[r0:r1, :, None])
-            else:
-                blk = round_fp16_hw(prod)
-            out[r0:r1] = blk.reshape(r1 - r0, w.k)
-    return out
+    """(N, K) float32 of fp16 values: the whole HMX weight (for checks; the matmul works per tile of rows,
+    `RepackedWeight.w16_rows`)."""
+    return w.w16_rows()
 
 
 # --- tile layout ------------------------------------------------------------------------------------------
@@ -196,7 +176,40 @@ def hmx_matmul(a16: np.ndarray, w16: np.ndarray) -> np.ndarray:
         return round_fp16_hw(a @ w.T)
 
 
+TILE_WEIGHT_BYTES = 16 << 20  # float32 of one tile of fp16 weight rows
+
+
+def weight_tile_rows(k: int) -> int:
+    """Weight rows dequantized at a time by `hmx_matmul_weight`: TILE_WEIGHT_BYTES of float32, whole 32-row
+    tiles."""
+    return max(TILE, TILE_WEIGHT_BYTES // (4 * k) // TILE * TILE)
+
+
+def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: float = 1.0) -> np.ndarray:
+    """`hmx_matmul(a16, w.w16)` computed per tile of weight rows, never holding the whole fp16 weight.
+
+    Each tile is one float32 GEMM over the whole K, then the fp16 read-out (times `scale` first when it is not
+    1.0: a stale HMX bias/scale). A weight that fits one tile (TILE_WEIGHT_BYTES) gives the bits of the one-GEMM
+    form; a larger one may differ from it in the last fp32 bit of some outputs (BLAS sums the edge columns of
+    a call its own way), which the fp16 read-out occasionally keeps. `patch(r0, w16_tile)` may replace a tile
+    before it is used (fault injections)."""
+    a = np.ascontiguousarray(a16, dtype=np.float32)
+    if a.shape[1] != w.k:
+        raise ValueError(f"K mismatch: {a.shape} vs ({w.n}, {w.k})")
+    y = np.empty((a.shape[0], w.n), dtype=np.float32)
+    step = weight_tile_rows(w.k)
+    with np.errstate(all="ignore"):
+        for r0 in range(0, w.n, step):
+            r1 = min(w.n, r0 + step)
+            t = w.w16_rows(r0, r1)
+            if patch is not None:
+                t = patch(r0, t)
+            p = a @ t.T
+            y[:, r0:r1] = round_fp16_hw(p if scale == 1.0 else p * np.float32(scale))
+    return y
+
+
 def hmx_mul_mat(w: RepackedWeight, x: np.ndarray, arch: int | None = None) -> np.ndarray:
     """Convenience: the HMX MUL_MAT of weight `w` and f32 src1 rows `x` (M, K) -> (M, N) float32."""
     a16 = f32_to_f16_shuffled(np.asarray(x, dtype=np.float32), arch)
-    return hmx_matmul(a16, w.w16)
+    return hmx_matmul_weight(a16, w)

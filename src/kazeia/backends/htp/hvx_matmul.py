@@ -23,8 +23,6 @@ integers below 2^24 and is exact in any order; ia*dd is then rounded once, like 
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -32,7 +30,7 @@ from kazeia.backends.htp.fp16 import (
     round_fp16_hw,
 )
 from kazeia.backends.htp.hvx_quant import _round_up, parse_f16, parse_q8_1x4x2, parse_q8x4x2
-from kazeia.backends.htp.repack import QK, RepackedWeight
+from kazeia.backends.htp.repack import F16_LUT, IQ4_NL_VALUES, KIND, QK, RepackedWeight, htp_kernels
 
 GGMLType = GGMLQuantizationType
 
@@ -75,15 +73,6 @@ def _n_tile(m: int, n: int, lanes: int) -> int:
     return min(n, t)
 
 
-def _blas_single_thread() -> contextlib.AbstractContextManager:
-    """The kernels issue thousands of tiny GEMMs (K = 32); multi-threaded OpenBLAS spins on them and, on a
-    loaded machine, becomes 10-40x slower than one thread. Limit BLAS to one thread when threadpoolctl is
-    available (optional dependency; without it the default BLAS threading is used)."""
-    from kazeia.engine.threads import single_blas_thread
-
-    return single_blas_thread()
-
-
 # --- quantized HVX matmul ---------------------------------------------------------------------------------
 
 
@@ -91,43 +80,22 @@ def hvx_matmul(w: RepackedWeight, q8_image: np.ndarray, M: int) -> np.ndarray:
     """y (M, N) float32 = the HVX MUL_MAT of x4x2 weight `w` with the quantized src1 image (M rows).
 
     `q8_image` holds M rows of `activation_row_size(K, w.qtype)` bytes (q8_1x4x2 for Q4_1, q8x4x2 else)
-    exactly as in VTCM; it may contain arbitrary bytes (garbage in -> deterministic garbage out).
+    exactly as in VTCM; it may contain arbitrary bytes (garbage in -> deterministic garbage out). The weight
+    codes and scales are read from its ggml rows by the numba kernel (`kernels.hvx_dot`), row by row.
     """
     m = M
     if w.qtype == GGMLType.F16:
         return hvx_matmul_f16(w, q8_image, m)
-    k, n, nsub = w.k, w.n, w.nsub
-    q4_1 = w.qtype == GGMLType.Q4_1
-    if q4_1:
+    k, n = w.k, w.n
+    if w.qtype == GGMLType.Q4_1:
         aq, ad, asum = parse_q8_1x4x2(q8_image, k, m)
-        wm_t = w.mins.T
-        as_t = np.ascontiguousarray(asum.T)
     else:
         aq, ad = parse_q8x4x2(q8_image, k, m)
-    # operands laid out per sub-block for a batched matmul: (nsub, M, 32) @ (nsub, 32, N)
-    a_t = np.ascontiguousarray(aq.transpose(1, 0, 2), dtype=np.float32)
-    w_t = w.quants_t                                                       # (nsub, 32, N) int8
-    ad_t = np.ascontiguousarray(ad.T)
-    wd_t = w.scales.T
+        asum = ad
+    b8, b16 = w.blocks()
     y = np.empty((m, n), dtype=np.float32)
-    nt = _n_tile(m, n, LANES)
-    with np.errstate(all="ignore"), _blas_single_thread():
-        for n0 in range(0, n, nt):
-            n1 = min(n, n0 + nt)
-            acc = np.zeros((LANES, m, n1 - n0), dtype=np.float32)
-            scale = np.empty_like(acc)
-            for b0 in range(0, nsub, LANES):
-                b1 = min(nsub, b0 + LANES)
-                nl = b1 - b0
-                ia = np.matmul(a_t[b0:b1], w_t[b0:b1, :, n0:n1].astype(np.float32))   # exact integers
-                s = scale[:nl]
-                np.multiply(ad_t[b0:b1, :, None], wd_t[b0:b1, None, n0:n1], out=s)   # fp16*fp16, exact
-                np.multiply(ia, s, out=ia)                                           # one fp32 rounding
-                if q4_1:
-                    np.multiply(as_t[b0:b1, :, None], wm_t[b0:b1, None, n0:n1], out=s)
-                    np.add(ia, s, out=ia)
-                np.add(acc[:nl], ia, out=acc[:nl])                                   # masked lanes untouched
-            y[:, n0:n1] = _reduce_lanes(acc, n, n0)
+    htp_kernels().hvx_dot(b8, b16, KIND[w.qtype], IQ4_NL_VALUES, F16_LUT, np.ascontiguousarray(aq),
+                      np.ascontiguousarray(ad, dtype=np.float32), np.ascontiguousarray(asum, dtype=np.float32), y)
     return y
 
 
@@ -142,12 +110,11 @@ def _f16_weight(w: RepackedWeight | np.ndarray) -> np.ndarray:
     return np.asarray(w, dtype=np.float32)
 
 
-def _weight_vectors(w: RepackedWeight | np.ndarray, order: np.ndarray, key: str) -> tuple[np.ndarray, int]:
-    """Lane-ordered weight vectors (K/64, N, 64) and K; cached on a RepackedWeight."""
+def _weight_vectors(w: RepackedWeight | np.ndarray, order: np.ndarray) -> tuple[np.ndarray, int]:
+    """Lane-ordered weight vectors (K/64, N, 64) and K, made for this call (not kept: no float copy of a weight
+    outlives its matmul)."""
     w16 = _f16_weight(w)
     k = w16.shape[1]
-    if isinstance(w, RepackedWeight):
-        return w.cached(key, lambda: _lane_vectors(w16, k, order)), k
     return _lane_vectors(w16, k, order), k
 
 
@@ -173,7 +140,7 @@ def hvx_matmul_f16(w: RepackedWeight | np.ndarray, f16_image: np.ndarray, M: int
     added (fp32) and the 32 lanes are reduced with the far tree (adjacent for the last row of an odd N).
     """
     m = M
-    wv, k = _weight_vectors(w, _EVEN_ODD, "hvx_f16_even_odd")   # (nv, N, 64)
+    wv, k = _weight_vectors(w, _EVEN_ODD)   # (nv, N, 64)
     n = wv.shape[1]
     x16 = parse_f16(f16_image, k, m)
     xv = _lane_vectors(x16, k, _EVEN_ODD)                        # (nv, M, 64)
@@ -202,7 +169,7 @@ def hvx_matmul_f16_ddr(w: RepackedWeight | np.ndarray, x: np.ndarray, src1_f16: 
     (qf32 path, no NaN rewrite). 32 lanes, lane j takes elements 2j and 2j+1 of every 64-element vector:
     acc_j = fp32(acc_j + fp32(x[2j]*w[2j] + x[2j+1]*w[2j+1])); then the adjacent tree (1x1 kernel only).
     """
-    wv, k = _weight_vectors(w, _PAIRS, "hvx_f16_pairs")
+    wv, k = _weight_vectors(w, _PAIRS)
     n = wv.shape[1]
     wv = wv.reshape(-1, n, 32, 2)
     x = np.asarray(x, dtype=np.float32)

@@ -13,8 +13,6 @@ it multiplies. The numerics are in hvx_matmul.py / hmx_matmul.py.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 
 from kazeia.backends.htp import cost, pipeline
@@ -23,7 +21,7 @@ from kazeia.backends.htp.deep_loads import bank_crossings
 from kazeia.backends.htp.dsp import Dsp, DspFault, OpContext, OpRecord
 from kazeia.backends.htp.fp16 import f32_to_f16_shuffled, round_fp16_hw
 from kazeia.backends.htp.hmx_matmul import (
-    hmx_matmul,
+    hmx_matmul_weight,
     output_to_tiles,
     stage_activations,
     weight_from_tiles,
@@ -36,7 +34,6 @@ from kazeia.backends.htp.plan import MatmulPlan, plan_for_node, src_layout
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.repack import RepackedWeight
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.weights import default_budget_bytes
 from kazeia.graph.tensor import GGMLType, Tensor, array, rows, type_name
 
 _KIND = {GGMLType.Q4_1: "q8_1x4x2", GGMLType.F16: "f16"}
@@ -47,31 +44,26 @@ def _qt(t: GGMLType) -> str:
 
 
 class WeightStore:
-    """The REPACK buffer: each weight repacked once (as set_tensor does), kept within a byte budget.
+    """The REPACK buffer: one `RepackedWeight` per weight, made when the weight is first used (as set_tensor
+    repacks it). A RepackedWeight is a view of the weight's memory-mapped ggml rows (the x4x2 repack is a byte
+    permutation, computed only for the rows that land in VTCM), so the store holds no copies; `budget` is kept
+    for callers that pass one and bounds nothing.
 
-    One store is shared by every HTP session of the process (`shared_store()`): the repacked bytes depend only
-    on the weights, and forensic tools open many sessions on the same model."""
+    One store is shared by every HTP session of the process (`shared_store()`): forensic tools open many
+    sessions on the same model."""
 
     def __init__(self, budget: int | None = None) -> None:
-        self.budget = budget if budget is not None else default_budget_bytes()
-        self._items: OrderedDict[tuple, RepackedWeight] = OrderedDict()
+        self.budget = budget
+        self._items: dict[tuple, RepackedWeight] = {}
 
     def get(self, w: Tensor) -> RepackedWeight:
         key = (w.data_addr, w.type, w.ne)
         rw = self._items.get(key)
-        if rw is not None:
-            self._items.move_to_end(key)
-            return rw
-        rw = RepackedWeight.from_ggml(rows(w)[0, 0], w.type, w.ne[0])
-        self._items[key] = rw
-        while len(self._items) > 1 and self._bytes() > self.budget:
-            _, old = self._items.popitem(last=False)
-            old.drop_cache()
+        if rw is None:
+            if len(self._items) > 4096:  # views of models no longer in use: let their maps go
+                self._items.clear()
+            rw = self._items[key] = RepackedWeight.from_ggml(rows(w)[0, 0], w.type, w.ne[0])
         return rw
-
-    def _bytes(self) -> int:
-        # derived arrays dominate: int8 quants + fp32 scales + fp32 fp16-weights, about 5.2 bytes per weight
-        return int(sum(rw.n * rw.k * 5.2 for rw in self._items.values()))
 
 
 _SHARED: WeightStore | None = None
@@ -169,24 +161,18 @@ class MatmulUnit:
             xs = self._src1_rows_assumed_contiguous(x, M, K)
         rw = self.weights.get(w)
         a16 = f32_to_f16_shuffled(xs, self.settings.arch)  # below v79 a -inf activation stages as NaN
-        w16 = rw.w16
         faults = self.settings.faults
-        if "scatter-unretired" in faults:
-            w16 = self._unretired_scatter(dsp, node, plan, w16)
+        patch = self._unretired_scatter(dsp, node, plan, K) if "scatter-unretired" in faults else None
         scale = dsp.hmx_scale if "hmx-bias-stale" in faults else 1.0
-        if scale == 1.0:
-            y = hmx_matmul(a16, w16)
-        else:
-            with np.errstate(all="ignore"):
-                y = round_fp16_hw((np.ascontiguousarray(a16) @ np.ascontiguousarray(w16).T) * np.float32(scale))
+        y = hmx_matmul_weight(a16, rw, patch, scale)
         self._leave_hmx_bytes(dsp, plan, rw, xs, a16, y)
         return y
 
-    def _unretired_scatter(self, dsp: Dsp, node: Tensor, plan: MatmulPlan, w16: np.ndarray) -> np.ndarray:
+    def _unretired_scatter(self, dsp: Dsp, node: Tensor, plan: MatmulPlan, K: int):
         """Fault: some weight tiles of column chunk 0 were still in flight (vscatter not drained) when HMX read
         them, so for those tiles HMX sees what VTCM held before. How many is a race: it depends on timing, so it
-        changes run to run unless KAZEIA_HTP_RACE_SEED pins it."""
-        K = w16.shape[1]
+        changes run to run unless KAZEIA_HTP_RACE_SEED pins it. Returns the patch hmx_matmul_weight applies to
+        the first tile of weight rows."""
         nc = plan.nc
         wt0 = plan.area("wt0" if any(a.name == "wt0" for a in plan.areas) else "weight")
         stale = weight_from_tiles(np.frombuffer(dsp.vtcm.read(wt0.offset, nc * K * 2), dtype=np.uint8), nc, K)
@@ -194,11 +180,15 @@ class MatmulUnit:
         n_late = int(dsp.race.integers(1, k_tiles + 1))  # K tiles of the first column tile still in flight
         late = np.sort(dsp.race.choice(k_tiles, size=n_late, replace=False))
         cols = np.concatenate([np.arange(t * 32, t * 32 + 32) for t in late])
-        w16 = w16.copy()
-        w16[:32, cols] = stale[:32, cols]
         dsp.farf("HIGH", f"{node.name}: {n_late} of {k_tiles} weight tiles of column tile 0 read before their "
                          f"scatter drained")
-        return w16
+
+        def patch(r0: int, w16: np.ndarray) -> np.ndarray:
+            if r0 == 0:
+                w16 = w16.copy()
+                w16[:32, cols] = stale[:32, cols]
+            return w16
+        return patch
 
     def _hmx_batched_f16(self, node: Tensor) -> np.ndarray:
         """F16 batched HMX (hmx_matmul_f16_f32_batched): per batch, same numerics."""
@@ -230,7 +220,7 @@ class MatmulUnit:
         if "wt0" not in names:  # F16 kernel: [weight][activation][output][scratch0][scratch1][scales]
             n0 = (n_chunks - 1) * nc
             wa, oa = plan.area("weight"), plan.area("output")
-            vt.write(wa.offset, weight_to_tiles(rw.w16[n0:])[: wa.size])
+            vt.write(wa.offset, weight_to_tiles(rw.w16_rows(n0, N))[: wa.size])
             vt.write(oa.offset, output_to_tiles(y[m0:, n0:])[: oa.size])
         else:
             # what each area holds when the 4-stage pipeline ends (pipeline.py replays its program order)
@@ -238,11 +228,11 @@ class MatmulUnit:
                 n0, n1 = j * nc, min(N, (j + 1) * nc)
                 ar = plan.area(area)
                 if area.startswith("wt"):
-                    data = weight_to_tiles(rw.w16[n0:n1])
+                    data = weight_to_tiles(rw.w16_rows(n0, n1))
                 elif area.startswith("out"):
                     data = output_to_tiles(y[m0:, n0:n1])
                 else:  # qweight: the raw x4x2 rows of chunk j, at the plan's row stride
-                    raw = rw.data[n0:n1]
+                    raw = rw.x4x2_rows(n0, n1)
                     buf = np.zeros((raw.shape[0], plan.row_stride), dtype=np.uint8)
                     buf[:, : min(raw.shape[1], plan.row_stride)] = raw[:, : plan.row_stride]
                     data = buf.reshape(-1)
@@ -341,7 +331,7 @@ class MatmulUnit:
             for a in plan.areas:
                 if a.name == f"src0[{t}]" and a.size:
                     stride = plan.row_stride or rw.row_bytes
-                    last = rw.data[max(r0, r1 - a.size // stride):r1]
+                    last = rw.x4x2_rows(max(r0, r1 - a.size // stride), r1)
                     buf = np.zeros((last.shape[0], stride), dtype=np.uint8)
                     buf[:, : rw.row_bytes] = last
                     vt.write(a.offset, buf.reshape(-1)[: a.size])

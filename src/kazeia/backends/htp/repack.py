@@ -17,13 +17,10 @@ Row layout (k elements, nsub = k/32 ggml blocks, super-block = 8 blocks = 256 el
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from kazeia.backends import jit
 from kazeia.backends.htp.fp16 import from_fp16_bits
 
 GGMLType = GGMLQuantizationType
@@ -37,6 +34,13 @@ WEIGHT_QTYPES = REPACK_QTYPES + (GGMLType.F16,)
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
 _Q4_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.IQ4_NL)
+KIND = {GGMLType.Q4_0: 0, GGMLType.Q4_1: 1, GGMLType.Q8_0: 2, GGMLType.IQ4_NL: 3}  # type codes of htp/kernels.py
+F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)  # fp16 bits -> value
+
+
+def htp_kernels():
+    """The numba kernels of the HTP numerics (htp/kernels.py), loaded on first use."""
+    return jit.kernels("kazeia.backends.htp.kernels")
 
 
 def _check(qtype: GGMLType, k: int) -> None:
@@ -183,23 +187,22 @@ def signed_quants(codes: np.ndarray, qtype: GGMLType) -> np.ndarray:
 # --- the weight object the backend keeps ----------------------------------------------------------------
 
 
-@dataclass(eq=False)
 class RepackedWeight:
     """One weight matrix as the DSP sees it: `n` rows of `k` elements in the REPACK buffer layout.
 
-    `data` is (n, row_bytes) uint8: x4x2 rows for quantized types, the raw fp16 rows for F16. Derived arrays
-    are computed from `data` (never from the original ggml blocks) on first use and cached; `drop_cache()`
-    frees them.
+    The repack is a pure byte permutation, so the weight is kept as the ggml rows it was made from (`ggml`,
+    usually a view of the memory-mapped GGUF: no copy) and everything is computed from them: the kernels read
+    codes and scales per tile (hvx_matmul / hmx_matmul), and the x4x2 bytes themselves, observable only where
+    they land in VTCM, are made on demand for the rows asked for (`x4x2_rows`). `RepackedWeight(qtype, k, n,
+    data)` builds one from x4x2 rows instead (any bytes: a stale VTCM row); they are unpacked to ggml rows.
+    F16 rows are the same in both layouts. `data` (all x4x2 rows), `quants`, `scales`, `w16` ... compute the
+    whole matrix each time they are read: for checks and small weights, never used by the kernels.
     """
 
-    qtype: GGMLType
-    k: int
-    n: int
-    data: np.ndarray
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        self.qtype = GGMLType(self.qtype)
+    def __init__(self, qtype: GGMLType, k: int, n: int, data: np.ndarray | None = None, *,
+                 ggml: np.ndarray | None = None) -> None:
+        self.qtype = GGMLType(qtype)
+        self.k, self.n = int(k), int(n)
         if self.qtype not in WEIGHT_QTYPES:
             raise ValueError(f"HTP matmul weights of type {self.qtype.name} are not modelled")
         if self.qtype == GGMLType.F16:
@@ -207,19 +210,22 @@ class RepackedWeight:
                 raise ValueError("k must be positive")
         else:
             _check(self.qtype, self.k)
-        self.data = _rows(self.data, self.row_bytes)
-        if self.data.shape[0] != self.n:
-            raise ValueError(f"expected {self.n} rows, got {self.data.shape[0]}")
+        if ggml is None:
+            if data is None:
+                raise ValueError("a RepackedWeight needs its x4x2 rows or its ggml rows")
+            rows = _rows(data, self.row_bytes)
+            ggml = rows if self.qtype == GGMLType.F16 else unpack_x4x2(rows, self.qtype, self.k)
+        self.ggml = _rows(ggml, self.row_bytes)
+        if self.ggml.shape[0] != self.n:
+            raise ValueError(f"expected {self.n} rows, got {self.ggml.shape[0]}")
 
     @classmethod
     def from_ggml(cls, raw: np.ndarray, qtype: GGMLType, k: int) -> RepackedWeight:
-        """Repack ggml rows (what `set_tensor` receives) the way the host does; F16 rows are kept as is."""
+        """The weight the host's `set_tensor` makes of ggml rows; the rows are kept as given (not copied)."""
         qtype = GGMLType(qtype)
-        if qtype == GGMLType.F16:
-            rows = _rows(raw, 2 * k)
-            return cls(qtype, k, rows.shape[0], rows)
-        rep = repack_x4x2(raw, qtype, k)
-        return cls(qtype, k, rep.shape[0], rep)
+        rb = 2 * k if qtype == GGMLType.F16 else x4x2_row_bytes(qtype, k)
+        rows = _rows(raw, rb)
+        return cls(qtype, k, rows.shape[0], ggml=rows)
 
     @property
     def row_bytes(self) -> int:
@@ -230,62 +236,71 @@ class RepackedWeight:
         """Number of 32-element sub-blocks per row (ggml blocks)."""
         return -(-self.k // QK)
 
-    def cached(self, key: str, make: Callable[[], Any]) -> Any:
-        """Return the derived array `key`, computing it with `make()` the first time."""
-        if key not in self._cache:
-            self._cache[key] = make()
-        return self._cache[key]
+    def blocks(self, r0: int = 0, r1: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows r0..r1 of the ggml blocks as (uint8 (R, nsub, type_size), uint16 (R, nsub, type_size/2)) views."""
+        _, ts = GGML_QUANT_SIZES[self.qtype]
+        raw = self.ggml[r0:r1]
+        r = raw.shape[0]
+        return raw.reshape(r, self.nsub, ts), raw.view(np.uint16).reshape(r, self.nsub, ts // 2)
 
-    def drop_cache(self) -> None:
-        self._cache.clear()
-
-    def _decoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        if self.qtype == GGMLType.F16:
-            raise ValueError("F16 weights have no quants/scales")
-        return decode_x4x2(self.data, self.qtype, self.k)
-
-    def _scale_bits(self) -> tuple[np.ndarray, np.ndarray | None]:
-        if self.qtype == GGMLType.F16:
-            raise ValueError("F16 weights have no scales")
-        return x4x2_scale_bits(self.data, self.qtype, self.k)
+    def x4x2_rows(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        """Rows r0..r1 as stored in the REPACK buffer (x4x2 for quantized types, fp16 rows for F16)."""
+        raw = self.ggml[r0:r1]
+        return np.ascontiguousarray(raw) if self.qtype == GGMLType.F16 else repack_x4x2(raw, self.qtype, self.k)
 
     @property
-    def quants_t(self) -> np.ndarray:
-        """(nsub, 32, n) int8, C-contiguous: the integer operand of the HVX dot (see `signed_quants`), stored
-        sub-block major so that one sub-block of all rows is a contiguous (32, n) matrix. Cached."""
-        def make() -> np.ndarray:
-            q = signed_quants(self._decoded()[0], self.qtype).reshape(self.n, self.nsub, QK)
-            return np.ascontiguousarray(q.transpose(1, 2, 0))
-        return self.cached("quants_t", make)
+    def data(self) -> np.ndarray:
+        """(n, row_bytes) uint8: every row as the REPACK buffer holds it (computed now)."""
+        return self.x4x2_rows()
+
+    def fields(self, r0: int = 0, r1: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Rows r0..r1 -> (codes (R, k) uint8 in element order, d bits (R, nsub) uint16, m bits or None)."""
+        if self.qtype == GGMLType.F16:
+            raise ValueError("F16 weights have no quants/scales")
+        return _split_ggml(np.ascontiguousarray(self.ggml[r0:r1]), self.qtype, self.k)
 
     @property
     def quants(self) -> np.ndarray:
-        """(n, nsub, 32) int8 view of `quants_t` (row-major indexing of the same cached array)."""
-        return self.quants_t.transpose(2, 0, 1)
+        """(n, nsub, 32) int8: the integer operand of the HVX dot (see `signed_quants`)."""
+        return signed_quants(self.fields()[0], self.qtype).reshape(self.n, self.nsub, QK)
+
+    @property
+    def quants_t(self) -> np.ndarray:
+        """(nsub, 32, n) int8, C-contiguous: `quants` sub-block major."""
+        return np.ascontiguousarray(self.quants.transpose(1, 2, 0))
 
     @property
     def codes(self) -> np.ndarray:
-        """(n, k) uint8: the raw 4/8-bit codes in element order (not cached, cheap to recompute)."""
-        return self._decoded()[0]
+        """(n, k) uint8: the raw 4/8-bit codes in element order."""
+        return self.fields()[0]
 
     @property
     def scales(self) -> np.ndarray:
         """(n, nsub) float32: the fp16 block scales d."""
-        return self.cached("scales", lambda: from_fp16_bits(self._scale_bits()[0]))
+        return from_fp16_bits(self.fields()[1])
 
     @property
     def mins(self) -> np.ndarray:
         """(n, nsub) float32: the fp16 block offsets m (Q4_1 only)."""
         if self.qtype != GGMLType.Q4_1:
             raise ValueError(f"{self.qtype.name} has no block offsets")
-        return self.cached("mins", lambda: from_fp16_bits(self._scale_bits()[1]))
+        return from_fp16_bits(self.fields()[2])
+
+    def w16_rows(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        """(R, k) float32 of fp16 values: rows r0..r1 of the matrix the HMX path multiplies (what its dequant
+        tasks scatter into weight tiles; see hmx_matmul.py), computed from the ggml blocks by numba."""
+        r1 = self.n if r1 is None else r1
+        if self.qtype == GGMLType.F16:
+            return from_fp16_bits(np.ascontiguousarray(self.ggml[r0:r1]).view(np.uint16))
+        b8, b16 = self.blocks(r0, r1)
+        out = np.empty((b8.shape[0], self.nsub, QK), dtype=np.float32)
+        htp_kernels().hmx_weight_rows(b8, b16, KIND[self.qtype], IQ4_NL_VALUES, F16_LUT, out)
+        return out.reshape(b8.shape[0], self.k)
 
     @property
     def w16(self) -> np.ndarray:
-        """(n, k) float32 of fp16 values: the weight matrix the HMX path multiplies (hmx_matmul.hmx_weight_fp16)."""
-        from kazeia.backends.htp.hmx_matmul import hmx_weight_fp16  # the HMX dequant lives with the HMX path
-
-        return self.cached("w16", lambda: hmx_weight_fp16(self))
+        """(n, k) float32 of fp16 values: the whole HMX weight, computed now."""
+        return self.w16_rows()
 
     def dequantized(self) -> np.ndarray:
         """(n, k) float32 of d*q (+m) in float32, ggml's own dequantization; for checks, not used by kernels."""
