@@ -20,9 +20,9 @@ from kazeia.graph.tensor import GGMLType
 def set_threads(n: int | None) -> None:
     if n is None or n <= 0:
         return
-    from kazeia.engine.threads import set_blas_threads
+    from kazeia.engine.threads import set_threads as set_engine_threads
 
-    set_blas_threads(n)
+    set_engine_threads(n)
 
 
 def add_model_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:

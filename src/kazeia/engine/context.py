@@ -13,6 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
+from kazeia.engine.memory import check_fits
 from kazeia.engine.scheduler import Scheduler
 from kazeia.errors import ContextOverflowError, KazeiaError
 from kazeia.gguf.reader import GGUFFile, load_gguf
@@ -61,6 +62,8 @@ class KVCache:
             tensors += [k, v]
             self.layers.append(LayerCache(k, v))
         total = sum((t.nbytes + Buffer.ALIGN - 1) // Buffer.ALIGN * Buffer.ALIGN for t in tensors)
+        check_fits(f"the KV cache for a context of {size} tokens ({len(tensors) // 2} layers, K and V "
+                   f"{type_k.name}/{type_v.name})", total, "; lower -c")
         self.buffer = Buffer.zeros("kv_cache", total, BufferUsage.ANY)
         off = 0
         for t in tensors:

@@ -35,3 +35,12 @@ def set_blas_threads(n: int) -> None:
     c = _get()
     if c is not None and n > 0:
         c.limit(limits=n, user_api="blas")  # the returned limiter is not restored: it stays in force
+
+
+def set_threads(n: int) -> None:
+    """The -t flag: BLAS threads and the numba kernels' threads (the quantized matmuls)."""
+    if n > 0:
+        from kazeia.backends.jit import set_threads as set_kernel_threads
+
+        set_blas_threads(n)
+        set_kernel_threads(n)
