@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kazeia.errors import UnsupportedError
-from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
+from kazeia.graph.builder import ROPE_IMROPE, ROPE_MROPE, ROPE_NEOX, ROPE_NORM
 from kazeia.graph.tensor import Tensor, TFlag, array
 
 Kernel = Callable[["NumpyOps", Tensor], None]
@@ -123,19 +123,47 @@ def rope_angles(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: floa
     return np.cos(theta).astype(ft), np.sin(theta).astype(ft)
 
 
+def mrope_stream(sections, imrope: bool, n_pairs: int) -> np.ndarray:
+    """Which position stream (0 t, 1 h, 2 w, 3 e) drives each rotated pair (ggml_mrope_cache_init)."""
+    s0, s1, s2, s3 = sections
+    total = s0 + s1 + s2 + s3
+    out = np.empty(n_pairs, dtype=np.int64)
+    for i in range(n_pairs):
+        sec = i % total
+        if imrope:  # interleaved: t h w t h w ... while each stream has pairs left, then e
+            out[i] = next((st for st, s in ((1, s1), (2, s2), (0, s0)) if sec % 3 == st and sec < 3 * s), 3)
+        else:
+            out[i] = 0 if sec < s0 else 1 if sec < s0 + s1 else 2 if sec < s0 + s1 + s2 else 3
+    return out
+
+
+def mrope_angles(pos4: np.ndarray, n_dims: int, sections, imrope: bool, freq_base: float, freq_scale: float,
+                 ft) -> tuple:
+    """cos/sin (T, n_dims/2) of ggml's multi-section rope: pair i turns by the position of its stream."""
+    stream = mrope_stream(sections, imrope, n_dims // 2)
+    inv_freq = freq_base ** (-np.arange(0, n_dims, 2, dtype=np.float64) / n_dims)
+    p = pos4.astype(np.float64)[stream, :].T  # (T, n_dims/2)
+    theta = p * freq_scale * inv_freq[None, :]
+    return np.cos(theta).astype(ft), np.sin(theta).astype(ft)
+
+
 @kernel("ROPE")
 def _rope(be: NumpyOps, n: Tensor) -> None:
     p = n.params
     if p.get("ext_factor", 0.0) != 0.0:
         raise UnsupportedError(f"{n.name}: YaRN rope (ext_factor != 0) is not supported")
     x = be.load(n.src[0])  # (ne3, T, H, D)
-    pos = array(n.src[1]).reshape(-1)  # I32 [T]
+    pos = array(n.src[1]).reshape(-1)  # I32 [T] (multi-section modes: [4T], streams t, h, w, e)
     nd = p["n_dims"]
-    cos, sin = rope_angles(pos, nd, p["freq_base"], p["freq_scale"], be.ft)
+    if p["mode"] & ROPE_MROPE:
+        cos, sin = mrope_angles(pos.reshape(4, -1), nd, p["sections"], p["mode"] == ROPE_IMROPE, p["freq_base"],
+                                p["freq_scale"], be.ft)
+    else:
+        cos, sin = rope_angles(pos, nd, p["freq_base"], p["freq_scale"], be.ft)
     cos = (cos * be.ft(p.get("attn_factor", 1.0)))[None, :, None, :]  # (1, T, 1, nd/2)
     sin = (sin * be.ft(p.get("attn_factor", 1.0)))[None, :, None, :]
     out = x.copy()
-    if p["mode"] == ROPE_NEOX:
+    if p["mode"] == ROPE_NEOX or p["mode"] & ROPE_MROPE:  # the multi-section modes rotate NEOX pairs
         x0, x1 = x[..., : nd // 2], x[..., nd // 2: nd]
         out[..., : nd // 2] = x0 * cos - x1 * sin
         out[..., nd // 2: nd] = x0 * sin + x1 * cos
@@ -218,11 +246,26 @@ def _glu(be: NumpyOps, n: Tensor) -> None:
     be.store(n, _silu(a) * b)
 
 
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-x))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    """ggml_compute_softplus_f32: x above 20, else log(1 + exp(x))."""
+    with np.errstate(over="ignore"):
+        return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+
+
+UNARY_FUNCS = {"SILU": _silu, "SIGMOID": _sigmoid, "SOFTPLUS": _softplus}
+
+
 @kernel("UNARY")
 def _unary(be: NumpyOps, n: Tensor) -> None:
-    if n.params["unary_op"] != "SILU":
+    fn = UNARY_FUNCS.get(n.params["unary_op"])
+    if fn is None:
         raise UnsupportedError(f"{n.name}: unary op {n.params['unary_op']}")
-    be.store(n, _silu(be.load(n.src[0])))
+    be.store(n, fn(be.load(n.src[0])))
 
 
 def scatter_rows(out: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> None:
@@ -255,3 +298,78 @@ def _cpy(be: NumpyOps, n: Tensor) -> None:
 @kernel("CONT")
 def _cont(be: NumpyOps, n: Tensor) -> None:
     be.store(n, be.load(n.src[0]).reshape(n.ne[::-1]))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the ops of the gated-delta-net layers (Qwen3.5, Qwen3-Next), with ggml-cpu's semantics (ops.cpp)
+
+
+@kernel("CONCAT")
+def _concat(be: NumpyOps, n: Tensor) -> None:
+    be.store(n, np.concatenate([be.load(n.src[0]), be.load(n.src[1])], axis=3 - n.params["dim"]))
+
+
+@kernel("L2_NORM")
+def _l2_norm(be: NumpyOps, n: Tensor) -> None:
+    x = be.load(n.src[0])
+    ss = np.einsum("...i,...i->...", x, x, dtype=np.float64)  # sum of squares in double, as ggml
+    scale = (1.0 / np.maximum(np.sqrt(ss), n.params["eps"])).astype(be.ft)
+    be.store(n, x * scale[..., None])
+
+
+@kernel("SSM_CONV")
+def _ssm_conv(be: NumpyOps, n: Tensor) -> None:
+    sx = be.load(n.src[0])[0]  # (n_s, d_inner, d_conv - 1 + n_t)
+    c = be.load(n.src[1])[0, 0]  # (d_inner, d_conv)
+    n_t = n.ne[1]
+    acc = sx[:, :, 0:n_t] * c[:, 0:1]
+    for j in range(1, c.shape[1]):  # the taps in order, as ggml sums them
+        acc = acc + sx[:, :, j:j + n_t] * c[:, j:j + 1]
+    be.store(n, acc.transpose(0, 2, 1)[None])  # [d_inner, n_t, n_s]
+
+
+def delta_rule(q, k, v, g, beta, m, scale, snapshots=None):
+    """The gated delta rule over T tokens, in place on the states m (n_seqs, H, S_v, S_k): m[j, i] is S[i][j]
+    (ggml keeps the state transposed). q, k (n_seqs, T, H, S) already broadcast to H heads; v (n_seqs, T, H,
+    S); g (n_seqs, T, H, 1 | S) log-decays; beta (n_seqs, T, H). Per token: decay, delta = beta (v - S^T k),
+    S += k delta^T, o = scale S^T q. Returns o (n_seqs, T, H, S); snapshots(t, m) after each token if given."""
+    o = np.empty(v.shape, dtype=v.dtype)
+    for t in range(v.shape[1]):
+        decay = np.exp(g[:, t])  # (n_seqs, H, 1 | S)
+        m *= decay[:, :, None, :] if decay.shape[-1] > 1 else decay[:, :, :, None]
+        sk = np.matmul(m, k[:, t, :, :, None])[..., 0]  # (n_seqs, H, S_v)
+        delta = (v[:, t] - sk) * beta[:, t, :, None]
+        m += delta[..., :, None] * k[:, t, :, None, :]
+        o[:, t] = np.matmul(m, q[:, t, :, :, None])[..., 0] * scale
+        if snapshots is not None:
+            snapshots(t, m)
+    return o
+
+
+@kernel("GATED_DELTA_NET")
+def _gated_delta_net(be: NumpyOps, n: Tensor) -> None:
+    qt, kt, vt, gt, bt, st = n.src
+    S, H, T, n_seqs = vt.ne
+    K = st.ne[1]
+    seqs, heads = np.arange(n_seqs), np.arange(H)
+
+    def bcast(t: Tensor) -> np.ndarray:  # (n_seqs, T, H, S): tiled over heads, grouped over sequences
+        x = be.load(t)
+        return x[seqs // (n_seqs // t.ne[3])][:, :, heads % t.ne[1]]
+
+    q, k, v = bcast(qt), bcast(kt), be.load(vt)
+    g, beta = be.load(gt), be.load(bt)[..., 0]
+    m = np.array(be.load(st)[0, :, 0].reshape(n_seqs, H, S, S))  # slot 0 of each sequence
+    out = be.load(n).reshape(-1).copy() if K > 1 else np.empty(n.nelements, dtype=be.ft)
+    n_att = S * H * T * n_seqs
+    snaps = out[n_att:].reshape(K, n_seqs, H, S, S)
+    keep = None
+    if K > 1:  # the last min(T, K) per-token states go to the trailing slots; earlier slots are left as they are
+        def keep(t: int, state: np.ndarray) -> None:
+            if 0 <= t - (T - K) < K:
+                snaps[t - (T - K)] = state
+    o = delta_rule(q, k, v, g, beta, m, be.ft(1.0 / np.sqrt(S)), keep)
+    out[:n_att] = o.reshape(-1)
+    if K == 1:
+        snaps[0] = m
+    be.store(n, out)

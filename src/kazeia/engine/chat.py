@@ -70,7 +70,7 @@ class ChatSession:
                 break
             common += 1
         common = min(common, len(ids) - 1)  # always feed at least one token to get logits
-        self.ctx.kv.n_past = common  # cells past n_past are masked out and will be overwritten
+        common = self.ctx.rewind(common)  # cells past it are masked out and overwritten (a recurrent state restarts)
         self.cached = ids[:common]
         return ids[common:]
 

@@ -14,14 +14,15 @@ from types import ModuleType
 import numpy as np
 
 from kazeia.engine.memory import check_fits
+from kazeia.engine.recurrent import RecurrentCache
 from kazeia.engine.scheduler import Scheduler
 from kazeia.errors import ContextOverflowError, KazeiaError
 from kazeia.gguf.reader import GGUFFile, load_gguf
 from kazeia.graph.alloc import GraphAllocator
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, array, make_tensor
-from kazeia.models.base import ModelArgs, arch_module, require_weights, weight_tensors
-from kazeia.models.transformer import GraphOptions, Inputs, LayerCache, make_inputs
+from kazeia.models.base import ModelArgs, arch_module, model_args, require_weights, weight_tensors
+from kazeia.models.transformer import GraphOptions, Inputs, LayerCache, make_inputs, position_streams
 
 FA_KV_PAD = 256  # llama.cpp pads the attended KV length to 256 cells with flash attention
 
@@ -38,7 +39,7 @@ class Model:
     def load(cls, path: str) -> Model:
         f = load_gguf(path)
         arch = arch_module(f.architecture, f.path)
-        args = ModelArgs.from_gguf(f)
+        args = model_args(f)
         buf, weights = weight_tensors(f)
         require_weights(f, weights, arch.required_weights(args))
         return cls(f, args, arch, weights, buf)
@@ -52,15 +53,16 @@ class KVCache:
     """Per-layer K and V caches [n_embd_kv, size]; cell i holds position i (one sequence)."""
 
     def __init__(self, args: ModelArgs, size: int, type_k: GGMLType = GGMLType.F16,
-                 type_v: GGMLType = GGMLType.F16) -> None:
+                 type_v: GGMLType = GGMLType.F16, layers: list[int] | None = None) -> None:
+        """`layers`: the layers with attention (default all; a hybrid's other layers have None here)."""
         self.size = size
-        self.layers: list[LayerCache] = []
+        self.layers: list[LayerCache | None] = [None] * args.n_layer
         tensors = []
-        for il in range(args.n_layer):
+        for il in range(args.n_layer) if layers is None else layers:
             k = make_tensor(type_k, (args.n_embd_kv, size), name=f"cache_k_l{il}")
             v = make_tensor(type_v, (args.n_embd_kv, size), name=f"cache_v_l{il}")
             tensors += [k, v]
-            self.layers.append(LayerCache(k, v))
+            self.layers[il] = LayerCache(k, v)
         total = sum((t.nbytes + Buffer.ALIGN - 1) // Buffer.ALIGN * Buffer.ALIGN for t in tensors)
         check_fits(f"the KV cache for a context of {size} tokens ({len(tensors) // 2} layers, K and V "
                    f"{type_k.name}/{type_v.name})", total, "; lower -c")
@@ -95,7 +97,9 @@ class Context:
         self.n_ctx = n_ctx
         self.n_ubatch = n_ubatch
         self.opts = GraphOptions(flash_attn=flash_attn)
-        self.kv = KVCache(model.args, n_ctx, type_k, type_v)
+        kv_layers = getattr(model.arch, "attention_layers", None)  # a hybrid keeps KV for its attention layers only
+        self.kv = KVCache(model.args, n_ctx, type_k, type_v, kv_layers(model.args) if kv_layers else None)
+        self.rs = RecurrentCache.for_model(model.args, model.arch)  # conv/SSM states of recurrent layers, or None
         self.allocator = GraphAllocator()
         self._graphs: dict[tuple[int, int, int], _BuiltGraph] = {}
         self.last_graph: Graph | None = None
@@ -107,6 +111,17 @@ class Context:
 
     def reset(self) -> None:
         self.kv.clear()
+        if self.rs is not None:
+            self.rs.clear()
+
+    def rewind(self, n: int) -> int:
+        """Keep the first n tokens of the cache (later cells are masked out, then overwritten); returns how many
+        were kept. A recurrent state cannot go back: short of n_past itself, the context starts over (0)."""
+        if self.rs is not None and n != self.n_past:
+            self.reset()
+            return 0
+        self.kv.n_past = n
+        return n
 
     def _n_kv(self, n_end: int) -> int:
         pad = FA_KV_PAD if self.opts.flash_attn else 32
@@ -116,9 +131,9 @@ class Context:
         key = (n_tokens, n_kv, n_out)
         bg = self._graphs.get(key)
         if bg is None:
-            inp = make_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn)
-            graph, logits = self.model.arch.build(self.args, self.model.weights, inp, self.kv.layers, n_kv,
-                                                  self.opts)
+            inp = getattr(self.model.arch, "make_inputs", make_inputs)(n_tokens, n_kv, n_out, self.opts.flash_attn)
+            caches = self.rs.layer_caches(self.kv.layers) if self.rs is not None else self.kv.layers
+            graph, logits = self.model.arch.build(self.args, self.model.weights, inp, caches, n_kv, self.opts)
             bg = _BuiltGraph(graph, inp, logits)
             if len(self._graphs) > 8:
                 self._graphs.clear()
@@ -165,7 +180,9 @@ class Context:
         T = tokens.size
         pos = np.arange(p0, p0 + T)
         array(inp.tokens)[...] = tokens.astype(np.int32)
-        array(inp.pos)[...] = pos.astype(np.int32)
+        array(inp.pos)[...] = position_streams(pos, inp.pos.ne[0] // T).astype(np.int32)
+        if self.rs is not None:
+            self.rs.write_inputs(inp)
         array(inp.kv_idx)[...] = pos.astype(np.int64)
         cells = np.arange(n_kv)
         visible = cells[None, :] <= pos[:, None]  # causal: a token sees itself and the past

@@ -38,6 +38,21 @@ class SynthConfig:
     wtype: str = "q4_0"
     tied: bool = True
     seed: int = 0
+    # qwen35 (hybrid) only: rope on the first n_rot dims in these sections, and the gated-delta-net layers
+    n_rot: int = 0  # 0: head_dim
+    rope_sections: tuple[int, int, int, int] = (11, 11, 10, 0)
+    full_attention_interval: int = 4
+    ssm_conv_kernel: int = 4
+    ssm_head_dim: int = 128  # ssm.state_size: K and V head size of the GDN layers
+    ssm_k_heads: int = 16  # ssm.group_count
+    ssm_v_heads: int = 32  # ssm.time_step_rank
+    layer_pattern: tuple[bool, ...] | None = None  # recurrent or not, per layer; default from the interval
+
+    @property
+    def recurrent_layers(self) -> list[bool]:
+        if self.layer_pattern is not None:
+            return [bool(x) for x in self.layer_pattern]
+        return [(i + 1) % self.full_attention_interval != 0 for i in range(self.n_layer)]
 
 
 PRESETS = {
@@ -48,21 +63,34 @@ PRESETS = {
                             n_vocab=32768, n_ctx=40960, rope_base=1e6, rms_eps=1e-6),
     "smollm2-135m": SynthConfig(arch="llama", n_layer=30, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3,
                                 head_dim=64, n_vocab=49152, n_ctx=8192, rope_base=1e5, rms_eps=1e-5),
+    # the Qwen3.5-4B text model (public config): 32 layers, every 4th full attention (16 q / 4 KV heads x 256,
+    # rope on 64 dims, theta 1e7, IMROPE sections 11/11/10), the others gated delta net (16 K / 32 V heads x
+    # 128, conv kernel 4); FFN 9216; tied embeddings. Vocabulary smaller than the real 248320 (as for qwen3-4b),
+    # still > 16384 rows so the lm_head stays on the CPU under the HTP's limits.
+    "qwen35-4b": SynthConfig(arch="qwen35", n_layer=32, n_embd=2560, n_ff=9216, n_head=16, n_head_kv=4,
+                             head_dim=256, n_rot=64, n_vocab=32768, n_ctx=262144, rope_base=1e7, rms_eps=1e-6),
 }
+# `--preset tiny` for the other architectures: llama's usual rope/eps; a hybrid with one attention layer in four
+TINY = {"llama": dict(rope_base=1e4, rms_eps=1e-5),
+        "qwen35": dict(n_layer=4, head_dim=64, n_rot=16, rope_sections=(3, 3, 2, 0), rope_base=1e7,
+                       ssm_head_dim=32, ssm_k_heads=2, ssm_v_heads=4)}
 
 
 def preset(name: str, **overrides) -> SynthConfig:
     if name not in PRESETS:
         raise KazeiaError(f"unknown preset '{name}' (have: {', '.join(PRESETS)})")
     cfg = PRESETS[name]
-    if name == "tiny" and overrides.get("arch") == "llama":
-        cfg = replace(cfg, rope_base=1e4, rms_eps=1e-5)
+    if name == "tiny" and overrides.get("arch") in TINY:
+        cfg = replace(cfg, **TINY[overrides["arch"]])
     return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 
 
+ARCHS = ("qwen3", "llama", "qwen35")
+
+
 def validate(cfg: SynthConfig) -> None:
-    if cfg.arch not in ("qwen3", "llama"):
-        raise KazeiaError(f"make-model: --arch must be qwen3 or llama, not {cfg.arch}")
+    if cfg.arch not in ARCHS:
+        raise KazeiaError(f"make-model: --arch must be one of {', '.join(ARCHS)}, not {cfg.arch}")
     if cfg.wtype not in TYPES:
         raise KazeiaError(f"make-model: --type must be one of {', '.join(TYPES)}")
     for k in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab", "n_ctx"):
@@ -79,12 +107,31 @@ def validate(cfg: SynthConfig) -> None:
                 raise KazeiaError(f"make-model: {k}={getattr(cfg, k)} must be a multiple of 32 for {cfg.wtype}")
         if (cfg.n_head * cfg.head_dim) % 32:
             raise KazeiaError("make-model: n_head*head_dim must be a multiple of 32 for quantized types")
+    if cfg.arch == "qwen35":
+        _validate_hybrid(cfg)
+
+
+def _validate_hybrid(cfg: SynthConfig) -> None:
+    for k in ("full_attention_interval", "ssm_conv_kernel", "ssm_head_dim", "ssm_k_heads", "ssm_v_heads"):
+        if getattr(cfg, k) <= 0:
+            raise KazeiaError(f"make-model: {k} must be positive")
+    n_rot = cfg.n_rot or cfg.head_dim
+    if n_rot < 0 or n_rot % 2 or n_rot > cfg.head_dim:
+        raise KazeiaError(f"make-model: the rope dimension {n_rot} must be even and at most head_dim")
+    if cfg.ssm_v_heads % cfg.ssm_k_heads:
+        raise KazeiaError("make-model: the GDN V heads must be a multiple of its K heads")
+    if TYPES[cfg.wtype] not in (T.F16, T.F32) and (cfg.ssm_head_dim * cfg.ssm_v_heads) % 32:
+        raise KazeiaError("make-model: the GDN value width (ssm heads x head dim) must be a multiple of 32 for "
+                          f"{cfg.wtype}")
+    if len(cfg.recurrent_layers) != cfg.n_layer:
+        raise KazeiaError(f"make-model: the layer pattern has {len(cfg.recurrent_layers)} entries for {cfg.n_layer} "
+                          "layers")
 
 
 def _weights(cfg: SynthConfig):
     """Yield (name, float32 array in numpy order (rows, cols), is_matrix)."""
     rng = np.random.default_rng(cfg.seed)
-    E, F, Dq, Dkv = cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    E = cfg.n_embd
 
     def lin(n_out, n_in):
         return (rng.standard_normal((n_out, n_in), dtype=np.float32) / np.float32(np.sqrt(n_in)))
@@ -95,6 +142,15 @@ def _weights(cfg: SynthConfig):
     # embeddings ~N(0, 16/E): tied logits then have a std of a few units, like trained models
     emb = rng.standard_normal((cfg.n_vocab, E), dtype=np.float32) * np.float32(4 / np.sqrt(E))
     yield "token_embd.weight", emb, True
+    layers = _hybrid_layers if cfg.arch == "qwen35" else _dense_layers
+    yield from layers(cfg, lin, norm_w, rng)
+    yield "output_norm.weight", norm_w(E), False
+    if not cfg.tied:
+        yield "output.weight", lin(cfg.n_vocab, E), True
+
+
+def _dense_layers(cfg: SynthConfig, lin, norm_w, rng):
+    E, F, Dq, Dkv = cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         yield p + "attn_norm.weight", norm_w(E), False
@@ -109,9 +165,51 @@ def _weights(cfg: SynthConfig):
         yield p + "ffn_gate.weight", lin(F, E), True
         yield p + "ffn_up.weight", lin(F, E), True
         yield p + "ffn_down.weight", lin(E, F), True
-    yield "output_norm.weight", norm_w(E), False
-    if not cfg.tied:
-        yield "output.weight", lin(cfg.n_vocab, E), True
+
+
+def _hybrid_layers(cfg: SynthConfig, lin, norm_w, rng):
+    """qwen35 layers as llama.cpp's converter lays them out: ssm_a = -exp(A_log) (negative), ssm_conv1d [kernel,
+    channels], attn_q with query and gate interleaved per head, V heads in ggml's tiled order (random here)."""
+    E, F, D = cfg.n_embd, cfg.n_ff, cfg.head_dim
+    S, Hk, Hv = cfg.ssm_head_dim, cfg.ssm_k_heads, cfg.ssm_v_heads
+    C = 2 * S * Hk + S * Hv
+    for il, recurrent in enumerate(cfg.recurrent_layers):
+        p = f"blk.{il}."
+        yield p + "attn_norm.weight", norm_w(E), False
+        if recurrent:
+            yield p + "attn_qkv.weight", lin(C, E), True
+            yield p + "attn_gate.weight", lin(S * Hv, E), True
+            conv = rng.standard_normal((C, cfg.ssm_conv_kernel), dtype=np.float32) / np.float32(cfg.ssm_conv_kernel)
+            yield p + "ssm_conv1d.weight", conv, False  # llama.cpp never quantizes the conv kernel
+            yield p + "ssm_dt.bias", (0.5 * rng.standard_normal(Hv, dtype=np.float32)), False
+            yield p + "ssm_a", -np.exp(rng.uniform(-1, 1, Hv)).astype(np.float32), False
+            yield p + "ssm_beta.weight", lin(Hv, E), True
+            yield p + "ssm_alpha.weight", lin(Hv, E), True
+            yield p + "ssm_norm.weight", norm_w(S), False
+            yield p + "ssm_out.weight", lin(E, S * Hv), True
+        else:
+            yield p + "attn_q.weight", lin(2 * D * cfg.n_head, E), True
+            yield p + "attn_k.weight", lin(D * cfg.n_head_kv, E), True
+            yield p + "attn_v.weight", lin(D * cfg.n_head_kv, E), True
+            yield p + "attn_output.weight", lin(E, D * cfg.n_head), True
+            yield p + "attn_q_norm.weight", norm_w(D), False
+            yield p + "attn_k_norm.weight", norm_w(D), False
+        yield p + "ffn_down.weight", lin(E, F), True
+        yield p + "ffn_gate.weight", lin(F, E), True
+        yield p + "ffn_up.weight", lin(F, E), True
+        yield p + "post_attention_norm.weight", norm_w(E), False
+
+
+def _hybrid_keys(w: GGUFWriter, cfg: SynthConfig) -> None:
+    """The qwen35 keys llama.cpp's converter writes (Qwen3_5TextModel), in its terms."""
+    w.add_rope_dimension_sections(list(cfg.rope_sections))
+    w.add_ssm_conv_kernel(cfg.ssm_conv_kernel)
+    w.add_ssm_state_size(cfg.ssm_head_dim)
+    w.add_ssm_group_count(cfg.ssm_k_heads)
+    w.add_ssm_time_step_rank(cfg.ssm_v_heads)
+    w.add_ssm_inner_size(cfg.ssm_head_dim * cfg.ssm_v_heads)
+    w.add_array(f"{cfg.arch}.attention.recurrent_layers", cfg.recurrent_layers)
+    w.add_uint32(f"{cfg.arch}.full_attention_interval", cfg.full_attention_interval)
 
 
 def encode_tensor(arr: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
@@ -122,8 +220,10 @@ def encode_tensor(arr: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
     return quantize(arr, qtype), qtype
 
 
-def write_model(cfg: SynthConfig, path: str | os.PathLike) -> dict:
-    """Write the synthetic model; returns a summary (config, tensor count, bytes)."""
+def write_model(cfg: SynthConfig, path: str | os.PathLike, tensors=None) -> dict:
+    """Write the synthetic model; returns a summary (config, tensor count, bytes). `tensors`: (name, float32 array
+    in numpy order, is_matrix) to write instead of the seeded random ones (e.g. a Hugging Face model's, mapped
+    to GGUF names and layouts); matrices get cfg.wtype, the rest F32."""
     validate(cfg)
     path = os.fspath(path)
     qtype = TYPES[cfg.wtype]
@@ -137,16 +237,18 @@ def write_model(cfg: SynthConfig, path: str | os.PathLike) -> dict:
     w.add_head_count_kv(cfg.n_head_kv)
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
-    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.n_rot or cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_base)
     w.add_layer_norm_rms_eps(cfg.rms_eps)
     w.add_vocab_size(cfg.n_vocab)
     w.add_file_type({T.F32: 0, T.F16: 1, T.Q4_0: 2, T.Q4_1: 3, T.Q8_0: 7}[qtype])
     w.add_quantization_version(2)
     w.add_uint32("kazeia.synthetic.seed", cfg.seed)
+    if cfg.arch == "qwen35":
+        _hybrid_keys(w, cfg)
     vocab = make_vocab(cfg.n_vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if cfg.arch == "qwen3" else "smollm")
+    w.add_tokenizer_pre({"qwen3": "qwen2", "qwen35": "qwen35"}.get(cfg.arch, "smollm"))
     w.add_token_list(vocab.tokens)
     w.add_token_types(vocab.token_types)
     w.add_token_merges(vocab.merges)
@@ -155,7 +257,7 @@ def write_model(cfg: SynthConfig, path: str | os.PathLike) -> dict:
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML_TEMPLATE)
     n = 0
-    for name, arr, is_matrix in _weights(cfg):
+    for name, arr, is_matrix in (_weights(cfg) if tensors is None else tensors):
         data, t = encode_tensor(arr, qtype) if is_matrix else (arr, T.F32)
         w.add_tensor(name, data, raw_dtype=t if t not in (T.F32, T.F16) else None)
         n += 1

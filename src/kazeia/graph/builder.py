@@ -54,6 +54,11 @@ def view_3d(a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int, offset:
     return view(a, (ne0, ne1, ne2), (a.nb[0], nb1, nb2), offset, name)
 
 
+def view_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, nb1: int, nb2: int, nb3: int, offset: int = 0,
+            name: str = "") -> Tensor:
+    return view(a, (ne0, ne1, ne2, ne3), (a.nb[0], nb1, nb2, nb3), offset, name)
+
+
 def reshape(a: Tensor, *ne: int, name: str = "") -> Tensor:
     ne4 = _ne4(ne)
     if ne4[0] * ne4[1] * ne4[2] * ne4[3] != a.nelements:
@@ -180,6 +185,87 @@ def swiglu_split(a: Tensor, b: Tensor, name: str = "") -> Tensor:
 
 def silu(a: Tensor, name: str = "") -> Tensor:
     return _result("UNARY", F32, a.ne, (a,), name, unary_op="SILU")
+
+
+def sigmoid(a: Tensor, name: str = "") -> Tensor:
+    return _result("UNARY", F32, a.ne, (a,), name, unary_op="SIGMOID")
+
+
+def softplus(a: Tensor, name: str = "") -> Tensor:
+    """log(1 + exp(x)), and x itself above 20 (ggml_compute_softplus_f32)."""
+    return _result("UNARY", F32, a.ne, (a,), name, unary_op="SOFTPLUS")
+
+
+# ---------------------------------------------------------------------------------------------
+# the ops of the hybrid (gated delta net) layers and multi-section rope
+
+ROPE_MROPE = 8
+ROPE_IMROPE = 40  # MROPE | 32: sections interleaved (Qwen3-VL, Qwen3.5)
+ROPE_VISION = 24
+
+
+def rope_multi(a: Tensor, pos: Tensor, n_dims: int, sections: tuple[int, int, int, int], mode: int,
+               freq_base: float, freq_scale: float = 1.0, n_ctx_orig: int = 0, ext_factor: float = 0.0,
+               attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0, name: str = "") -> Tensor:
+    """ggml_rope_multi: rope over [head_dim, n_head, n_tokens] with 4 position streams, pos I32 [4 * n_tokens]
+    (t, h, w, e); `sections` pairs of dims per stream. Op ROPE, like ggml."""
+    if mode not in (ROPE_MROPE, ROPE_IMROPE):
+        raise ValueError(f"rope_multi mode {mode} is not supported")
+    if pos.ne[0] != 4 * a.ne[2]:
+        raise ValueError(f"rope_multi: {pos.name} has {pos.ne[0]} positions, want 4 x {a.ne[2]}")
+    return _result("ROPE", F32, a.ne, (a, pos), name, n_dims=int(n_dims), mode=int(mode),
+                   sections=[int(x) for x in sections], freq_base=float(freq_base), freq_scale=float(freq_scale),
+                   n_ctx_orig=int(n_ctx_orig), ext_factor=float(ext_factor), attn_factor=float(attn_factor),
+                   beta_fast=float(beta_fast), beta_slow=float(beta_slow))
+
+
+def cont_nd(a: Tensor, *ne: int, name: str = "") -> Tensor:
+    """ggml_cont_2d/3d/4d: a CONT whose result has the new shape (same element count)."""
+    ne4 = _ne4(ne)
+    if ne4[0] * ne4[1] * ne4[2] * ne4[3] != a.nelements:
+        raise ValueError(f"cont of {a.name} {a.ne} to {ne4}: element count differs")
+    return _result("CONT", a.type, ne4, (a,), name or f"{a.name} (cont)")
+
+
+def concat(a: Tensor, b: Tensor, dim: int, name: str = "") -> Tensor:
+    """ggml_concat: a then b along `dim`; every other dim equal. Result type is a's."""
+    if a.type != b.type or any(a.ne[i] != b.ne[i] for i in range(4) if i != dim):
+        raise ValueError(f"concat {a.name}{a.ne} and {b.name}{b.ne} along {dim}: shapes or types differ")
+    ne = list(a.ne)
+    ne[dim] += b.ne[dim]
+    return _result("CONCAT", a.type, ne, (a, b), name, dim=int(dim))
+
+
+def l2_norm(a: Tensor, eps: float, name: str = "") -> Tensor:
+    """x / max(||x||, eps) per row."""
+    return _result("L2_NORM", F32, a.ne, (a,), name, eps=float(eps))
+
+
+def ssm_conv(sx: Tensor, c: Tensor, name: str = "") -> Tensor:
+    """ggml_ssm_conv: sx [d_conv - 1 + n_t, d_inner, n_s] (conv state then the new columns, per channel), c
+    [d_conv, d_inner] -> [d_inner, n_t, n_s]: out[s, t, i] = sum_j sx[s, i, t + j] * c[i, j]."""
+    d_conv, d_inner = c.ne[0], c.ne[1]
+    n_t = sx.ne[0] - d_conv + 1
+    if sx.ne[1] != d_inner or n_t < 0 or sx.ne[3] != 1 or c.ne[2] != 1 or c.ne[3] != 1:
+        raise ValueError(f"ssm_conv: {sx.name}{sx.ne} does not fit kernel {c.name}{c.ne}")
+    return _result("SSM_CONV", F32, (d_inner, n_t, sx.ne[2]), (sx, c), name)
+
+
+def gated_delta_net(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                    name: str = "") -> Tensor:
+    """ggml_gated_delta_net (ggml bb4dc86a form): q, k [S, H_k, T, n_seqs], v [S, H, T, n_seqs], g [1 | S, H, T,
+    n_seqs], beta [1, H, T, n_seqs], state [S*S*H, K, n_seqs] -> [S*H, T*n_seqs + K*S*n_seqs]: the outputs of
+    every token, then K state snapshots (the final state when K = 1). q/k heads broadcast tiled (head h reads
+    q head h % H_k), q is scaled by 1/sqrt(S) inside."""
+    S, H, T, n_seqs = v.ne
+    K = state.ne[1]
+    ok = (q.ne[0] == k.ne[0] == S and q.ne[2] == k.ne[2] == T and H % q.ne[1] == 0 and H % k.ne[1] == 0
+          and n_seqs % q.ne[3] == 0 and n_seqs % k.ne[3] == 0 and g.ne[0] in (1, S) and g.ne[1:] == (H, T, n_seqs)
+          and beta.ne == (1, H, T, n_seqs) and state.ne == (S * S * H, K, n_seqs, 1))
+    if not ok:
+        raise ValueError(f"gated_delta_net: inconsistent shapes q{q.ne} k{k.ne} v{v.ne} g{g.ne} beta{beta.ne} "
+                         f"state{state.ne}")
+    return _result("GATED_DELTA_NET", F32, (S * H, T * n_seqs + K * S * n_seqs), (q, k, v, g, beta, state), name)
 
 
 # ---------------------------------------------------------------------------------------------

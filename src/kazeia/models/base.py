@@ -11,7 +11,7 @@ from kazeia.errors import GGUFError, UnsupportedError
 from kazeia.gguf.reader import GGUFFile
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, TFlag
 
-ARCHITECTURES = {"llama": "kazeia.models.llama", "qwen3": "kazeia.models.qwen3"}
+ARCHITECTURES = {"llama": "kazeia.models.llama", "qwen3": "kazeia.models.qwen3", "qwen35": "kazeia.models.qwen35"}
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,16 @@ def expected_shapes(a: ModelArgs) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def model_args(f: GGUFFile) -> ModelArgs:
+    """The hyperparameters of f's model: an architecture file with keys of its own extends ModelArgs (`Args`)."""
+    return getattr(arch_module(f.architecture, f.path), "Args", ModelArgs).from_gguf(f)
+
+
+def arch_expected_shapes(a: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """expected_shapes, or the architecture file's own when its tensors differ (the hybrid's)."""
+    return getattr(arch_module(a.arch), "expected_shapes", expected_shapes)(a)
+
+
 def arch_module(arch: str, path: str | None = None) -> ModuleType:
     mod = ARCHITECTURES.get(arch)
     if mod is None:
@@ -171,7 +181,7 @@ def require_weights(f: GGUFFile, weights: dict[str, Tensor], names: list[str]) -
     from kazeia.gguf.quants import supported_types
 
     readable = set(supported_types())
-    for n, shape in expected_shapes(ModelArgs.from_gguf(f)).items():
+    for n, shape in arch_expected_shapes(model_args(f)).items():
         t = weights.get(n)
         if t is None:
             continue

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import GGMLType, Tensor, TFlag, make_tensor
@@ -34,6 +36,14 @@ class LayerCache:
 
 
 @dataclass
+class RecurrentLayerCache:
+    """The recurrent state of a gated-delta-net layer (llama.cpp's cache_r_l / cache_s_l), one row per cell."""
+
+    conv: Tensor  # F32 [(d_conv - 1) * conv_channels, n_cells]: the last d_conv - 1 inputs of the conv
+    ssm: Tensor  # F32 [S_v * S_v * H_v, n_cells]: the delta-rule state
+
+
+@dataclass
 class GraphOptions:
     flash_attn: bool = True
 
@@ -50,6 +60,14 @@ def make_inputs(n_tokens: int, n_kv: int, n_out: int, flash_attn: bool) -> Input
         mask=inp(mask_type, (n_kv, n_tokens), "attn_inp_kq_mask"),
         out_ids=inp(GGMLType.I32, (n_out,), "inp_out_ids"),
     )
+
+
+def position_streams(pos: np.ndarray, n_streams: int) -> np.ndarray:
+    """inp_pos for rope with `n_streams` position streams (4 for the multi-section modes): a text token's
+    position in the first three streams (t, h, w) and 0 in the fourth, as llama.cpp fills it."""
+    if n_streams == 1:
+        return pos
+    return np.concatenate([pos, pos, pos, np.zeros_like(pos)])
 
 
 def _named(t: Tensor, name: str, il: int | None = None) -> Tensor:
@@ -90,7 +108,18 @@ def attention(g: Graph, a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor
     if qk_norm:
         k = norm(k, w[p + "attn_k_norm.weight"], a.rms_eps, "Kcur_normed", il)
     k = _named(gb.rope_ext(k, inp.pos, **rope), "Kcur_rope", il)
-    # llama.cpp expands q, k, v first, then the cache stores, then attention
+    o = attend(g, a, il, q, k, v, inp, cache, n_kv, opts)  # [D*H, T]
+    out = _named(gb.mul_mat(w[p + "attn_output.weight"], o), "attn_out", il)  # [n_embd, T]
+    if p + "attn_output.bias" in w:
+        out = _named(gb.add(out, w[p + "attn_output.bias"]), "attn_out_b", il)
+    return out
+
+
+def attend(g: Graph, a: ModelArgs, il: int, q: Tensor, k: Tensor, v: Tensor, inp: Inputs, cache: LayerCache,
+           n_kv: int, opts: GraphOptions) -> Tensor:
+    """llama.cpp's build_attn with a KV cache: q [D, H, T] and k, v [D, Hkv, T] (roped) -> [D*H, T]. Expands q, k,
+    v first, then the cache stores, then attention over the first n_kv cells."""
+    D, H, Hkv, T = a.head_dim, a.n_head, a.n_head_kv, q.ne[2]
     g.expand(q)
     g.expand(k)
     g.expand(v)
@@ -119,10 +148,7 @@ def attention(g: Graph, a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor
         kqv = gb.permute(kqv, 0, 2, 1, 3)  # [D, H, T]
         o = _named(gb.cont(kqv), "kqv_merged_cont", il)  # [D, H, T] contiguous
         o = gb.reshape(o, D * H, T)
-    out = _named(gb.mul_mat(w[p + "attn_output.weight"], o), "attn_out", il)  # [n_embd, T]
-    if p + "attn_output.bias" in w:
-        out = _named(gb.add(out, w[p + "attn_output.bias"]), "attn_out_b", il)
-    return out
+    return o
 
 
 def ffn_swiglu(a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor) -> Tensor:
