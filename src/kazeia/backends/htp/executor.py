@@ -10,6 +10,7 @@ import numpy as np
 from kazeia.backends.htp.dsp import Dsp, OpContext, OpRecord
 from kazeia.backends.htp.fp16 import round_fp16
 from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpDesc
+from kazeia.backends.htp.hybrid_kernels import KERNELS_DSP
 from kazeia.backends.htp.matmul import MatmulUnit, WeightStore
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.scratch import ScratchWriter
@@ -64,6 +65,8 @@ class Executor:
             self._flash_attn(node, use_hmx=path == "hmx")
             if path == "hmx":
                 dsp.hmx_scale = float(node.params["scale"])  # its qk-scale block is the last one loaded
+        elif node.op in KERNELS_DSP:  # SSM_CONV, GATED_DELTA_NET, CONCAT: their own VTCM use and numerics
+            KERNELS_DSP[node.op](self.io, dsp.vtcm, node, sc)
         else:
             KERNELS[node.op](self.io, node)
         self.scratch.after_op(dsp, octx, op, batch, path, sc)

@@ -32,6 +32,11 @@ class Profile:
     # the quantized HMX kernel reads src1 through its row stride and type (2026-05: M*K float32 from the data
     # pointer, whatever the view's stride or an F16 src1)
     hmx_reads_src1_layout: bool = False
+    # HVX SSM_CONV stages the conv weights in VTCM per thread as [d_conv][rows of the thread]; 2026-05 strides them
+    # by the thread's row count (often not a multiple of 32 floats), so the aligned vector loads of taps 1..d_conv-1
+    # start below their row and read shifted weights (fixed upstream by ggml-org/llama.cpp #24470, June 2026:
+    # "use padded stride for ssm-conv weights", rows per thread rounded up to 32)
+    ssm_conv_padded_weight_stride: bool = False
     # DSP callback-thread stack and the bytes one op_matmul -> hmx_matmul_q_f32 attempt takes from it
     dsp_stack_bytes: int = 64 * 1024
     matmul_frame_bytes: int = 1536
@@ -42,8 +47,9 @@ PROFILES: dict[str, Profile] = {
         name="2026-05",
         description="ggml-hexagon as of late May 2026 (bb4dc86a): HMX plan budgets 256 B of overhead but "
                     "rounds every area to 2048 B; a failing HMX matmul re-enters op_matmul; unary ops, "
-                    "argsort, concat, pad and HMX flash attention leave the src1 VTCM shortcut stale; the "
-                    "quantized HMX kernel ignores src1's row stride and type; op statuses are dropped",
+                    "argsort, concat, pad, gated delta net and HMX flash attention leave the src1 VTCM shortcut "
+                    "stale; the quantized HMX kernel ignores src1's row stride and type; HVX SSM_CONV reads its "
+                    "conv weights through an unpadded VTCM stride; op statuses are dropped",
         plan_counts_rounding=False,
         hmx_failure="reenter",
         surface_status=False,
@@ -60,6 +66,7 @@ PROFILES: dict[str, Profile] = {
         vtcm_writers_clear_shortcut=True,
         shortcut_checks_format=True,
         hmx_reads_src1_layout=True,
+        ssm_conv_padded_weight_stride=True,
     ),
 }
 

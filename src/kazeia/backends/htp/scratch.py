@@ -18,6 +18,7 @@ from kazeia.backends.htp import vtcm as V
 from kazeia.backends.htp.dsp import Dsp, OpContext
 from kazeia.backends.htp.host import OpBatch, OpDesc
 from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.scratch_hybrid import hybrid_scratch
 from kazeia.backends.htp.scratch_layouts import (
     OpScratch,
     act_scratch,
@@ -57,6 +58,9 @@ class ScratchWriter:
 
     def layout(self, node: Tensor) -> OpScratch:
         s, nt, vt = self.settings, self.settings.nhvx, self.settings.vtcm_bytes
+        hybrid = hybrid_scratch(node, nt, vt, self.profile.ssm_conv_padded_weight_stride)
+        if hybrid is not None:
+            return hybrid
         op = node.op
         if op in ("RMS_NORM", "SCALE"):
             return unary_scratch(node.src[0].ne[0], node.src[0].nrows, nt, vt, op=op, dst_ne0=node.ne[0])
@@ -79,8 +83,8 @@ class ScratchWriter:
         return no_scratch(shortcut_name(node), vt)
 
     def write(self, dsp: Dsp, node: Tensor, sc: OpScratch) -> None:
-        """Leave the op's bytes in every area it writes."""
-        if not sc.writes:
+        """Leave the op's bytes in every area it writes (the gated-delta-net ops' kernels write their own)."""
+        if not sc.writes or sc.info.get("kernel_writes"):
             return
         srcs = {"src0": node.src[0] if node.src else None,
                 "src1": node.src[1] if len(node.src) > 1 else None,

@@ -84,7 +84,7 @@ def _softmax(n: Tensor) -> bool:
 
 def _rope(n: Tensor) -> bool:
     a, pos = n.src[0], n.src[1]
-    if n.params["mode"] & 1:
+    if n.params["mode"] & 1 or n.params["mode"] == 24:  # GGML_ROPE_TYPE_VISION; MROPE and IMROPE run
         return False
     return (a.type == T.F32 and n.type == T.F32 and pos.type == T.I32 and a.is_contiguous()
             and pos.is_contiguous() and n.is_contiguous())
@@ -122,10 +122,59 @@ def _cont(n: Tensor) -> bool:
     return n.src[0].type in (T.F32, T.F16)
 
 
+def _ssm_conv(n: Tensor) -> bool:
+    """ggml_hexagon_supported_ssm_conv (the 'SSM_CONV gate'): F32 only, sx [d_conv - 1 + n_t, d_inner, n_s] with
+    contiguous rows, kernel [d_conv, d_inner], dst [d_inner, n_t, n_s]."""
+    sx, c = n.src[0], n.src[1]
+    if sx.type != T.F32 or c.type != T.F32 or n.type != T.F32:
+        return False
+    if sx.ne[3] != 1 or c.ne[2] != 1 or c.ne[3] != 1 or n.ne[3] != 1:
+        return False
+    d_conv, d_inner, n_t, n_s = c.ne[0], sx.ne[1], n.ne[1], n.ne[2]
+    if sx.ne[:3] != (d_conv - 1 + n_t, d_inner, n_s) or c.ne[:2] != (d_conv, d_inner):
+        return False
+    if n.ne[:3] != (d_inner, n_t, n_s) or {sx.nb[0], c.nb[0], n.nb[0]} != {4}:
+        return False
+    return sx.nb[1] == sx.ne[0] * 4 and c.nb[1] == c.ne[0] * 4
+
+
+def _contiguous_rows(t: Tensor) -> bool:
+    return t.nb[0] == 4
+
+
+def _gated_delta_net(n: Tensor) -> bool:
+    """ggml_hexagon_supported_gated_delta_net: all F32, S_v <= 128, q/k broadcast over heads and sequences,
+    state holding S_v*S_v*H*n_seqs*K values, dst [S_v*H, T*n_seqs + S_v*n_seqs*K]."""
+    q, k, v, g, beta, state = n.src[:6]
+    if any(t.type != T.F32 for t in (q, k, v, g, beta, state, n)):
+        return False
+    if not all(_contiguous_rows(t) for t in (q, k, v)) or not all(
+            t.is_contiguous() for t in (g, beta, state, n)):
+        return False
+    S, H, Tn, n_seqs = v.ne
+    K = state.ne[1]
+    if not (0 < S <= 128 and H > 0 and Tn > 0 and n_seqs > 0):
+        return False
+    if q.ne[0] != S or k.ne[0] != S or q.ne[2] != Tn or k.ne[2] != Tn or n_seqs % q.ne[3] or n_seqs % k.ne[3]:
+        return False
+    if g.ne[0] not in (1, S) or beta.ne[0] != 1 or state.nelements != S * S * H * n_seqs * K:
+        return False
+    return n.ne[0] == S * H and n.ne[1] == Tn * n_seqs + S * n_seqs * K
+
+
+def _concat(n: Tensor) -> bool:
+    """ggml_hexagon_supported_concat: a valid dim and F32, F16 or I32 sources."""
+    return 0 <= n.params["dim"] < 4 and all(s.type in (T.F32, T.F16, T.I32) for s in n.src if s is not None)
+
+
+UNARY_CHECKS = {"SILU": _activation, "SIGMOID": _unary, "SOFTPLUS": _unary}
+
+
 _CHECKS = {
     "MUL_MAT": _mul_mat, "ADD": _binary, "MUL": _binary, "SUB": _binary, "DIV": _binary,
     "RMS_NORM": _unary, "SCALE": _unary, "SOFT_MAX": _softmax, "ROPE": _rope, "FLASH_ATTN_EXT": _flash_attn,
     "SET_ROWS": _set_rows, "GET_ROWS": _get_rows, "CPY": _cpy, "CONT": _cont,
+    "L2_NORM": _unary, "SSM_CONV": _ssm_conv, "GATED_DELTA_NET": _gated_delta_net, "CONCAT": _concat,
 }
 
 
@@ -135,7 +184,8 @@ def supports_op(node: Tensor, settings: HtpSettings) -> bool:
     if not node.is_computed:
         return True
     if node.op == "UNARY":
-        return node.params["unary_op"] == "SILU" and _activation(node)
+        check = UNARY_CHECKS.get(node.params["unary_op"])
+        return bool(check and check(node))
     if node.op == "GLU":
         return node.params["glu_op"] == "SWIGLU" and _activation(node)
     check = _CHECKS.get(node.op)
