@@ -55,6 +55,19 @@ class RunSpec:
     def model_path(self) -> str:
         return self.model or default_model_path()
 
+    def htp_settings(self):
+        """The HtpSettings an HTP0 run of this spec uses (HtpBackend.from_options on the same options), or None
+        for another device."""
+        if self.device.upper() not in ("HTP0", "HTP"):
+            return None
+        from kazeia.backends.htp.settings import HtpSettings
+
+        return HtpSettings.from_options(self.device_options())
+
+    def device_options(self) -> DeviceOptions:
+        return DeviceOptions(htp_profile=self.htp_profile, vtcm_bytes=self.vtcm, htp_env=dict(self.env),
+                             fault=list(self.faults))
+
     def with_(self, **kw) -> RunSpec:
         d = asdict(self)
         d.update(kw)
@@ -156,9 +169,7 @@ def prompt_ids(spec: RunSpec, model: Model, tok: GGUFTokenizer | None = None) ->
 
 def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache | None = None) -> Context:
     model = model or load_model(spec.model_path)
-    opts = DeviceOptions(htp_profile=spec.htp_profile, vtcm_bytes=spec.vtcm, htp_env=dict(spec.env),
-                         fault=list(spec.faults))
-    backends = make_backends(spec.device, opts, cache if cache is not None else shared_cache())
+    backends = make_backends(spec.device, spec.device_options(), cache if cache is not None else shared_cache())
     router = Router.from_args(spec.cpu_ops, spec.cpu_nodes, spec.cpu_node_range)
     router.gates += gates_for(spec.gates, backends)
     sched = Scheduler(backends, router)
@@ -175,12 +186,11 @@ def close_backends(ctx: Context) -> None:
 
 def gates_for(names: list[str], backends) -> list:
     """Gate objects for --gate names, using the HTP backend's VTCM size and profile when there is one."""
+    from kazeia.backends.htp.settings import HtpSettings
     from kazeia.engine.gates import parse_gate
 
-    htp = next((b for b in backends if getattr(b, "settings", None) is not None), None)
-    vtcm = htp.settings.vtcm_bytes if htp else 8 * 1024 * 1024
-    profile = htp.settings.profile if htp else "robust"
-    return [parse_gate(g, vtcm, profile) for g in names]
+    htp = next((b for b in backends if isinstance(getattr(b, "settings", None), HtpSettings)), None)
+    return [parse_gate(g, htp.settings if htp else HtpSettings()) for g in names]
 
 
 def run(spec: RunSpec, hooks=(), all_logits: bool = False, ctx: Context | None = None) -> RunResult:

@@ -12,36 +12,33 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kazeia.graph.tensor import Tensor, type_name
+from kazeia.backends.htp.plan import plan_for_node
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp.support import supports_op
+from kazeia.errors import KazeiaError
+from kazeia.graph.tensor import Tensor
 
 
 @dataclass
 class VtcmPlanGate:
-    """MUL_MATs whose HMX VTCM plan would not fit (under the given profile and VTCM size) go to `target`."""
+    """MUL_MATs the HTP would send to HMX with a plan that does not fit its VTCM, and no fallback, go to `target`.
+    The plan is the backend's own (plan_for_node with the backend's settings), so the gate sees what op_matmul will
+    see: src1's layout, the arch, GGML_HEXAGON_USE_HMX, the profile, the VTCM size and NHVX."""
 
-    vtcm_bytes: int
-    profile: str
+    settings: HtpSettings
     target: str = "CPU"
-    use_hmx: bool = True
     reason: str = "gate: HMX VTCM plan would overflow"
 
     def __call__(self, node: Tensor) -> str | None:
-        if node.op != "MUL_MAT":
-            return None
-        from kazeia.backends.htp.plan import HMX_TYPES, plan_matmul
-
-        w, x = node.src[0], node.src[1]
-        if type_name(w.type) not in HMX_TYPES:
-            return None
-        plan = plan_matmul(x.ne[1], w.ne[0], w.ne[1], type_name(w.type), vtcm_size=self.vtcm_bytes,
-                           profile=self.profile, hmx_enabled=self.use_hmx)
-        if plan.path == "hmx" and not plan.fits:
-            return self.target
-        return None
+        if node.op != "MUL_MAT" or not supports_op(node, self.settings):
+            return None  # not the HTP's: placement sends it elsewhere anyway
+        plan = plan_for_node(node, self.settings)
+        # robust falls back to HVX by itself (its plan is then the HVX one): only a failure with no way out routes
+        return self.target if plan.path == "hmx" and not plan.fits else None
 
     def describe(self) -> str:
         return (f"route to {self.target} every MUL_MAT whose HMX VTCM plan does not fit "
-                f"{self.vtcm_bytes} B under profile {self.profile}")
+                f"{self.settings.vtcm_bytes} B under profile {self.settings.profile}")
 
 
 @dataclass
@@ -69,12 +66,10 @@ class NodeShapeGate:
         return f"route to {self.target} MUL_MATs of /{self.weight_regex}/ with M in {self.m_lo}..{self.m_hi}"
 
 
-def parse_gate(spec: str, vtcm_bytes: int, profile: str):
-    """`--gate vtcm-plan` or `--gate 'weight=REGEX,m=LO-HI'` (target CPU)."""
-    from kazeia.errors import KazeiaError
-
+def parse_gate(spec: str, settings: HtpSettings):
+    """`--gate vtcm-plan` or `--gate 'weight=REGEX,m=LO-HI'` (target CPU); `settings`: the HTP's."""
     if spec == "vtcm-plan":
-        return VtcmPlanGate(vtcm_bytes, profile)
+        return VtcmPlanGate(settings)
     fields = dict(kv.split("=", 1) for kv in spec.split(",") if "=" in kv)
     try:
         lo, hi = (int(v) for v in fields["m"].split("-"))

@@ -47,9 +47,7 @@ class HtpBackend(Backend):
 
     @classmethod
     def from_options(cls, opts, cpu_fallback=None) -> HtpBackend:
-        settings = HtpSettings.from_env(profile=opts.htp_profile, vtcm_bytes=opts.vtcm_bytes, faults=opts.fault,
-                                        overrides=opts.htp_env)
-        return cls(settings)
+        return cls(HtpSettings.from_options(opts))
 
     # --- Backend ---
     def supports(self, node: Tensor) -> bool:

@@ -26,6 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kazeia.backends.htp.plan import plan_for_node
+from kazeia.backends.htp.scratch import op_scratch
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp.support import supports_op
 from kazeia.graph.tensor import GGMLType, Tensor, is_quantized, row_size
 
 
@@ -87,8 +91,8 @@ def cpu_op_seconds(node: Tensor, c: CostModel = DEFAULT) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# modeled time of a whole graph (no data needed: placement and paths come from the same decisions the
-# backend makes)
+# modeled time of a whole graph the caller built (no data needed: placement and paths come from the same
+# decisions the backend makes; kazeia.engine.modeled builds graphs of whole models from shapes)
 
 
 @dataclass
@@ -99,78 +103,28 @@ class OpCost:
     seconds: float
 
 
-def op_seconds(node: Tensor, settings, c: CostModel = DEFAULT) -> OpCost:
+def op_seconds(node: Tensor, settings: HtpSettings, c: CostModel = DEFAULT) -> OpCost:
     """Modeled time of one node as the HTP backend (with these settings) would place and run it."""
-    from kazeia.backends.htp.plan import plan_matmul
-    from kazeia.backends.htp.support import supports_op
-    from kazeia.backends.htp.vtcm import HMX_ARCHS
-
     if not supports_op(node, settings):
         return OpCost(node.name, node.desc(), "CPU", cpu_op_seconds(node, c))
     if node.op == "MUL_MAT":
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
-        plan = plan_matmul(M, K, N, w.type.name.lower(), vtcm_size=settings.vtcm_bytes, profile=settings.profile,
-                           n_threads=settings.nhvx, hmx_enabled=settings.use_hmx, hmx_built=settings.arch in HMX_ARCHS)
+        plan = plan_for_node(node, settings)
         if plan.path == "hmx" and plan.fits:
             return OpCost(node.name, "MUL_MAT", "HTP0/hmx", hmx_matmul_seconds(M, K, N, w.type, plan.mc, c))
         return OpCost(node.name, "MUL_MAT", "HTP0/hvx", hvx_matmul_seconds(M, K, N, w.type, c))
     if node.op == "FLASH_ATTN_EXT":
         q, k = node.src[0], node.src[1]
-        hmx = settings.use_hmx and q.ne[0] % 32 == 0
+        hmx = op_scratch(node, settings).info.get("path") == "hmx"  # the executor's own choice
         return OpCost(node.name, node.op, "HTP0/" + ("hmx" if hmx else "hvx"),
                       flash_attn_seconds(q.ne[2], q.ne[1], k.ne[1], q.ne[0], hmx, c))
     return OpCost(node.name, node.desc(), "HTP0/hvx", elementwise_seconds(node, c))
 
 
-def graph_seconds(nodes: list[Tensor], settings, c: CostModel = DEFAULT) -> tuple[float, list[OpCost]]:
+def graph_seconds(nodes: list[Tensor], settings: HtpSettings, c: CostModel = DEFAULT) -> tuple[float, list[OpCost]]:
     """Sum over the computed nodes, plus one batch round trip per OPBATCH ops sent to the HTP."""
     costs = [op_seconds(n, settings, c) for n in nodes if n.is_computed]
     n_htp = sum(1 for oc in costs if oc.where.startswith("HTP0"))
     batches = -(-n_htp // max(1, settings.opbatch)) if n_htp else 0
     return sum(oc.seconds for oc in costs) + batches * c.batch_overhead_s, costs
-
-
-def modeled_prefill_tps(args, n_tokens: int, settings, weight_type: GGMLType = GGMLType.Q4_0,
-                        n_ubatch: int = 512, c: CostModel = DEFAULT) -> float:
-    """Modeled prompt tokens/s of a model with hyperparameters `args` (models.base.ModelArgs), built from
-    shapes only: the graphs of the prefill micro-batches are built and costed, never run."""
-    from kazeia.models.base import arch_module
-    from kazeia.models.transformer import GraphOptions, LayerCache, make_inputs
-
-    arch = arch_module(args.arch)
-    weights = shape_only_weights(args, arch.required_weights(args), weight_type)
-    caches = [LayerCache(_shape_tensor(GGMLType.F16, (args.n_embd_kv, n_tokens + 256), f"cache_k_l{i}"),
-                         _shape_tensor(GGMLType.F16, (args.n_embd_kv, n_tokens + 256), f"cache_v_l{i}"))
-              for i in range(args.n_layer)]
-    total = 0.0
-    for start in range(0, n_tokens, n_ubatch):
-        t = min(n_ubatch, n_tokens - start)
-        n_kv = min(n_tokens + 256, (start + t + 255) // 256 * 256)
-        inp = make_inputs(t, n_kv, 1, True)
-        graph, _ = arch.build(args, weights, inp, caches, n_kv, GraphOptions(flash_attn=True))
-        secs, _ = graph_seconds(graph.nodes, settings, c)
-        total += secs
-    return n_tokens / total
-
-
-def _shape_tensor(t: GGMLType, ne: tuple[int, ...], name: str) -> Tensor:
-    from kazeia.graph.tensor import TFlag, make_tensor
-
-    return make_tensor(t, ne, name=name, flags=TFlag.WEIGHT, weight_name=name)
-
-
-def shape_only_weights(args, names: list[str], weight_type: GGMLType) -> dict[str, Tensor]:
-    """Weight tensors with the right shapes and types but no data (for costing graphs)."""
-    E, F, Dq, Dkv, D = args.n_embd, args.n_ff, args.n_embd_q, args.n_embd_kv, args.head_dim
-    shapes = {"token_embd.weight": (E, args.n_vocab), "output_norm.weight": (E,), "output.weight": (E, args.n_vocab),
-              "attn_norm.weight": (E,), "attn_q.weight": (E, Dq), "attn_k.weight": (E, Dkv),
-              "attn_v.weight": (E, Dkv), "attn_output.weight": (Dq, E), "attn_q_norm.weight": (D,),
-              "attn_k_norm.weight": (D,), "ffn_norm.weight": (E,), "ffn_gate.weight": (E, F),
-              "ffn_up.weight": (E, F), "ffn_down.weight": (F, E)}
-    out = {}
-    for n in names:
-        short = n.split(".", 2)[-1] if n.startswith("blk.") else n
-        ne = shapes[short]
-        out[n] = _shape_tensor(weight_type if len(ne) == 2 else GGMLType.F32, ne, n)
-    return out

@@ -1,6 +1,8 @@
-"""HMX deep loads (notes 6.6): the mxmem load runs an HMX matmul plan issues, and which cross a VTCM bank.
+"""HMX deep loads: the mxmem load runs an HMX matmul plan issues (hmx-matmul-ops.c: core_dot_chunk_fp16), and
+which cross a VTCM bank.
 
-The March HMX code warned that an mxmem run must not straddle a 4 MiB bank; the optional
+The March 2026 hmx-matmul-ops.c warned that an mxmem run must not straddle a 4 MiB bank (the comment went away in
+ggml-org/llama.cpp #21554 with no stated reason); the optional
 `vtcm-bank-crossing` fault (an unverified hypothesis) turns such a run into a bus error.
 """
 
@@ -13,7 +15,7 @@ from kazeia.backends.htp.plan import MatmulPlan
 from kazeia.backends.htp.vtcm import HMX_TILE, HMX_TILE_BYTES, ceil_div
 
 HMX_DEEP_RUN_TILES = 32  # core_dot_chunk_fp16 loads at most 32 K-tiles per activation/weight load
-BANK_BYTES = 4 * 1024 * 1024  # the VTCM bank size the March HMX code warned mxmem runs must not cross (notes 6.6)
+BANK_BYTES = 4 * 1024 * 1024  # the VTCM bank size the March 2026 hmx-matmul-ops.c warned mxmem runs must not cross
 
 
 @dataclass(frozen=True)
@@ -70,5 +72,5 @@ def hmx_deep_loads(plan: MatmulPlan) -> list[DeepLoad]:
 
 def bank_crossings(plan: MatmulPlan, bank: int = BANK_BYTES) -> list[DeepLoad]:
     """The deep-load runs of `plan` that straddle a `bank`-byte VTCM boundary (offsets from a bank-aligned base),
-    for the optional 0x2601 bus-error fault of notes 6.6 (unverified hypothesis)."""
+    for the optional 0x2601 bus-error fault (`vtcm-bank-crossing`, an unverified hypothesis)."""
     return [d for d in hmx_deep_loads(plan) if d.offset // bank != (d.end - 1) // bank]

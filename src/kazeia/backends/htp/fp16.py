@@ -8,7 +8,7 @@ Two roundings exist:
 - `round_fp16`: IEEE round-to-nearest-even as numpy does it (values in [65504, 65520) round down to 65504).
   This is what the scalar C code on the DSP does with `(__fp16) f` and what the host does.
 - `round_fp16_hw`: the same, except that every |x| > 65504 becomes +-inf. This models the HVX/HMX converters
-  (qf32/qf16 -> hf, HMX read-out), following the design notes (section 6.7: "|x| > 65504 gives inf").
+  (qf32/qf16 -> hf in hvx-base.h, the HMX read-out), whose saturation turns |x| > 65504 into inf.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import numpy as np
 
 FP16_MAX = 65504.0
 
-# Below v79 "-inf + 0.0" in the qf32 path yields NaN (design notes 6.7, hvx-base.h); None = no quirks.
+# Below v79 "-inf + 0.0" in the qf32 path yields NaN (hvx-base.h: the qf32 add before the hf conversion);
+# None = no quirks.
 KNOWN_ARCHS = (None, 68, 69, 73, 75, 79, 81)
 
 

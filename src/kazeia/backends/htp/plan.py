@@ -1,9 +1,10 @@
 """MUL_MAT plans: the path `op_matmul` takes for given shapes and the VTCM layout of its kernel.
 
-The HMX chunk search of the May 2026 snapshot (hmx-matmul-ops.c) and its rounded bump allocation, which can
-exceed VTCM (notes 6.1); the HVX matmul spads (matmul-ops.c: op_matmul_hvx); the dispatch gates of
-matmul-ops.c: op_matmul; and what happens on an HMX failure under each profile. The mxmem load runs of an HMX
-plan are in deep_loads.py. Offsets are bytes from `vtcm_base`.
+The HMX chunk search of the May 2026 snapshot (hmx-matmul-ops.c: hmx_compute_chunks) and the rounded bump
+allocation of hmx_matmul_q_f32, which can exceed VTCM; the HVX matmul spads (matmul-ops.c: op_matmul_hvx); the
+dispatch gates of matmul-ops.c: op_matmul; and what happens on an HMX failure under each profile. The mxmem load
+runs of an HMX plan are in deep_loads.py. Offsets are bytes from `vtcm_base`. `plan_for_node` is the entry point
+for a graph node: the backend, the cost model, the routing gates and the forensic tools all plan through it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from kazeia.backends.htp.vtcm import (
     row_extent,
 )
 from kazeia.errors import KazeiaError
-from kazeia.graph.tensor import GGMLType, Tensor
+from kazeia.graph import builder as gb
+from kazeia.graph.tensor import GGMLType, Tensor, TFlag, make_tensor
 
 SUPER_BLOCK = 256  # x4x2 super-block: 8 ggml blocks of 32
 
@@ -371,11 +373,25 @@ def src_layout(w: Tensor, x: Tensor) -> tuple[bool, bool]:
     return batched, permuted
 
 
-def plan_for_node(node: Tensor, settings: HtpSettings) -> MatmulPlan:
+def matmul_node(m: int, k: int, n: int, qtype: Any = "q4_0") -> Tensor:
+    """A contiguous MUL_MAT node without data: M=m F32 activation rows of K=k against N=n weight rows of `qtype`
+    (what `kazeia htp plan --m --k --n --type` and a grid of shapes plan)."""
+    if m <= 0 or k <= 0 or n <= 0:
+        raise KazeiaError(f"matmul shape must be positive (m={m} k={k} n={n})")
+    wtype = GGMLType[norm_qtype(qtype).upper()]
+    try:
+        w = make_tensor(wtype, (k, n), name="weight", flags=TFlag.WEIGHT, weight_name="weight")
+    except ValueError as e:  # K not a whole number of blocks
+        raise KazeiaError(str(e)) from None
+    return gb.mul_mat(w, make_tensor(GGMLType.F32, (k, m), name="activations"), "matmul")
+
+
+def plan_for_node(node: Tensor, settings: HtpSettings, m: int | None = None) -> MatmulPlan:
     """The plan of a MUL_MAT node on an HTP with `settings`: the one way the backend, the cost model, the routing
     gates and the forensic tools get it, so they can never disagree. It reads what op_matmul reads: the shapes
     (M = src1 rows, K, N), the weight type, src1's layout (batched, permuted, its row stride for the F16 kernel),
-    the arch (HMX is built for some arches only), GGML_HEXAGON_USE_HMX, the profile, the VTCM size and NHVX."""
+    the arch (HMX is built for some arches only), GGML_HEXAGON_USE_HMX, the profile, the VTCM size and NHVX.
+    `m`: the plan the same node would get with another number of activation rows (a scan over prompt lengths)."""
     if node.op != "MUL_MAT":
         raise KazeiaError(f"{node.name}: a MUL_MAT plan needs a MUL_MAT node, not {node.op}")
     w, x = node.src[0], node.src[1]
@@ -383,6 +399,6 @@ def plan_for_node(node: Tensor, settings: HtpSettings) -> MatmulPlan:
     act_stride = None
     if w.type == GGMLType.F16 and x.type in (GGMLType.F32, GGMLType.F16):
         act_stride = x.nb[1] // (4 if x.type == GGMLType.F32 else 2)  # src1 row stride in elements
-    return plan_matmul(x.ne[1], w.ne[0], w.ne[1], w.type, vtcm_size=settings.vtcm_bytes, profile=settings.profile,
-                       n_threads=settings.nhvx, hmx_enabled=settings.use_hmx, hmx_built=settings.arch in HMX_ARCHS,
-                       batched=batched, permuted=permuted, act_stride=act_stride)
+    return plan_matmul(x.ne[1] if m is None else m, w.ne[0], w.ne[1], w.type, vtcm_size=settings.vtcm_bytes,
+                       profile=settings.profile, n_threads=settings.nhvx, hmx_enabled=settings.use_hmx,
+                       hmx_built=settings.arch in HMX_ARCHS, batched=batched, permuted=permuted, act_stride=act_stride)

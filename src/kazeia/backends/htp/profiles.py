@@ -82,18 +82,19 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "HMX matmul: some HVX vscatter writes of the dequantized weight tiles of the first column tile are "
           "not drained before the HMX job reads them, so HMX reads whatever VTCM held there before (the "
           "previous op's bytes). How many tiles is a timing race: it changes run to run unless "
-          "KAZEIA_HTP_RACE_SEED is set. Notes 3.2 item 2 / 6.5."),
+          "KAZEIA_HTP_RACE_SEED is set. Upstream (hmx-matmul-ops.c) drains every scatter region before the HMX "
+          "job."),
     Fault("hmx-bias-stale",
           "HMX matmul: the output conversion (bias/scale) block is not reloaded, so the read-out uses the "
           "scale the HMX unit last held (1/sqrt(head_dim) after an HMX flash attention, 0 after reset). "
-          "Notes 3.2 item 5."),
+          "Upstream reloads the block (hmx-utils.h: hmx_init_column_scales) for every job."),
     Fault("vtcm-bank-crossing",
           "HMX deep loads whose VTCM run crosses a 4 MiB bank boundary raise a precise bus error (0x2601) "
-          "and kill the DSP process, as the March 2026 code warned. Notes 6.6 (weak hypothesis)."),
+          "and kill the DSP process, as the March 2026 hmx-matmul-ops.c warned (weak hypothesis)."),
     Fault("dma-unbalanced",
           "HVX matmul leaves one DMA descriptor outstanding at the end of the op; the next op's first DMA pop "
-          "returns that stale completion and its first weight row is read before it arrived. Notes 3.2 "
-          "item 3."),
+          "returns that stale completion and its first weight row is read before it arrived. Upstream balances "
+          "its DMA pushes and pops per op (dma-queue.c: dma_queue_push / dma_queue_pop)."),
 ]}
 
 

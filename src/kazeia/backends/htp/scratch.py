@@ -17,7 +17,7 @@ import numpy as np
 from kazeia.backends.htp import vtcm as V
 from kazeia.backends.htp.dsp import Dsp, OpContext
 from kazeia.backends.htp.host import OpBatch, OpDesc
-from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.profiles import Profile, get_profile
 from kazeia.backends.htp.scratch_hybrid import hybrid_scratch
 from kazeia.backends.htp.scratch_layouts import (
     OpScratch,
@@ -51,36 +51,42 @@ def _rows2d(t: Tensor) -> np.ndarray:
     return a.reshape(-1, t.ne[0]).view(np.uint8)
 
 
+def op_scratch(node: Tensor, settings: HtpSettings) -> OpScratch:
+    """The VTCM layout (and, for flash attention, the path) of a non-matmul op on an HTP with `settings`: what
+    the executor runs and the cost model prices."""
+    s, nt, vt = settings, settings.nhvx, settings.vtcm_bytes
+    hybrid = hybrid_scratch(node, nt, vt, get_profile(settings.profile).ssm_conv_padded_weight_stride)
+    if hybrid is not None:
+        return hybrid
+    op = node.op
+    if op in ("RMS_NORM", "SCALE"):
+        return unary_scratch(node.src[0].ne[0], node.src[0].nrows, nt, vt, op=op, dst_ne0=node.ne[0])
+    if op in ("ADD", "MUL", "SUB", "DIV"):
+        return binary_scratch(node.src[0].ne, node.src[1].ne, nt, vt, op=op)
+    if op in ("GLU", "UNARY"):
+        src1_row = node.src[1].nb[1] if len(node.src) > 1 and node.src[1] is not None else None
+        return act_scratch(node.src[0].nb[1], node.src[0].nrows, nt, vt, op=shortcut_name(node),
+                           src1_row_bytes=src1_row, dst_row_bytes=node.nb[1])
+    if op == "SOFT_MAX":
+        return softmax_scratch(node.src[0].nb[1], node.src[0].nrows, nt, vt, dst_row_bytes=node.nb[1],
+                               ne00=node.src[0].ne[0])
+    if op == "ROPE":
+        return rope_scratch(node.ne[0], node.src[0].nrows, nt, vt)
+    if op == "FLASH_ATTN_EXT":
+        q, k, v = node.src[0], node.src[1], node.src[2]
+        return flash_attn_scratch(q.ne[0], v.ne[0], q.ne[1], k.ne[1], q.ne[2], k.ne[2], nt, vt,
+                                  hmx_enabled=s.use_hmx, hmx_built=s.arch in V.HMX_ARCHS,
+                                  q_f32=q.type.name == "F32", has_mask=len(node.src) > 3)
+    return no_scratch(shortcut_name(node), vt)
+
+
 class ScratchWriter:
     def __init__(self, settings: HtpSettings, profile: Profile) -> None:
         self.settings = settings
         self.profile = profile
 
     def layout(self, node: Tensor) -> OpScratch:
-        s, nt, vt = self.settings, self.settings.nhvx, self.settings.vtcm_bytes
-        hybrid = hybrid_scratch(node, nt, vt, self.profile.ssm_conv_padded_weight_stride)
-        if hybrid is not None:
-            return hybrid
-        op = node.op
-        if op in ("RMS_NORM", "SCALE"):
-            return unary_scratch(node.src[0].ne[0], node.src[0].nrows, nt, vt, op=op, dst_ne0=node.ne[0])
-        if op in ("ADD", "MUL", "SUB", "DIV"):
-            return binary_scratch(node.src[0].ne, node.src[1].ne, nt, vt, op=op)
-        if op in ("GLU", "UNARY"):
-            src1_row = node.src[1].nb[1] if len(node.src) > 1 and node.src[1] is not None else None
-            return act_scratch(node.src[0].nb[1], node.src[0].nrows, nt, vt, op=shortcut_name(node),
-                               src1_row_bytes=src1_row, dst_row_bytes=node.nb[1])
-        if op == "SOFT_MAX":
-            return softmax_scratch(node.src[0].nb[1], node.src[0].nrows, nt, vt, dst_row_bytes=node.nb[1],
-                                   ne00=node.src[0].ne[0])
-        if op == "ROPE":
-            return rope_scratch(node.ne[0], node.src[0].nrows, nt, vt)
-        if op == "FLASH_ATTN_EXT":
-            q, k, v = node.src[0], node.src[1], node.src[2]
-            return flash_attn_scratch(q.ne[0], v.ne[0], q.ne[1], k.ne[1], q.ne[2], k.ne[2], nt, vt,
-                                      hmx_enabled=s.use_hmx, hmx_built=s.arch in V.HMX_ARCHS,
-                                      q_f32=q.type.name == "F32", has_mask=len(node.src) > 3)
-        return no_scratch(shortcut_name(node), vt)
+        return op_scratch(node, self.settings)
 
     def write(self, dsp: Dsp, node: Tensor, sc: OpScratch) -> None:
         """Leave the op's bytes in every area it writes (the gated-delta-net ops' kernels write their own)."""

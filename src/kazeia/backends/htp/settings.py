@@ -48,6 +48,12 @@ class HtpSettings:
     race_seed: int | None = None  # KAZEIA_HTP_RACE_SEED: pins the timing of injected races
 
     @classmethod
+    def from_options(cls, opts) -> HtpSettings:
+        """Settings of a device built from `opts` (kazeia.engine.devices.DeviceOptions): env plus its overrides."""
+        return cls.from_env(profile=opts.htp_profile, vtcm_bytes=opts.vtcm_bytes, faults=opts.fault,
+                            overrides=opts.htp_env)
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, profile: str | None = None, vtcm_bytes: int | None = None,
                  faults: list[str] | None = None, overrides: Mapping[str, str] | None = None) -> HtpSettings:
         """Settings from `env` (default os.environ) with explicit arguments and `overrides` taking precedence."""

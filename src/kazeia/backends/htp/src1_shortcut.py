@@ -1,4 +1,5 @@
-"""The src1 "already quantized in VTCM" shortcut (notes 3.2 item 1): what each op does to it.
+"""The src1 "already quantized in VTCM" shortcut (matmul-ops.c: op_matmul_hvx, octx->src1_spad.src; upstream
+cleared it in the ops that clobber VTCM with ggml-org/llama.cpp #23989): what each op does to it.
 
 HVX matmul skips re-quantizing src1 at `vtcm_base` when the pointer it remembers (octx->src1_spad.src) still
 matches the op's src1. An op that writes VTCM from base but leaves that pointer set makes the next matmul reuse

@@ -7,11 +7,15 @@ the REPACK buffer (llama.cpp -ngl 99 puts every layer weight there, and a tied l
 
 from __future__ import annotations
 
+from kazeia.backends.htp.repack import REPACK_QTYPES
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.graph.tensor import GGMLType as T
 from kazeia.graph.tensor import Tensor, TFlag
 
-QUANT_MATMUL_TYPES = (T.Q4_0, T.Q4_1, T.Q8_0, T.IQ4_NL, T.MXFP4)
+# Upstream's supports_op also takes MXFP4 weights (and plan.py plans them as upstream does), but this model's
+# REPACK buffer has no MXFP4 x4x2 form (repack.py: RepackedWeight.from_ggml would raise), so the HTP here refuses
+# MXFP4 MUL_MATs and they run on the CPU. The quantized types the HTP takes are exactly those it can repack.
+QUANT_MATMUL_TYPES = REPACK_QTYPES
 MAX_WEIGHT_ROWS = 16 * 1024  # "typically the lm-head which would be too large for VTCM"
 MAX_SRC1_ROWS = 1024
 
@@ -168,6 +172,7 @@ def _concat(n: Tensor) -> bool:
 
 
 UNARY_CHECKS = {"SILU": _activation, "SIGMOID": _unary, "SOFTPLUS": _unary}
+
 
 
 _CHECKS = {

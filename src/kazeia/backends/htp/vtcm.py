@@ -5,7 +5,7 @@ layouts share.
 correctness relies on each op writing every byte it later reads). How each op carves its scratch out of it is
 pure arithmetic in the sibling modules, reproducing for given shapes the layout each op of the May 2026
 ggml-hexagon snapshot (ggml-org/ggml bb4dc86a, `src/ggml-hexagon/htp/`) computes from `vtcm_base`: `plan`
-(MUL_MAT: the HMX chunk search and its rounded bump allocation, which can exceed VTCM, notes 6.1; the HVX
+(MUL_MAT: the HMX chunk search and its rounded bump allocation, which can exceed VTCM; the HVX
 spads; the dispatch), `deep_loads` (the HMX load runs of a plan, and the bank crossings among them),
 `scratch_layouts` (the row ping-pong spads of the element-wise ops, softmax, rope and both flash attentions)
 and `src1_shortcut` (what each op does to the src1 "already quantized" shortcut). The backend

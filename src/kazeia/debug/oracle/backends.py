@@ -85,11 +85,8 @@ class BackendSpec:
             return RefBackend(caches.ref)
         from kazeia.backends.htp.backend import HtpBackend
 
-        be = HtpBackend(self.htp_settings(), log=log or (lambda s: None))
-        unit = getattr(getattr(be, "executor", None), "matmul", None)
-        if unit is not None and hasattr(unit, "weights"):
-            unit.weights = caches.htp_store()  # the REPACK buffer outlives one case, as on a device
-        return be
+        # the REPACK buffer outlives one case, as on a device, within the worker's budget
+        return HtpBackend(self.htp_settings(), log=log or (lambda s: None), weight_store=caches.htp_store())
 
     def describe(self) -> str:
         if self.name != "HTP0":

@@ -65,21 +65,29 @@ def case_for_node(node: Tensor) -> Case | None:
     return mul_mat_case(ta, m, n, k, tb)
 
 
+def _settings(profile: str, vtcm: int | None):
+    """The HTP the grid is planned for: default switches, this profile and VTCM size."""
+    from kazeia.backends.htp.settings import DEFAULT_VTCM, HtpSettings
+
+    return HtpSettings(profile=profile, vtcm_bytes=vtcm or DEFAULT_VTCM)
+
+
 @functools.lru_cache(maxsize=256)
 def plan_points(m: int, k: int, qtype: str, vtcm: int | None = None) -> frozenset[int]:
     """Token counts n where the HTP MUL_MAT plan (path, chunking, status, fallback) changes, with the count just
     before, under both profiles; plus every n whose plan fails (2026-05 overflow) and its neighbours."""
-    from kazeia.backends.htp.plan import QTYPES, plan_matmul
-    from kazeia.backends.htp.vtcm import DEFAULT_VTCM_SIZE, PROFILES
+    from kazeia.backends.htp.plan import QTYPES, matmul_node, plan_for_node
+    from kazeia.backends.htp.vtcm import PROFILES
 
     if qtype not in QTYPES:
         return frozenset()
-    size = vtcm or DEFAULT_VTCM_SIZE
+    node = matmul_node(1, k, m, qtype)
     pts: set[int] = set()
     for prof in PROFILES:
+        settings = _settings(prof, vtcm)
         prev = None
         for n in range(1, 1025):
-            p = plan_matmul(n, k, m, qtype, vtcm_size=size, profile=prof)
+            p = plan_for_node(node, settings, m=n)
             key = (p.path, p.mc, p.nc, p.status, p.hmx_attempt is not None)
             if prev is not None and key != prev:
                 pts.update((n - 1, n))
@@ -91,12 +99,10 @@ def plan_points(m: int, k: int, qtype: str, vtcm: int | None = None) -> frozense
 
 def _irregular(m: int, k: int, t: str, vtcm: int | None) -> set[int]:
     """Plan changes that are not at a 32-token tile edge (a new chunking chosen for cost reasons), and failures."""
-    from kazeia.backends.htp.plan import plan_matmul
-    from kazeia.backends.htp.vtcm import DEFAULT_VTCM_SIZE
+    from kazeia.backends.htp.plan import matmul_node, plan_for_node
 
-    size = vtcm or DEFAULT_VTCM_SIZE
-    failing = {n for n in plan_points(m, k, t, vtcm)
-               if plan_matmul(n, k, m, t, vtcm_size=size, profile="2026-05").status != "ok"}
+    node, settings = matmul_node(1, k, m, t), _settings("2026-05", vtcm)
+    failing = {n for n in plan_points(m, k, t, vtcm) if plan_for_node(node, settings, m=n).status != "ok"}
     edges = {n for n in plan_points(m, k, t, vtcm) if n % 32 not in (0, 1, 31)}
     return edges | {x for n in failing for x in (n - 1, n, n + 1) if 1 <= x <= 1024}
 
