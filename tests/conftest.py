@@ -26,6 +26,17 @@ from kazeia.errors import KazeiaError  # noqa: E402
 from kazeia.gguf.synth_tokenizer import MIN_VOCAB  # noqa: E402
 from kazeia.gguf.writer import preset, write_model  # noqa: E402
 
+HARNESS_VARS = ("KAZEIA_TEST_THREADS",)  # the test runner's own knobs, not switches of the code under test
+
+
+@pytest.fixture(autouse=True)
+def _no_switches_from_the_caller(monkeypatch):
+    """Every test starts without the caller's GGML_HEXAGON_* and KAZEIA_* variables: the HTP settings, profiles,
+    VTCM size, faults, caches and node ranges a test sees are the ones it sets (subprocesses inherit this)."""
+    for name in list(os.environ):
+        if name.startswith(("GGML_HEXAGON_", "KAZEIA_")) and name not in HARNESS_VARS:
+            monkeypatch.delenv(name)
+
 
 def _write(tmp_path_factory, name: str, **overrides) -> str:
     d = tmp_path_factory.mktemp(name)

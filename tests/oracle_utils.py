@@ -54,6 +54,40 @@ def nmse(a: np.ndarray, b: np.ndarray) -> float:
     return num / den
 
 
+# ---------------------------------------------------------------------------------------------------
+# the HMX matmul layout, transcribed from upstream hmx-matmul-ops.c (hmx_compute_chunks, hmx_matmul_q_f32), not
+# from kazeia.backends.htp
+
+
+def _up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def hmx_q_layout_bytes(m_tok: int, k: int, n_w: int, qtype: str, vtcm: int) -> int:
+    """Bytes of hmx_matmul_q_f32's VTCM layout for M=m_tok tokens, K=k, N=n_w weight rows: the chunk search
+    budgets 256 B of overhead beyond the unrounded areas, then every area but the 256 B scale block is rounded
+    up to 2048 B. 0 when no chunking is found."""
+    row_stride = -(-k // 256) * {"q4_0": 144, "q4_1": 160, "q8_0": 272}[qtype]
+    per_n, per_m, per_mn = row_stride + 4 * k, 2 * k, 4
+    m32 = _up(m_tok, 32)
+    best = None
+    for nc in range(n_w // 32 * 32, 31, -32):
+        rest = vtcm - 256 - nc * per_n
+        if rest <= 0:
+            continue
+        mc = min(rest // (per_m + nc * per_mn) // 32 * 32, m32)
+        if mc == 0:
+            continue
+        cost = -(-m32 // mc) * 3 * n_w + -(-n_w // nc) * 2 * m_tok
+        if best is None or cost < best[0] or (cost == best[0] and mc * nc > best[1]):
+            best = (cost, mc * nc, mc, nc)
+    if best is None:
+        return 0
+    _, _, mc, nc = best
+    r = lambda x: _up(x, 2048)  # noqa: E731
+    return r(nc * row_stride) + r(mc * k * 2) + 2 * r(mc * nc * 2) + 2 * r(nc * k * 2) + 256
+
+
 def assert_nmse(a: np.ndarray, b: np.ndarray, limit: float, what: str = "") -> float:
     err = nmse(a, b)
     assert err <= limit, f"{what}: NMSE {err:.3e} > {limit:.1e}"

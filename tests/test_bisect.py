@@ -320,7 +320,7 @@ def _fake_replay(predicate):
 
     def replay(rows, idx):
         calls.append(None if idx is None else tuple(idx))
-        return B.Verdict(B.FAIL if predicate(rows) else B.PASS, "fake")
+        return B.Outcome(B.FAIL if predicate(rows) else B.PASS, "fake")
 
     return replay, calls
 

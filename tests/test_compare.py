@@ -1,7 +1,5 @@
 """`kazeia compare` and kazeia.debug.compare: per-op error against the float64 REF, cumulative and isolated.
 
-- the verdict (NaN first, reference NaN = reference invalid, inf signs, then NMSE) on hand-made arrays;
-- the per-op thresholds of test-backend-ops on real graph nodes;
 - CPU vs REF: nothing out of tolerance; isolated errors stay at float32 rounding while cumulative ones grow;
 - HTP robust on SmolLM2 and on the Qwen3-4B-shaped model (40 tokens: HMX, 16 tokens: HVX): nothing out of
   tolerance; under --strict, every HVX excess is explained by ggml's own activation conversion;
@@ -15,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -33,81 +30,17 @@ from kazeia.debug.compare import (
     REF_INVALID,
     capture_reference,
     compare,
-    judge,
 )
 from kazeia.debug.runner import RunSpec, load_model
-from kazeia.debug.thresholds import node_threshold
 from kazeia.errors import KazeiaError
-from kazeia.graph import builder as gb
-from kazeia.graph.tensor import GGMLType, TFlag, array, make_tensor
+from kazeia.graph.tensor import GGMLType, array
 
 N_HMX = 40  # tokens: M >= 32 puts eligible matmuls on HMX
 N_HVX = 16
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the verdict
-
-
-def test_judge_nan_in_output_fails_with_nan_reason():
-    b = np.linspace(-1, 1, 64)
-    a = b.copy()
-    a[5] = np.nan
-    v = judge(a, b, 1.0)  # even a huge threshold does not let NaN through
-    assert v.status == FAIL and v.reason.startswith("NaN") and "1 of 64" in v.reason
-    assert v.nmse == math.inf
-
-
-def test_judge_nan_in_reference_is_reference_invalid_not_blamed():
-    a = np.linspace(-1, 1, 64)
-    b = a.copy()
-    b[3] = np.nan
-    for got in (a, b):  # whatever the backend produced, NaN included
-        v = judge(got, b, 1e-7)
-        assert v.status == REF_INVALID and "reference invalid" in v.reason and v.nmse is None
-
-
-def test_judge_inf_signs():
-    b = np.array([1.0, np.inf, -np.inf, 2.0])
-    assert judge(b.copy(), b, 0.0).status == OK  # matching infs are equal, the rest exact
-    a = b.copy()
-    a[1] = -np.inf
-    v = judge(a, b, 1.0)
-    assert v.status == FAIL and v.reason.startswith("inf")
-    a = b.copy()
-    a[0] = np.inf
-    assert judge(a, b, 1.0).status == FAIL
-
-
-def test_judge_nmse_and_threshold():
-    rng = np.random.default_rng(0)
-    b = rng.standard_normal(1000)
-    a = b + 1e-3 * rng.standard_normal(1000)
-    want = float(np.sum((a - b) ** 2) / np.sum(a * a))
-    v = judge(a, b, 5e-4)
-    assert v.status == OK and v.nmse == pytest.approx(want, rel=1e-12)
-    assert v.max_abs == pytest.approx(float(np.abs(a - b).max()))
-    v = judge(a, b, want / 2)
-    assert v.status == FAIL and v.nmse == pytest.approx(want)
-    assert judge(b, b, 0.0).status == OK
-    assert judge(np.nextafter(b, 10), b, 0.0).status == FAIL  # threshold 0 means bit-exact
-    v = judge(np.zeros(4), np.ones(4), 1.0)
-    assert v.status == FAIL and "all-zero" in v.reason
-
-
-def test_op_thresholds_follow_test_backend_ops():
-    w = make_tensor(GGMLType.Q4_0, (64, 32), name="w", flags=TFlag.WEIGHT)
-    e = make_tensor(GGMLType.F32, (64, 32), name="e")
-    x = make_tensor(GGMLType.F32, (64, 8), name="x")
-    ids = make_tensor(GGMLType.I32, (4,), name="ids")
-    assert node_threshold(gb.mul_mat(w, x)) == 5e-4
-    assert node_threshold(gb.soft_max_ext(gb.mul_mat(e, x), None, 1.0)) == 1e-6
-    assert node_threshold(gb.add(x, x)) == 1e-7
-    assert node_threshold(gb.cont(gb.transpose(x))) == 0.0  # same type: exact
-    assert node_threshold(gb.get_rows(e, ids)) == 0.0
-    assert node_threshold(gb.get_rows(w, ids)) == 1e-7  # dequantizing: a conversion
-    h = make_tensor(GGMLType.F16, (64, 8), name="h")
-    assert node_threshold(gb.cpy(x, h)) == 1e-7  # to F16: the rounding is part of the op
+# the MUL_MAT allowance (the verdict itself: tests/test_judge.py)
 
 
 def test_reference_activation_conversion():

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from kazeia.backends.htp.plan import plan_matmul
+from kazeia.debug.judge import nmse
 from kazeia.debug.runner import RunSpec, run
-from kazeia.debug.stats import nmse
 
 CRASH = "ggml-hex: dspqueue_read failed: 0x0000002e"
 
@@ -123,12 +123,14 @@ def test_opfilter_routes_matching_ops_to_cpu(q4b1):
 
 
 def test_robust_surfaces_op_errors_with_the_op_name(q4b1):
+    from kazeia.debug.runner import build_context, prompt_ids
     from kazeia.errors import DeviceOpError
 
     # a VTCM too small for the ops' row buffers: 2026-05 drops the status, robust raises naming the op
     tiny = 256 * 1024
-    res = run(spec(q4b1, 200, htp_profile="robust", vtcm=tiny, env={"GGML_HEXAGON_USE_HMX": "0"}))
-    assert res.error and re.search(r"op \S+-0 \(\w+\) failed on the DSP: VTCM-TOO-SMALL", res.error)
+    loud = spec(q4b1, 200, htp_profile="robust", vtcm=tiny, env={"GGML_HEXAGON_USE_HMX": "0"})
+    ctx = build_context(loud)
+    with pytest.raises(DeviceOpError, match=r"op \S+-0 \(\w+\) failed on the DSP: VTCM-TOO-SMALL"):
+        ctx.decode(prompt_ids(loud, ctx.model))  # a DeviceOpError (not a death, not another exception)
     quiet = run(spec(q4b1, 200, htp_profile="2026-05", vtcm=tiny, env={"GGML_HEXAGON_USE_HMX": "0"}))
     assert quiet.ok  # statuses dropped: the run "completes" with stale outputs
-    assert DeviceOpError

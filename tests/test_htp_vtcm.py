@@ -288,16 +288,6 @@ def test_vtcm_arena():
 # the command
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    """The command reads the backend's environment (KAZEIA_HTP_*, GGML_HEXAGON_*): start from none of it."""
-    import os
-
-    for name in list(os.environ):
-        if name.startswith(("KAZEIA_HTP_", "GGML_HEXAGON_")):
-            monkeypatch.delenv(name)
-
-
 def _plan_json(capsys, *args: str) -> dict:
     assert cli_main(["htp", "plan", *args, "--json"]) == 0
     return json.loads(capsys.readouterr().out)

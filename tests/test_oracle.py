@@ -1,8 +1,8 @@
 """kazeia oracle (kazeia.debug.oracle, kazeia.cli.oracle): test-backend-ops style single-op sweeps.
 
 The expectations come from outside the code under test: which MUL_MATs run on HMX follows the gate order of
-upstream's op_matmul (notes htp-backend.md 2.3), which of them overflow VTCM is recomputed here from the
-notes' description of hmx_matmul_q_f32 (chunk search with 256 B of overhead, areas rounded to 2048 B) and
+upstream's op_matmul (matmul-ops.c), which of them overflow VTCM is recomputed in oracle_utils from
+hmx-matmul-ops.c's hmx_matmul_q_f32 (chunk search with 256 B of overhead, areas rounded to 2048 B) and
 cross-checked with kazeia.backends.htp.plan.plan_matmul, and REF's products are compared with a float64
 product computed here from the raw block bytes.
 """
@@ -25,44 +25,23 @@ from kazeia.debug import oracle as O
 from kazeia.errors import KazeiaError
 from kazeia.graph import builder as gb
 from kazeia.graph.tensor import GGMLType, make_tensor
+from oracle_utils import hmx_q_layout_bytes
 
 VTCM = 8 * 1024 * 1024
 QUANT = ("q4_0", "q4_1", "q8_0")
 
 
 # ---------------------------------------------------------------------------------------------------
-# first principles, from the notes (not from kazeia.backends.htp)
-
-
-def _up(x: int, a: int) -> int:
-    return -(-x // a) * a
+# first principles, from upstream (not from kazeia.backends.htp)
 
 
 def hmx_q_overflows(m_tok: int, k: int, n_w: int, qtype: str, vtcm: int = VTCM) -> bool:
-    """hmx_matmul_q_f32 (notes 2.3): search (mc, nc) with 256 B of overhead, lay the areas out rounded to
-    2048 B; True when that layout is larger than VTCM (the kernel then returns -1)."""
-    row_stride = -(-k // 256) * {"q4_0": 144, "q4_1": 160, "q8_0": 272}[qtype]
-    per_n, per_m, per_mn = row_stride + 4 * k, 2 * k, 4
-    m32 = _up(m_tok, 32)
-    best = None
-    for nc in range(n_w // 32 * 32, 31, -32):
-        rest = vtcm - 256 - nc * per_n
-        if rest <= 0:
-            continue
-        mc = min(rest // (per_m + nc * per_mn) // 32 * 32, m32)
-        if mc == 0:
-            continue
-        cost = -(-m32 // mc) * 3 * n_w + -(-n_w // nc) * 2 * m_tok
-        if best is None or cost < best[0] or (cost == best[0] and mc * nc > best[1]):
-            best = (cost, mc * nc, mc, nc)
-    _, _, mc, nc = best
-    r = lambda x: _up(x, 2048)  # noqa: E731
-    used = r(nc * row_stride) + r(mc * k * 2) + 2 * r(mc * nc * 2) + 2 * r(nc * k * 2) + 256
-    return used > vtcm
+    """True when hmx_matmul_q_f32's layout is larger than VTCM (the kernel then returns -1)."""
+    return hmx_q_layout_bytes(m_tok, k, n_w, qtype, vtcm) > vtcm
 
 
 def runs_on_hmx(c: O.Case) -> bool:
-    """op_matmul's gates in order (notes 2.3) for a quantized or F16 weight."""
+    """op_matmul's gates in order (matmul-ops.c: op_matmul) for a quantized or F16 weight."""
     t, m, n, k = c["type_a"], c["m"], c["n"], c["k"]
     if m % 32 or t not in QUANT + ("f16",):
         return False
@@ -171,32 +150,6 @@ def test_case_for_node_replays_a_graph_matmul():
 
 # ---------------------------------------------------------------------------------------------------
 # the checks
-
-
-def test_judge_order_and_thresholds():
-    a = np.array([1.0, 2.0, 3.0])
-    assert O.judge(a, a, 0.0).status == O.OK
-    nan = np.array([1.0, np.nan, 3.0])
-    v = O.judge(nan, nan, 1.0)  # NaN in the reference first: never blamed on the backend
-    assert v.status == O.REF_INVALID
-    assert O.judge(a, nan, 1.0).status == O.REF_INVALID
-    v = O.judge(nan, a, 1.0)
-    assert v.status == O.FAIL and "NaN at index 1" in v.reason
-    inf = np.array([1.0, np.inf, 3.0])
-    assert O.judge(inf, inf, 0.0).status == O.OK
-    assert "inf mismatch" in O.judge(inf, a, 1.0).reason
-    assert "inf mismatch" in O.judge(a, inf, 1.0).reason
-    assert "inf sign mismatch" in O.judge(-inf, inf, 1.0).reason
-    fmax = float(np.finfo(np.float32).max)
-    assert O.judge(np.array([fmax]), np.array([np.inf]), 0.0).status == O.OK  # +-FLT_MAX counts as infinite
-    b = a * (1 + 1e-3)
-    err = np.sum((a - b) ** 2) / np.sum(a * a)
-    v = O.judge(a, b, 5e-4, "MUL_MAT")
-    assert v.status == O.OK and v.nmse == pytest.approx(err)
-    v = O.judge(a, b, err / 2, "MUL_MAT")
-    assert v.status == O.FAIL and v.reason.startswith("[MUL_MAT] ERR = ")
-    assert O.judge(np.zeros(3), np.zeros(3), 0.0).status == O.OK
-    assert O.judge(np.zeros(3), a, 1.0).status == O.FAIL  # 0/0 guarded: a non-zero error over zeros is inf
 
 
 def _dequant64(raw: np.ndarray, qtype: str, k: int) -> np.ndarray:

@@ -39,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
 
     set_threads(args.threads)
     spec = spec_from_args(args)
-    inv = investigate(spec, args.output, progress=None if args.quiet else Progress(14))
+    inv = investigate(spec, args.output, progress=(lambda msg: None) if args.quiet else Progress())
     print(f"\n{inv.title}\n\noutcome: {inv.outcome}\n\nverdict: {inv.verdict}")
     if inv.gate:
         print(f"\nrecommended gate: {inv.gate['description']}\n  try: {inv.gate['flags']}\n  validated: "

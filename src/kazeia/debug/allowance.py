@@ -10,9 +10,12 @@ inputs commits (computed in float64 during the REF run). `strict=True` turns the
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kazeia.backends.ref import RefBackend
+from kazeia.debug.judge import nmse
 from kazeia.debug.tensors import is_weight
 from kazeia.graph.tensor import GGMLType, Tensor
 
@@ -60,3 +63,12 @@ def conversion_floor(ref: RefBackend, node: Tensor) -> np.ndarray | None:
         return None
     W = ref.weight_matrix(w)
     return (xq.reshape(-1, w.ne[0]) @ W.T).reshape(node.ne[::-1])
+
+
+def conversion_allowance(converted: np.ndarray | None, exact: np.ndarray) -> float | None:
+    """The allowance of a weight MUL_MAT: the NMSE of `conversion_floor`'s output against REF's exact one (None
+    when no conversion happens or the error is not finite)."""
+    if converted is None:
+        return None
+    v = nmse(converted, exact)
+    return v if math.isfinite(v) else None

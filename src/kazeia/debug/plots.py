@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from kazeia.errors import KazeiaError
 
 if TYPE_CHECKING:
-    from kazeia.debug.compare import CompareReport, OpRow
+    from kazeia.debug.compare.report import CompareReport
+    from kazeia.debug.compare.rows import OpRow
 
 NMSE_FLOOR = 1e-20  # where exact results (NMSE 0) are drawn on the log axis
 NMSE_CEIL = 1e4  # where non-finite errors (NaN, inf, deaths) are drawn
@@ -70,7 +71,7 @@ def plot_errors(report: CompareReport, path: str, title: str | None = None) -> s
     """log10 NMSE of every op along the graph, one series per mode, the per-op thresholds (the one applied in
     isolated mode, a step line) and the whole-model threshold, failures in red and the first op out of
     tolerance marked. Returns `path`."""
-    from kazeia.debug.thresholds import WHOLE_MODEL_NMSE
+    from kazeia.debug.judge import WHOLE_MODEL_NMSE
 
     fig = new_figure(14.0, 6.0)
     ax = fig.add_subplot(1, 1, 1)

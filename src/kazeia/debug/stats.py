@@ -71,27 +71,3 @@ def tensor_hash(t: Tensor) -> str:
     else:
         data = np.ascontiguousarray(rows(t))
     return hashlib.blake2b(data.tobytes(), digest_size=12).hexdigest()
-
-
-def nmse(a: np.ndarray, b: np.ndarray) -> float:
-    """test-backend-ops' normalized MSE: sum((a-b)^2) / sum(a^2), a = backend under test, b = reference.
-    0/0 (both all-zero) counts as 0; a non-zero error over an all-zero a is infinite."""
-    a = np.asarray(a, dtype=np.float64).reshape(-1)
-    b = np.asarray(b, dtype=np.float64).reshape(-1)
-    num = float(np.sum((a - b) ** 2))
-    den = float(np.sum(a * a))
-    if den == 0.0:
-        return 0.0 if num == 0.0 else float("inf")
-    return num / den
-
-
-def max_errors(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """(max abs error, max relative error) over positions where both are finite."""
-    a = np.asarray(a, dtype=np.float64).reshape(-1)
-    b = np.asarray(b, dtype=np.float64).reshape(-1)
-    ok = np.isfinite(a) & np.isfinite(b)
-    if not ok.any():
-        return 0.0, 0.0
-    d = np.abs(a[ok] - b[ok])
-    rel = d / np.maximum(np.abs(b[ok]), 1e-30)
-    return float(d.max()), float(rel.max())

@@ -25,7 +25,7 @@ from kazeia.debug.bisect.judges import (
     CommandJudge,
     Judge,
     OracleJudge,
-    Verdict,
+    Outcome,
     classify,
     failure_text,
 )
@@ -44,6 +44,6 @@ from kazeia.debug.bisect.rows import (
 from kazeia.debug.bisect.state import STATE_VERSION, BisectInterrupted, SearchState
 
 __all__ = ["FAIL", "OTHER", "PASS", "ROW_WISE_OPS", "STATE_VERSION", "BisectInterrupted", "CommandJudge", "Judge",
-           "MResult", "OpNode", "OpsResult", "OracleJudge", "Replay", "RowsResult", "SearchState", "Verdict",
+           "MResult", "OpNode", "OpsResult", "OracleJudge", "Replay", "RowsResult", "SearchState", "Outcome",
            "bisect_m", "bisect_ops", "bisect_rows", "classify", "ddmin", "ddmin_rows", "device_ops",
            "dump_rows_replay", "failure_text", "format_m", "format_ops", "format_rows", "ops_routing"]

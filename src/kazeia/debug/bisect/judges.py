@@ -1,6 +1,7 @@
 """Judging one bisect step: pass, fail, or "other" (failed, but not with the pinned signature).
 
-`OracleJudge`: the run must not die and its logits must match the CPU within the whole-model NMSE threshold;
+`OracleJudge`: the run must not die and its logits must pass kazeia.debug.judge against the CPU's (the
+whole-model NMSE threshold);
 `CommandJudge`: a shell command, exit status 0 = pass, like Polygraphy's `--check`. Runs happen in child
 processes by default, so a crash or a hang in one step becomes a failed step, not a dead search.
 """
@@ -20,27 +21,37 @@ from typing import Protocol
 import numpy as np
 
 from kazeia.backends.weights import WeightCache
+from kazeia.debug.judge import WHOLE_MODEL_NMSE, judge, judge_logits
 from kazeia.debug.runner import RunResult, RunSpec, build_context, run, run_child
-from kazeia.debug.stats import nmse
-from kazeia.debug.thresholds import WHOLE_MODEL_NMSE
 from kazeia.errors import KazeiaError
 
 PASS, FAIL, OTHER = "pass", "fail", "other"
 
-# What a numeric (logits) failure says; a --fail-regex that matches none of these cannot pin a numeric
-# failure, so runs that complete need no reference run.
-_NUMERIC_SAMPLES = ("logits mismatch: NMSE 1 > 0.002", "logits hold NaN", "logits inf sign mismatch")
-
 
 @dataclass
-class Verdict:
+class Outcome:
+    """What one bisect step came to."""
+
     outcome: str  # PASS, FAIL or OTHER (failed, but not with the pinned signature)
     detail: str = ""
     seconds: float = 0.0
 
 
+def numeric_failure_samples(op: str = "logits") -> tuple[str, ...]:
+    """What the judge says of wrong numbers (a NaN, an unmatched inf, an NMSE over the threshold), from the judge
+    itself: a --fail-regex that matches none of these cannot pin a numeric failure, so runs that complete need
+    no reference run."""
+    ref = np.array([1.0, 2.0])
+    bad = (np.array([np.nan, 2.0]), np.array([np.inf, 2.0]), np.array([-np.inf, 2.0]), np.array([9.0, 2.0]))
+    return tuple(judge(a, b, 1e-3, op=op).reason for a in bad for b in (ref, np.array([np.inf, 2.0])))
+
+
+def could_be_numeric(fail_regex: re.Pattern | None, op: str = "logits") -> bool:
+    return fail_regex is None or any(fail_regex.search(s) for s in numeric_failure_samples(op))
+
+
 class Judge(Protocol):
-    def __call__(self, spec: RunSpec) -> Verdict: ...
+    def __call__(self, spec: RunSpec) -> Outcome: ...
 
     def describe(self) -> dict: ...
 
@@ -92,7 +103,7 @@ class OracleJudge:
 
     @property
     def needs_reference(self) -> bool:
-        return self.fail_regex is None or any(self.fail_regex.search(s) for s in _NUMERIC_SAMPLES)
+        return could_be_numeric(self.fail_regex)
 
     def _run(self, spec: RunSpec) -> RunResult:
         self.runs += 1
@@ -104,36 +115,19 @@ class OracleJudge:
         except Exception as e:  # noqa: BLE001 - in-process mode: any exception is this step's failure
             return RunResult(ok=False, error=f"{type(e).__name__}: {e}")
 
-    def __call__(self, spec: RunSpec) -> Verdict:
+    def __call__(self, spec: RunSpec) -> Outcome:
         t0 = time.perf_counter()
         res = self._run(spec)
         if not res.ok:
             text = failure_text(res) or "failed"
-            return Verdict(classify(text, self.fail_regex), first_line(text), time.perf_counter() - t0)
+            return Outcome(classify(text, self.fail_regex), first_line(text), time.perf_counter() - t0)
         if not self.needs_reference or res.logits is None:
-            return Verdict(PASS, "ok (death check only: the fail regex cannot match a numeric failure)",
+            return Outcome(PASS, "ok (death check only: the fail regex cannot match a numeric failure)",
                            time.perf_counter() - t0)
-        problem = self.compare(res.logits, self.reference_logits(spec))
-        if problem is None:
-            return Verdict(PASS, "ok", time.perf_counter() - t0)
-        return Verdict(classify(problem, self.fail_regex), problem, time.perf_counter() - t0)
-
-    def compare(self, got: np.ndarray, ref: np.ndarray) -> str | None:
-        """None if the logits pass, else why not (NaN first, then inf signs, then NMSE)."""
-        got = np.asarray(got, dtype=np.float64).reshape(-1)
-        ref = np.asarray(ref, dtype=np.float64).reshape(-1)
-        if got.shape != ref.shape:
-            return f"logits shape {got.shape} != reference {ref.shape}"
-        if np.isnan(got).any():
-            return f"logits hold NaN ({int(np.isnan(got).sum())} of {got.size})"
-        if not np.array_equal(np.isposinf(got), np.isposinf(ref)) or not np.array_equal(np.isneginf(got),
-                                                                                         np.isneginf(ref)):
-            return "logits inf sign mismatch"
-        fin = np.isfinite(got) & np.isfinite(ref)
-        e = nmse(got[fin], ref[fin])
-        if e > self.threshold:
-            return f"logits mismatch: NMSE {e:.3g} > {self.threshold:g}"
-        return None
+        v = judge_logits(res.logits, self.reference_logits(spec), self.threshold, name=spec.device)
+        if v.ok:
+            return Outcome(PASS, f"ok ({v.reason})", time.perf_counter() - t0)
+        return Outcome(classify(v.reason, self.fail_regex), v.reason, time.perf_counter() - t0)
 
     def reference_spec(self, spec: RunSpec) -> RunSpec:
         return RunSpec(model=spec.model, prompt=spec.prompt, n_prompt=spec.n_prompt, tokens=spec.tokens,
@@ -186,7 +180,7 @@ class CommandJudge:
                 "KAZEIA_BISECT_M": "" if spec.n_prompt is None else str(spec.n_prompt),
                 "KAZEIA_RUN_CMD": spec.command()}
 
-    def __call__(self, spec: RunSpec) -> Verdict:
+    def __call__(self, spec: RunSpec) -> Outcome:
         env = self.step_env(spec)
         cmd = (self.command.replace("{cpu_node_range}", env["KAZEIA_CPU_NODE_RANGE"])
                .replace("{m}", env["KAZEIA_BISECT_M"]).replace("{run}", env["KAZEIA_RUN_CMD"]))
@@ -208,11 +202,11 @@ class CommandJudge:
             raise
         seconds = time.perf_counter() - t0
         if proc.returncode == 0 and not status.startswith("timed out"):
-            return Verdict(PASS, "exit status 0", seconds)
+            return Outcome(PASS, "exit status 0", seconds)
         text = f"{status}\n{out or ''}"
         tail = [x for x in (out or "").strip().splitlines() if x.strip()][-1:]
         detail = status + (f": {tail[0].strip()[:140]}" if tail else "")
-        return Verdict(classify(text, self.fail_regex), detail, seconds)
+        return Outcome(classify(text, self.fail_regex), detail, seconds)
 
 
 def _kill_group(pgid: int) -> None:

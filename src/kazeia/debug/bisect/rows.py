@@ -9,12 +9,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from kazeia.debug.bisect.judges import FAIL, OTHER, PASS, Verdict, classify, first_line
+from kazeia.debug.bisect.judges import FAIL, OTHER, PASS, Outcome, classify, could_be_numeric, first_line
 from kazeia.debug.bisect.state import SearchState, step_line, table
+from kazeia.debug.judge import judge
 from kazeia.errors import KazeiaError
 
 # replay(rows_subset [m, K], indices into the original rows or None for synthetic values) -> verdict
-Replay = Callable[[np.ndarray, "list[int] | None"], Verdict]
+Replay = Callable[[np.ndarray, "list[int] | None"], Outcome]
 
 
 @dataclass
@@ -202,7 +203,7 @@ def dump_rows_replay(dump, device: str | None = None, htp_profile: str | None = 
     dev = "HTP0" if dev == "HTP" else dev
     settings = R.htp_settings_for(dump, htp_profile, vtcm, faults, env) if dev == "HTP0" else None
     regex = re.compile(fail_regex) if fail_regex else None
-    needs_ref = regex is None or any(regex.search(x) for x in ("wrong numbers: NMSE 1 > 0.0005", "NaN"))
+    needs_ref = could_be_numeric(regex, dump.op)
     thr = R.dump_threshold(dump)
     full_ref: list[np.ndarray] = []
 
@@ -216,25 +217,24 @@ def dump_rows_replay(dump, device: str | None = None, htp_profile: str | None = 
             return full_ref[0][:, :, idx]
         return run_alone(variant, "REF", None, mode="reference").output
 
-    def replay(sub: np.ndarray, idx: list[int] | None) -> Verdict:
+    def replay(sub: np.ndarray, idx: list[int] | None) -> Outcome:
         t0 = time.perf_counter()
         variant = _with_rows(dump, np.asarray(sub)[None, None])
         ex = run_alone(variant, dev, settings)
         if ex.died is not None or ex.error is not None or ex.status is not None:
             text = "\n".join(str(x) for x in (ex.verdict(), (ex.died or {}).get("message"), ex.error) if x)
-            return Verdict(classify(text, regex), first_line(text), time.perf_counter() - t0)
+            return Outcome(classify(text, regex), first_line(text), time.perf_counter() - t0)
         if not needs_ref:
-            return Verdict(PASS, "ok (death check only)", time.perf_counter() - t0)
+            return Outcome(PASS, "ok (death check only)", time.perf_counter() - t0)
         ref = reference(variant, idx)
         if ref is None:
-            return Verdict(OTHER, "the float64 reference could not run", time.perf_counter() - t0)
-        c = R.compare(ex.output, ref, thr, "ref")
+            return Outcome(OTHER, "the float64 reference could not run", time.perf_counter() - t0)
+        c = judge(ex.output, ref, thr, op=dump.op, name_a=dev)
         if c.reference_invalid:
-            return Verdict(OTHER, c.reason, time.perf_counter() - t0)
+            return Outcome(OTHER, c.reason, time.perf_counter() - t0)
         if not c.ok:
-            text = f"wrong numbers: {c.short()}"
-            return Verdict(classify(text, regex), text, time.perf_counter() - t0)
-        return Verdict(PASS, f"ok ({c.reason})", time.perf_counter() - t0)
+            return Outcome(classify(c.reason, regex), c.short(), time.perf_counter() - t0)
+        return Outcome(PASS, f"ok ({c.reason})", time.perf_counter() - t0)
 
     config = {"dump": dump.id, "digest": dump.manifest.get("digest"), "device": dev,
               "settings": None if settings is None else {k: str(v) for k, v in asdict(settings).items()},

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, fields
 
-from kazeia.debug.bisect.judges import Verdict
+from kazeia.debug.bisect.judges import Outcome
 from kazeia.debug.runner import RunSpec
 from kazeia.errors import KazeiaError
 
@@ -57,7 +57,7 @@ class SearchState:
     def memo(self) -> dict[str, dict]:
         return {s["key"]: s for s in self.steps}
 
-    def probe(self, key: str, judge: Callable[[], Verdict], **info) -> dict:
+    def probe(self, key: str, judge: Callable[[], Outcome], **info) -> dict:
         """The step for `key`: from the memo if finished before, else judged now and saved."""
         done = self.memo.get(key)
         if done is not None:

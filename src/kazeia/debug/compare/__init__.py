@@ -10,11 +10,11 @@
   the HTP: one op per batch), and its output is compared with REF's. The first row out of tolerance is the
   culprit; a device death inside an op is that op failing.
 
-Thresholds are test-backend-ops' NMSE ones (kazeia.debug.thresholds). The reference is REF's float64 value rounded
-to the output's storage type (the backend cannot store more than that), which makes the exact ops exact. A
-weight MUL_MAT also gets the NMSE of ggml's own activation conversion on its inputs (kazeia.debug.allowance;
-`strict=True` removes it). Isolated mode runs each HTP op in its own batch, so bugs that need the batch
-context (the per-batch src1 VTCM shortcut) only show in cumulative mode.
+Every output is judged by kazeia.debug.judge (test-backend-ops' checks and NMSE thresholds). The reference is
+REF's float64 value rounded to the output's storage type (the backend cannot store more than that), which makes
+the exact ops exact. A weight MUL_MAT also gets the NMSE of ggml's own activation conversion on its inputs
+(kazeia.debug.allowance; `strict=True` removes it). Isolated mode runs each HTP op in its own batch, so bugs that
+need the batch context (the per-batch src1 VTCM shortcut) only show in cumulative mode.
 
 Python use: `report = compare(RunSpec(...), "isolated")`, `report.first_failure`, `plot_errors(report, path)`.
 One `Reference` (from `capture_reference`) can serve several compares of the same model and prompt.
@@ -25,10 +25,11 @@ entry point) and `report` (the report and its text).
 """
 
 from kazeia.debug.compare.reference import Reference, capture_reference
-from kazeia.debug.compare.report import CompareReport, compare_command, format_table, plot_errors, summary_lines
+from kazeia.debug.compare.report import CompareReport, compare_command, format_table, summary_lines
 from kazeia.debug.compare.rows import OpRow
 from kazeia.debug.compare.run import compare
 from kazeia.debug.compare.verdict import DEATH, DRIFT, FAIL, MODES, OK, REF_INVALID, Verdict, judge
+from kazeia.debug.plots import plot_errors
 
 __all__ = ["DEATH", "DRIFT", "FAIL", "MODES", "OK", "REF_INVALID", "CompareReport", "OpRow", "Reference", "Verdict",
            "capture_reference", "compare", "compare_command", "format_table", "judge", "plot_errors", "summary_lines"]

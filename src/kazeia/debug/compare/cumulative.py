@@ -13,10 +13,10 @@ from kazeia.debug.compare.op_io import read_sources
 from kazeia.debug.compare.reference import Reference
 from kazeia.debug.compare.report import CompareReport
 from kazeia.debug.compare.rows import OpRow, compare_output, logits_nmse, make_row, reference_for, row_threshold
-from kazeia.debug.compare.verdict import DEATH, DRIFT, FAIL, OK, judge
+from kazeia.debug.compare.verdict import DEATH, DRIFT, FAIL, OK
+from kazeia.debug.judge import WHOLE_MODEL_NMSE, judge, node_threshold, nonfinite
 from kazeia.debug.runner import RunSpec, build_context, close_backends, run
 from kazeia.debug.tensors import logical_values
-from kazeia.debug.thresholds import WHOLE_MODEL_NMSE, node_threshold
 from kazeia.graph.tensor import Tensor, TFlag
 
 
@@ -36,7 +36,7 @@ class _CumulativeHook(Hook):
         identical, finite, worst = True, True, 0.0
         for i in read_sources(node):
             got = logical_values(node.src[i])
-            if np.issubdtype(got.dtype, np.floating) and not np.isfinite(got).all():
+            if nonfinite(got):
                 finite = False
             want = refs.get(i)
             if want is None or want.shape != got.shape:
@@ -57,7 +57,7 @@ class _CumulativeHook(Hook):
         threshold, tinfo = row_threshold(self.reference, key, node, self.strict)
         if is_output:
             threshold, tinfo = WHOLE_MODEL_NMSE, {"base_threshold": WHOLE_MODEL_NMSE, "quant_floor": None}
-        v, nonfinite_out = compare_output(node, ref, threshold)
+        v, nonfinite_out = compare_output(node, ref, threshold, info.backend)
         status, reason, judged = v.status, v.reason, True
         if status == FAIL and not (is_output or identical):
             nonfinite_new = finite and nonfinite_out and v.kind in ("nan", "inf")

@@ -102,7 +102,7 @@ class _IsolatedScheduler(Scheduler):
                                       reason=f"op error: {e}", nmse=math.inf, **tinfo))
             return
         info = self.info_hook.info or OpInfo(backend.name, getattr(backend, "path_name", "?"), index=i)
-        v, _ = compare_output(node, ref, threshold)
+        v, _ = compare_output(node, ref, threshold, info.backend)
         self.rows.append(make_row("isolated", self.ubatch, node, info, backend, threshold, v.status, index=i,
                                   reason=v.reason, nmse=v.nmse, max_abs=v.max_abs, max_rel=v.max_rel, **tinfo))
 

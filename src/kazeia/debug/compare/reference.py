@@ -4,7 +4,6 @@ replays) and how much ggml's own activation conversion would cost a MUL_MAT (the
 from __future__ import annotations
 
 import gc
-import math
 import os
 from dataclasses import dataclass, field
 
@@ -12,9 +11,8 @@ import numpy as np
 
 from kazeia.backends.base import Hook, OpInfo
 from kazeia.backends.ref import RefBackend
-from kazeia.debug.allowance import conversion_floor
+from kazeia.debug.allowance import conversion_allowance, conversion_floor
 from kazeia.debug.compare.op_io import read_sources, ref_output
-from kazeia.debug.compare.verdict import judge
 from kazeia.debug.runner import RunSpec, build_context, load_model, prompt_ids, run
 from kazeia.debug.tensors import logical_values
 from kazeia.errors import KazeiaError
@@ -71,9 +69,9 @@ class _RefCapture(Hook):
         key = (self.ubatch, info.index)
         self.out.names[key] = (node.name, node.desc())
         out = self.out.outputs[key] = ref_output(self.ref, node)
-        if self._converted is not None:
-            v = judge(self._converted, out, math.inf).nmse
-            self.out.floors[key] = v if v is not None and math.isfinite(v) else 0.0
+        allowance = conversion_allowance(self._converted, out)
+        if allowance is not None:
+            self.out.floors[key] = allowance
         self._converted = None
 
 

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 from kazeia.debug.compare.rows import OpRow
 from kazeia.debug.compare.verdict import DRIFT, MODES, OK, REF_INVALID
 from kazeia.debug.json_safe import json_safe
+from kazeia.debug.judge import WHOLE_MODEL_NMSE
 from kazeia.debug.runner import RunSpec
-from kazeia.debug.thresholds import WHOLE_MODEL_NMSE
 
 
 @dataclass
@@ -148,10 +148,3 @@ def summary_lines(report: CompareReport) -> list[str]:
                        + (f" (faulting op {d.get('faulting')}: {d.get('cause')})" if d.get("faulting") else "")
                        + (f"; {report.not_run.get(m, 0)} ops not run" if report.not_run.get(m) else ""))
     return out
-
-
-def plot_errors(report: CompareReport, path: str, title: str | None = None) -> str:
-    """Write the error plot of `report` to `path` (PNG); see kazeia.debug.plots."""
-    from kazeia.debug.plots import plot_errors as _plot
-
-    return _plot(report, path, title)

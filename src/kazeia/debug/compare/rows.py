@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -10,9 +9,9 @@ import numpy as np
 from kazeia.backends.base import Backend, OpInfo
 from kazeia.debug.compare.op_io import as_storable, output_raw
 from kazeia.debug.compare.reference import Reference
-from kazeia.debug.compare.verdict import DEATH, FAIL, Verdict, judge
+from kazeia.debug.compare.verdict import DEATH, FAIL
 from kazeia.debug.json_safe import json_safe
-from kazeia.debug.thresholds import node_threshold
+from kazeia.debug.judge import Verdict, judge, judge_logits, node_threshold, nonfinite
 from kazeia.errors import DeviceDeathError, KazeiaError
 from kazeia.graph.tensor import GGMLType, Tensor
 
@@ -81,10 +80,10 @@ def make_row(mode: str, ub: int, node: Tensor, info: OpInfo | None, backend: Bac
                  extra=extra, **kw)
 
 
-def compare_output(node: Tensor, ref: np.ndarray, threshold: float) -> tuple[Verdict, bool]:
-    """The verdict on the node's output, and whether that output holds NaN or inf."""
+def compare_output(node: Tensor, ref: np.ndarray, threshold: float, backend: str) -> tuple[Verdict, bool]:
+    """The verdict on the node's output (run on `backend`), and whether that output holds NaN or inf."""
     a = output_raw(node).astype(np.float64)
-    return judge(a, as_storable(ref, node.type), threshold), not bool(np.isfinite(a).all())
+    return judge(a, as_storable(ref, node.type), threshold, name_a=backend), nonfinite(a)
 
 
 def reference_for(reference: Reference, key: tuple[int, int], node: Tensor) -> np.ndarray:
@@ -111,6 +110,7 @@ def death_fields(e: DeviceDeathError) -> dict:
 
 
 def logits_nmse(got: np.ndarray | None, want: np.ndarray | None) -> float | None:
+    """NMSE of a run's logits against REF's (None when either is missing); inf for NaN or unmatched inf."""
     if got is None or want is None or got.shape != want.shape:
         return None
-    return judge(got, as_storable(want, GGMLType.F32), math.inf).nmse
+    return judge_logits(got, as_storable(want, GGMLType.F32)).nmse

@@ -11,8 +11,8 @@ ops that ran before this one in its batch (names, params, tensors, descriptor in
 and DSP state at the start of the batch, and the memory those ops read (every byte range their tensors
 span, weights included) with the original buffer addresses and offsets, so that a replay can rebuild the
 same tensors at the same addresses and the host's descriptor de-duplication (data address + ne + nb) maps
-them to the same descriptors. It is snapshotted from `Dsp.on_batch_start`, which the hook reaches through
-`bind_backend` (called by the HTP backend at graph start).
+them to the same descriptors. It is snapshotted (HtpBackend.snapshot) from a batch-start hook the dump hook
+registers with HtpBackend.add_batch_start_hook in `bind_backend` (called by the HTP backend at graph start).
 
 `at="enqueue"` (or "both") also writes an ENQUEUE-time capture of the same tensors, labelled as such: what
 a host-side dump taken when the op was queued sees. On an asynchronous backend that is not what the op

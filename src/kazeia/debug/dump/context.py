@@ -1,5 +1,6 @@
 """The HTP batch context of a dumped op (see the package docstring for what it holds and why): the batch's
-state snapshotted at its start from `Dsp.on_batch_start`, then cut down to the ops up to the dumped one."""
+state snapshotted at its start (HtpBackend.add_batch_start_hook, HtpBackend.snapshot), then cut down to the
+ops up to the dumped one."""
 
 from __future__ import annotations
 
@@ -14,20 +15,21 @@ from kazeia.graph.tensor import BufferUsage, Tensor, type_name
 
 
 class BatchContexts:
-    """Batch-start snapshots (one batch at a time per DSP), and the part of one that an op's dump records."""
+    """Batch-start snapshots (one batch at a time per HTP backend), and the part of one that an op's dump
+    records."""
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store
-        self._snapshots: dict[tuple[int, int], dict] = {}  # (id(dsp), batch seq) -> snapshot
+        self._snapshots: dict[tuple[int, int], dict] = {}  # (id(backend), batch seq) -> snapshot
 
-    def record(self, dsp: Any, batch: Any, last: int) -> None:
-        """Snapshot what ops[0..last] of the batch need, forgetting this DSP's previous batch."""
-        self._snapshots = {k: v for k, v in self._snapshots.items() if k[0] != id(dsp)}
-        self._snapshots[(id(dsp), batch.seq)] = snapshot(self.store, dsp, batch, last)
+    def record(self, backend: Any, batch: Any, last: int) -> None:
+        """Snapshot what ops[0..last] of the batch need, forgetting this backend's previous batch."""
+        self._snapshots = {k: v for k, v in self._snapshots.items() if k[0] != id(backend)}
+        self._snapshots[(id(backend), batch.seq)] = snapshot(self.store, backend, batch, last)
 
-    def for_op(self, dsp: Any, info: OpInfo) -> dict:
+    def for_op(self, backend: Any, info: OpInfo) -> dict:
         """The context of the op `info` describes: the ops of its batch up to it, and what they touch."""
-        snap = self._snapshots.get((id(dsp), info.batch))
+        snap = self._snapshots.get((id(backend), info.batch))
         idx = info.extra.get("batch_index")
         if snap is None or idx is None:
             return {"unavailable": "no batch-start snapshot for this batch"}
@@ -42,8 +44,9 @@ class BatchContexts:
                 "batch_ops_total": snap["batch_ops_total"]}
 
 
-def snapshot(store: BlobStore, dsp: Any, batch: Any, last: int) -> dict:
+def snapshot(store: BlobStore, backend: Any, batch: Any, last: int) -> dict:
     """Everything needed to rerun ops[0..last] of the batch on the same device state."""
+    state = backend.snapshot()
     keys: dict[int, int] = {}
     tensors: list[dict] = []
     buffers: dict[int, int] = {}
@@ -73,8 +76,8 @@ def snapshot(store: BlobStore, dsp: Any, batch: Any, last: int) -> dict:
                     "tensors": [k for k in [*src_keys, keys[id(n)]] if k is not None]})
         extents += [(s, op.index) for s in n.src if s is not None] + [(n, op.index)]
     return {"ops": ops, "tensors": tensors, "buffers": buf_meta, "descriptors": _descriptors(batch),
-            "memory": memory_regions(store, extents, buffers), "vtcm": store.put(dsp.vtcm.mem, compress=True),
-            "dsp_state": dsp_state(dsp), "batch_ops_total": len(batch.ops)}
+            "memory": memory_regions(store, extents, buffers), "vtcm": store.put(state.vtcm, compress=True),
+            "dsp_state": json_safe(state.registers()), "batch_ops_total": len(batch.ops)}
 
 
 def _descriptors(batch: Any) -> list[dict]:
@@ -128,15 +131,3 @@ def _merge_intervals(iv: list[tuple[int, int, int]]) -> list[list[int]]:
         else:
             merged.append([s, e, first])
     return merged
-
-
-def dsp_state(dsp: Any) -> dict:
-    """DSP state other than VTCM that survives from one batch to the next."""
-    state: dict[str, Any] = {}
-    for name in ("hmx_scale", "dma_stale_pop"):
-        if hasattr(dsp, name):
-            state[name] = json_safe(getattr(dsp, name))
-    race = getattr(dsp, "race", None)
-    if race is not None and hasattr(race, "bit_generator"):
-        state["race_rng"] = json_safe(race.bit_generator.state)
-    return state

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kazeia.debug.dump.load import Dump, TensorRecord
-from kazeia.debug.stats import Stats, nmse, values_stats
+from kazeia.debug.judge import nmse
+from kazeia.debug.stats import Stats, values_stats
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import SCALAR_DTYPES
 

@@ -75,8 +75,8 @@ class DumpHook(Hook):
         self._occ: dict[int, int] = {}  # id(node) -> occurrence number while the op is in flight
         self._enqueued: set[int] = set()  # id(node) of ops whose enqueue capture is done
         self._pending: dict[int, _Pending] = {}  # id(node) -> complete capture waiting for its output
-        self._backends: dict[int, Any] = {}  # id(dsp) -> HtpBackend
-        self.contexts = BatchContexts(self.store)  # batch-start snapshots, from the DSP's on_batch_start
+        self._backends: dict[int, Any] = {}  # id(backend) -> HtpBackend
+        self.contexts = BatchContexts(self.store)  # batch-start snapshots, from the backend's batch-start hook
         self._by_name: dict[str, int] = {}  # node name -> executions dumped so far
         self._nth: dict[int, int] = {}  # id(node) -> which execution of that node name this is
 
@@ -107,11 +107,10 @@ class DumpHook(Hook):
 
     def bind_backend(self, backend: Any) -> None:
         """Called by the HTP backend at graph start: lets the hook snapshot VTCM and memory at batch start."""
-        dsp = getattr(backend, "dsp", None)
-        if dsp is None or id(dsp) in self._backends:
+        if id(backend) in self._backends:
             return
-        self._backends[id(dsp)] = backend
-        dsp.on_batch_start.append(self._on_batch_start)
+        self._backends[id(backend)] = backend
+        backend.add_batch_start_hook(self._on_batch_start)
 
     # --- hook protocol ---
     def on_enqueue(self, node: Tensor, info: OpInfo) -> None:
@@ -269,11 +268,10 @@ class DumpHook(Hook):
         if be is None:
             return {"unavailable": "the hook was not bound to the HTP backend (bind_backend), so the batch start "
                                    "state was not seen"}
-        return self.contexts.for_op(be.dsp, info)
+        return self.contexts.for_op(be, info)
 
-    def _on_batch_start(self, dsp: Any, batch: Any) -> None:
-        be = self._backends.get(id(dsp))
-        if be is None or self not in be.hooks or not self.context or self.at == "enqueue":
+    def _on_batch_start(self, be: Any, batch: Any) -> None:
+        if self not in be.hooks or not self.context or self.at == "enqueue":
             return
         last = -1
         for op in batch.ops:
@@ -281,7 +279,7 @@ class DumpHook(Hook):
                 last = op.index
         if last < 0 or (self.limit is not None and self.matches >= self.limit):
             return
-        self.contexts.record(dsp, batch, last)
+        self.contexts.record(be, batch, last)
 
 
 def add_dump_args(p: argparse.ArgumentParser) -> None:

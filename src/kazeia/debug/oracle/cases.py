@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kazeia.debug.oracle.inputs import Leaves
-from kazeia.debug.thresholds import op_threshold
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Tensor
 
@@ -129,7 +128,3 @@ class OpDef:
     grid: Callable[[GridOptions], list[Case]]
     build: Callable[[Case, Leaves], Tensor]
     aliases: tuple[str, ...] = ()
-
-    @property
-    def threshold(self) -> float:
-        return op_threshold(self.name)

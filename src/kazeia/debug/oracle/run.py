@@ -9,13 +9,13 @@ import numpy as np
 from kazeia.backends.base import Backend, Hook, OpInfo
 from kazeia.backends.ref import RefBackend
 from kazeia.debug.json_safe import json_safe
+from kazeia.debug.judge import judge, node_threshold
 from kazeia.debug.oracle.backends import BackendSpec, Caches
 from kazeia.debug.oracle.cases import Case
 from kazeia.debug.oracle.inputs import Leaf, leaf_values, seed32, write_values
 from kazeia.debug.oracle.ops import BuiltCase, build_case
-from kazeia.debug.oracle.verdicts import DEATH, FAIL, NOT_SUPPORTED, OK, REF_INVALID, CaseResult, judge
+from kazeia.debug.oracle.verdicts import DEATH, FAIL, NOT_SUPPORTED, OK, REF_INVALID, CaseResult
 from kazeia.debug.tensors import logical_values
-from kazeia.debug.thresholds import op_threshold
 from kazeia.engine.scheduler import Scheduler
 from kazeia.errors import DeviceDeathError, DeviceOpError
 from kazeia.graph.alloc import GraphAllocator
@@ -114,16 +114,18 @@ def _output(built: BuiltCase, be: Backend) -> np.ndarray:
     return np.array(array(built.out), dtype=np.float64)
 
 
+def case_threshold(case: Case) -> float:
+    """The NMSE threshold of the case's op node (kazeia.debug.judge.node_threshold: a CPY to F16 converts)."""
+    return node_threshold(build_case(case).out)
+
+
 def run_case(case: Case, backend: BackendSpec | str = "HTP0", seed: int = 0,
              caches: Caches | None = None) -> CaseResult:
     """Run one case in this process: the backend under test, then REF, then the checks."""
     spec = backend if isinstance(backend, BackendSpec) else BackendSpec(backend)
     caches = caches or Caches()
     t0 = time.perf_counter()
-    # one threshold per op (no `converts`): unlike compare and replay, the oracle also judges conversions
-    # (CPY to F16, dequantizing GET_ROWS) exact
-    res = CaseResult(case.name, case.op, case.vars, spec.name, OK, seed=seed, max_nmse=op_threshold(case.op),
-                     flops=case_flops(case))
+    res = CaseResult(case.name, case.op, case.vars, spec.name, OK, seed=seed, flops=case_flops(case))
     try:
         with np.errstate(all="ignore"):  # overflow in a backend is judged by the checks, not printed
             _run_case(case, spec, seed, caches, res)
@@ -139,6 +141,7 @@ def _run_case(case: Case, spec: BackendSpec, seed: int, caches: Caches, res: Cas
     be = spec.make(caches, log=host_lines.append)
     ref = RefBackend(caches.ref)
     tested, oracle = build_case(case), build_case(case)
+    res.max_nmse = node_threshold(tested.out)
     res.memory_kb = _memory_kb(tested)
     for side, b in ((tested, be), (oracle, ref)):
         op = _unsupported(side, b)
@@ -171,7 +174,7 @@ def _run_case(case: Case, spec: BackendSpec, seed: int, caches: Caches, res: Cas
     except Exception as e:
         res.status, res.reason = REF_INVALID, f"REF raised {type(e).__name__}: {e}"
         return
-    v = judge(out, want, op_threshold(case.op), case.op, be.name)
+    v = judge(out, want, res.max_nmse, op=case.op, name_a=be.name)
     res.status, res.reason, res.nmse = v.status, v.reason, v.nmse
     if v.status != OK:
         res.log = _backend_log(be, host_lines)

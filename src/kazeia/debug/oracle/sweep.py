@@ -22,9 +22,8 @@ from typing import Any
 from kazeia.debug.oracle.backends import BackendSpec, Caches
 from kazeia.debug.oracle.cases import Case
 from kazeia.debug.oracle.report import SweepResult
-from kazeia.debug.oracle.run import case_flops, run_case
+from kazeia.debug.oracle.run import case_flops, case_threshold, run_case
 from kazeia.debug.oracle.verdicts import CRASH, TIMEOUT, CaseResult
-from kazeia.debug.thresholds import op_threshold
 
 DEFAULT_TIMEOUT = 300.0  # seconds per case; the largest default case takes a few seconds
 
@@ -171,7 +170,7 @@ class _Pool:
         """The result of a case whose worker never answered."""
         spent = self.timeout if status == TIMEOUT else 0.0
         return CaseResult(case.name, case.op, case.vars, self.spec.name, status, reason, seed=self.seed,
-                          max_nmse=op_threshold(case.op), flops=case_flops(case), seconds=spent)
+                          max_nmse=case_threshold(case), flops=case_flops(case), seconds=spent)
 
     def _shutdown(self, workers: list[_Worker]) -> None:
         for w in workers:

@@ -13,14 +13,13 @@ descriptor indexes. That answers "does this op fail because of what ran before i
 answers side by side separate a value-triggered fault from a context-triggered one.
 
 The parts: `materialize` (the dumped tensors rebuilt at their addresses), `alone` (a run in a fresh device, and
-the float64 reference), `with_context` (the batch rerun on the restored device state), `comparison` (the
-test-backend-ops checks), `results` (what a replay found, in words) and `run` (the entry point).
+the float64 reference), `with_context` (the batch rerun on the restored device state), `results` (what a replay
+found, in words) and `run` (the entry point). Every output is judged by kazeia.debug.judge.
 """
 
-from kazeia.debug.replay.comparison import Comparison, compare, dump_threshold
 from kazeia.debug.replay.materialize import materialize
 from kazeia.debug.replay.results import Execution, ReplayResult, format_result
-from kazeia.debug.replay.run import htp_settings_for, replay
+from kazeia.debug.replay.run import dump_threshold, htp_settings_for, replay
 
-__all__ = ["Comparison", "Execution", "ReplayResult", "compare", "dump_threshold", "format_result",
+__all__ = ["Execution", "ReplayResult", "dump_threshold", "format_result",
            "htp_settings_for", "materialize", "replay"]

@@ -11,11 +11,10 @@ import numpy as np
 from kazeia.backends.base import Backend, Hook, OpInfo
 from kazeia.backends.cpu import CpuBackend
 from kazeia.backends.ref import RefBackend
-from kazeia.debug.allowance import conversion_floor
+from kazeia.debug.allowance import conversion_allowance, conversion_floor
 from kazeia.debug.dump import Dump
 from kazeia.debug.replay.materialize import materialize
 from kazeia.debug.replay.results import Execution
-from kazeia.debug.stats import nmse
 from kazeia.debug.tensors import logical_values
 from kazeia.errors import DeviceDeathError, DeviceOpError, KazeiaError
 from kazeia.graph.tensor import SCALAR_DTYPES, Tensor
@@ -137,9 +136,5 @@ def reference_run(dump: Dump) -> tuple[Execution, float | None]:
         be.compute(node)
 
     ex.output = run_watched(be, node, ex, run)
-    floor = conversion_floor(be, node) if ex.output is not None else None
-    if floor is None:
-        return ex, None
-    with np.errstate(all="ignore"):
-        a = float(nmse(floor, ex.output))
-    return ex, a if np.isfinite(a) else None
+    converted = conversion_floor(be, node) if ex.output is not None else None
+    return ex, conversion_allowance(converted, ex.output)

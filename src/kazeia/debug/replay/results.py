@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kazeia.debug.dump import Dump
-from kazeia.debug.replay.comparison import Comparison
+from kazeia.debug.judge import Verdict
 
 
 @dataclass
@@ -21,8 +21,8 @@ class Execution:
     status: str | None = None  # the DSP's op status if not OK
     died: dict | None = None  # kind, cause, message, faulting op
     error: str | None = None
-    vs_ref: Comparison | None = None
-    vs_recorded: Comparison | None = None
+    vs_ref: Verdict | None = None
+    vs_recorded: Verdict | None = None
     same_death_as_recorded: bool | None = None
     inputs_reproduced: bool | None = None  # with context: did the preceding ops recreate the dumped inputs?
     input_mismatch: list[str] = field(default_factory=list)
@@ -94,7 +94,7 @@ class ReplayResult:
     profile: str | None
     alone: Execution
     context: Execution | None = None
-    recorded_vs_ref: Comparison | None = None
+    recorded_vs_ref: Verdict | None = None
     recorded_fault: dict | None = None
     reference_error: str | None = None
     notes: list[str] = field(default_factory=list)

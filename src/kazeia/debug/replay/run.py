@@ -11,11 +11,17 @@ from typing import Any
 import numpy as np
 
 from kazeia.debug.dump import Dump, load_dump
+from kazeia.debug.judge import judge, op_threshold
 from kazeia.debug.replay.alone import reference_run, run_alone
-from kazeia.debug.replay.comparison import compare, dump_threshold
 from kazeia.debug.replay.results import Execution, ReplayResult
 from kazeia.debug.replay.with_context import run_with_context
 from kazeia.errors import DumpFileError, KazeiaError
+
+
+def dump_threshold(dump: Dump) -> float:
+    """The op's NMSE threshold (kazeia.debug.judge); a conversion when src0 is missing or of another type."""
+    src0 = dump.sources[0] if dump.sources else None
+    return op_threshold(dump.op, converts=src0 is None or src0.meta["type"] != dump.node["type"])
 
 
 def htp_settings_for(dump: Dump, profile: str | None = None, vtcm: int | None = None,
@@ -115,21 +121,21 @@ def replay(dump: Dump | str | os.PathLike, device: str | None = None, htp_profil
     if recorded is not None and recorded.dtype.kind == "f":
         recorded = recorded.astype(np.float64)
     if recorded is not None and ref.output is not None:
-        res.recorded_vs_ref = compare(recorded, ref.output, thr, "ref")
+        res.recorded_vs_ref = judge(recorded, ref.output, thr, name_a="recorded")
 
-    def judge(ex: Execution) -> Execution:
+    def judged(ex: Execution) -> Execution:
         if ex.output is not None and ref.output is not None:
-            ex.vs_ref = compare(ex.output, ref.output, thr, "ref")
+            ex.vs_ref = judge(ex.output, ref.output, thr, name_a=dev)
         if ex.output is not None and recorded is not None:
-            ex.vs_recorded = compare(ex.output, recorded, thr, "recorded output")
+            ex.vs_recorded = judge(ex.output, recorded, thr, name_a=dev, name_b="recorded")
         if ex.died is not None and dump.fault:
             ex.same_death_as_recorded = (ex.died.get("kind") == dump.fault.get("kind")
                                          and ex.died.get("cause") == dump.fault.get("cause"))
         return ex
 
-    res.alone = judge(run_alone(dump, dev, settings))
+    res.alone = judged(run_alone(dump, dev, settings))
     if with_context:
         if dump.capture != "complete":
             raise KazeiaError(f"{dump.id}: an enqueue-time capture has no batch context")
-        res.context = judge(run_with_context(dump, settings))
+        res.context = judged(run_with_context(dump, settings))
     return res

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from kazeia.backends.htp.backend import DeviceState
 from kazeia.debug.dump import Dump
 from kazeia.debug.replay.alone import run_watched
 from kazeia.debug.replay.materialize import context_tensors
@@ -17,22 +18,15 @@ from kazeia.errors import DumpFileError, KazeiaError
 from kazeia.graph.tensor import Tensor
 
 
-def restore_dsp(dump: Dump, ctx: dict, dsp: Any, ex: Execution) -> None:
-    """VTCM contents and the DSP state that survives between batches, as at the start of the recorded batch."""
-    vt = dump.load_blob(ctx["vtcm"], "context VTCM")
-    n = min(vt.size, dsp.vtcm.size)
-    if vt.size != dsp.vtcm.size:
-        ex.notes.append(f"VTCM is {dsp.vtcm.size} B here, {vt.size} B in the recorded run: restored the first {n} B")
-    dsp.vtcm.mem[:n] = vt[:n]
-    state = ctx.get("dsp_state") or {}
-    for name in ("hmx_scale", "dma_stale_pop"):
-        if name in state and hasattr(dsp, name):
-            setattr(dsp, name, type(getattr(dsp, name))(state[name]))
-    if "race_rng" in state and getattr(dsp, "race", None) is not None:
-        try:
-            dsp.race.bit_generator.state = state["race_rng"]
-        except (TypeError, ValueError, KeyError):
-            ex.notes.append("could not restore the DSP race generator state")
+def recorded_state(dump: Dump, ctx: dict) -> DeviceState:
+    """The device state (VTCM bytes and registers) at the start of the recorded batch."""
+    vt = np.ascontiguousarray(dump.load_blob(ctx["vtcm"], "context VTCM")).reshape(-1).view(np.uint8)
+    regs = ctx.get("dsp_state") or {}
+    try:
+        return DeviceState(vt, float(regs.get("hmx_scale", 0.0)), bool(regs.get("dma_stale_pop", False)),
+                           regs.get("race_rng"))
+    except (TypeError, ValueError) as e:
+        raise DumpFileError(f"{dump.path}: malformed DSP state in the batch context ({e})") from None
 
 
 def _batch_nodes(dump: Dump, ctx: dict) -> tuple[list[dict], list[Tensor]]:
@@ -65,7 +59,6 @@ def _mismatched_inputs(dump: Dump, got: list) -> list[str]:
 def run_with_context(dump: Dump, settings: Any) -> Execution:
     """Rerun the dumped op's batch up to it on an HTP whose VTCM, DSP state and memory are as they were."""
     from kazeia.backends.htp.backend import HtpBackend
-    from kazeia.backends.htp.host import OpBatch
 
     ctx = dump.context
     if ctx is None:
@@ -73,19 +66,14 @@ def run_with_context(dump: Dump, settings: Any) -> Execution:
     ops, nodes = _batch_nodes(dump, ctx)
     backend = HtpBackend(settings)
     ex = Execution("with context", backend.name, settings.profile)
-    restore_dsp(dump, ctx, backend.dsp, ex)
-    batch = OpBatch(seq=int(ctx["batch_seq"]))
-    same = True
-    for o, n in zip(ops, nodes):
-        d = batch.add_op(n, int(o["graph_index"]))
-        same &= d.src == list(o["src"]) and d.dst == int(o["dst"])
+    ex.notes += backend.restore(recorded_state(dump, ctx))
+    batch = backend.open_batch(int(ctx["batch_seq"]), [(n, int(o["graph_index"])) for o, n in zip(ops, nodes)])
+    same = all(d.src == list(o["src"]) and d.dst == int(o["dst"]) for o, d in zip(ops, batch.ops))
     ex.descriptors_reproduced = same
     if not same:
         ex.notes.append("the rebuilt batch did not reproduce the recorded descriptor indexes")
     backend.node_index = {id(n): int(o["graph_index"]) for o, n in zip(ops, nodes)}
     target = nodes[-1]
-    host = backend.host
-    host.batch, host.last_enqueued, host._seq = batch, batch.ops[-1], batch.seq
 
     def run() -> None:
         backend.synchronize()

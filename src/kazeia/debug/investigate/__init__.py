@@ -1,0 +1,88 @@
+"""kazeia investigate: the whole procedure the original team did by hand, automated.
+
+reproduce -> then one branch, a table of steps, each declaring the findings it needs and gives:
+- device death: localise the faulting op with one-op batches, show what the logs would have blamed, trace the
+  run up to the fault, check determinism, dump the faulting op (at completion and at enqueue time) and replay it
+  alone and with its batch context, route op classes away, the op's VTCM plan, the failing prompt lengths
+  predicted by the plan and confirmed by runs, values or row count, a gate validated by a rerun;
+- wrong numbers: compare every op against float64, trace, determinism, dump and replay the first bad op, route it
+  away, a gate;
+- nothing wrong: determinism.
+Then the branch's hypotheses, each judged from the findings, the verdict and the report (report.py). Every run
+is in process (a device death is an exception here) and reuses the loaded weights.
+
+The parts: `findings` (the typed record), `facts` (per-op recorders), `table` (step tables), one module per
+step family (`reproduce`, `localise`, `trace`, `determinism`, `dumps`, `routing`, `vtcm`, `rows`, `numbers`,
+`gate`), `hypotheses`, `verdicts`, `figures` and `report`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kazeia.debug.investigate.determinism import determinism_step
+from kazeia.debug.investigate.dumps import DUMP_FAULTING, DUMP_FIRST_BAD, REPLAY
+from kazeia.debug.investigate.findings import Findings, RoutingTrial
+from kazeia.debug.investigate.gate import DEATH_GATE, NUMERIC_GATE
+from kazeia.debug.investigate.hypotheses import DEATH_HYPOTHESES, NUMERIC_HYPOTHESES, Judged
+from kazeia.debug.investigate.localise import LOCALISE, MISATTRIBUTION
+from kazeia.debug.investigate.numbers import COMPARE
+from kazeia.debug.investigate.report import Hypothesis, Investigation, Step, write_report
+from kazeia.debug.investigate.reproduce import REPRODUCE
+from kazeia.debug.investigate.routing import ROUTE_CLASSES, ROUTE_FIRST_BAD
+from kazeia.debug.investigate.rows import ROWS
+from kazeia.debug.investigate.table import Context, Progress, StepDef, run_table
+from kazeia.debug.investigate.trace import TRACE
+from kazeia.debug.investigate.verdicts import death_verdict, evaluate, healthy_verdict, numeric_verdict
+from kazeia.debug.investigate.vtcm import PLAN, THRESHOLD
+from kazeia.debug.runner import RunSpec
+
+
+@dataclass(frozen=True)
+class Branch:
+    """What a kind of fault calls for: its steps, the hypotheses judged after them, and how the verdict reads."""
+
+    name: str
+    steps: tuple[StepDef, ...]
+    hypotheses: tuple[Judged, ...]
+    verdict: Callable[[Context], None]
+
+
+DEATH = Branch("device death", (LOCALISE, MISATTRIBUTION, TRACE, determinism_step(2), DUMP_FAULTING, REPLAY,
+                                ROUTE_CLASSES, PLAN, THRESHOLD, ROWS, DEATH_GATE), DEATH_HYPOTHESES, death_verdict)
+NUMERIC = Branch("wrong numbers", (COMPARE, TRACE, determinism_step(3), DUMP_FIRST_BAD, ROUTE_FIRST_BAD, NUMERIC_GATE),
+                 NUMERIC_HYPOTHESES, numeric_verdict)
+HEALTHY = Branch("no fault", (determinism_step(2),), (), healthy_verdict)
+
+
+def branch(f: Findings) -> Branch:
+    """Which branch the reproduction calls for."""
+    r = f.first
+    if r.death:
+        return DEATH
+    if r.error or f.logits is None or not f.logits.ok:
+        return NUMERIC
+    return HEALTHY
+
+
+def investigate(spec: RunSpec, out_dir: str, progress: Callable[[str], None] | None = None) -> Investigation:
+    inv = Investigation(title=f"kazeia investigation: {os.path.basename(spec.model_path)} on {spec.device}"
+                              f"{' (' + spec.htp_profile + ')' if spec.htp_profile else ''}",
+                        command=spec.command(), outcome="", fault_found=False)
+    cx = Context(spec, out_dir, inv, spec.htp_settings())
+    progress = progress or Progress()
+    run_table(cx, (REPRODUCE,), progress)
+    if cx.findings.first is not None:
+        b = branch(cx.findings)
+        run_table(cx, b.steps, progress)
+        evaluate(cx, b.hypotheses)
+        b.verdict(cx)
+    paths = write_report(inv, out_dir)
+    inv.notes.append(f"report files: {', '.join(paths.values())}")
+    return inv
+
+
+__all__ = ["DEATH", "HEALTHY", "NUMERIC", "Branch", "Context", "Findings", "Hypothesis", "Investigation",
+           "Progress", "RoutingTrial", "Step", "StepDef", "branch", "investigate"]

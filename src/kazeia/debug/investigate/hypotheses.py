@@ -1,0 +1,179 @@
+"""The standard hypotheses, each judged from what the investigation measured (never from the emulator's ground
+truth): fp16 overflow, non-finite inputs, shape alone, value pattern, context/state, VTCM budget, capture
+timing, and the op the logs blamed. A hypothesis without evidence stays inconclusive."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kazeia.debug.investigate.facts import dies
+from kazeia.debug.investigate.figures import FP16_MAX
+from kazeia.debug.investigate.findings import BLAMED_CPU, FAULTING_CPU, HMX_OFF, Findings
+from kazeia.debug.investigate.report import Hypothesis
+from kazeia.debug.investigate.vtcm import why_it_fails
+
+Judged = Callable[[Findings], Hypothesis | None]
+
+
+def _status(h: Hypothesis) -> str:
+    if h.evidence_for and not h.evidence_against:
+        return "confirmed"
+    if h.evidence_against and not h.evidence_for:
+        return "ruled out"
+    return "inconclusive"
+
+
+def fp16_overflow(f: Findings) -> Hypothesis:
+    h = Hypothesis("fp16 overflow", f"Do activations exceed the fp16 range ({FP16_MAX:g}), so fp16 staging or "
+                                    f"accumulation produces inf?", "inconclusive")
+    if f.amax_inputs is None:  # no trace: nothing measured
+        return h
+    fin = f.fault_inputs or []
+    if fin:
+        h.evidence_against.append("faulting op's inputs: " + "; ".join(s.short() for s in fin))
+    big = max([f.amax_inputs, f.amax_outputs] + [s.amax for s in fin])
+    hmx_off = f.trial(HMX_OFF)
+    if big >= FP16_MAX:
+        h.status, h.evidence_for = "confirmed", [f"|x| reaches {big:.4g} (fp16 max {FP16_MAX:g})"]
+        return h
+    h.evidence_against.append(f"largest |x| of any op input {f.amax_inputs:.4g}, of any output "
+                              f"{f.amax_outputs:.4g}: {FP16_MAX / big if big else float('inf'):.3g}x below "
+                              f"{FP16_MAX:g}")
+    if hmx_off is not None and hmx_off.completes:
+        h.evidence_against.append("with HMX off the same activations are converted to fp16 by the HVX path and the "
+                                  "run completes")
+    h.status = "ruled out" if big < FP16_MAX / 8 else "inconclusive"
+    return h
+
+
+def nonfinite_inputs(f: Findings) -> Hypothesis:
+    h = Hypothesis("non-finite inputs", "Does a NaN or inf reach the faulting op (counted NaN-aware: amax skips "
+                                        "nothing, NaN/inf are counted separately)?", "inconclusive")
+    if f.nonfinite_before is None:
+        return h
+    n_fault = sum(s.nonfinite for s in f.fault_inputs or [])
+    if not f.nonfinite_before and not n_fault:
+        h.status = "ruled out"
+        h.evidence_against.append(f"0 NaN, 0 +inf, 0 -inf in the inputs and outputs of all {f.ops_completed} ops "
+                                  f"that completed, and in the faulting op's inputs (the KQ mask's -inf entries, "
+                                  f"there by design, excluded)")
+    else:
+        h.status = "confirmed"
+        h.evidence_for.append(f"non-finite values in {len(f.nonfinite_before)} tensors (first: "
+                              f"{f.nonfinite_before[:3]})")
+    return h
+
+
+def shape_alone(f: Findings) -> Hypothesis:
+    h = Hypothesis("shape alone", "Does the op fail because of its shapes (M, K, N, type), whatever the values and "
+                                  "whatever ran before it?", "inconclusive")
+    if f.replay is not None:
+        (h.evidence_for if not f.replay.alone.ok else h.evidence_against).append(
+            f"replayed alone on a fresh device with its dumped inputs: {f.replay.alone.verdict()}")
+    if f.rows is not None and f.rows.depends_on:
+        (h.evidence_for if f.rows.depends_on == "row count" else h.evidence_against).append(
+            f"delta debugging over its input rows: {f.rows.message}")
+    if f.failing_range:
+        lo, hi = f.failing_range
+        h.evidence_for.append(f"the plan arithmetic predicts failure exactly for M in {lo}..{hi} (up to M="
+                              f"{f.m_limit}) and real runs confirm the boundaries")
+    h.status = _status(h)
+    return h
+
+
+def value_pattern(f: Findings) -> Hypothesis:
+    h = Hypothesis("value pattern", "Does a particular pattern of activation values trigger the fault?", "inconclusive")
+    if f.rows is not None:
+        if f.rows.depends_on == "row count":
+            h.status = "ruled out"
+            h.evidence_against.append(f.rows.message)
+            for vc in f.rows.value_checks[:3]:
+                h.evidence_against.append(f"{vc.get('what', 'check')}: {vc.get('outcome', vc)}")
+        elif f.rows.depends_on == "values":
+            h.status = "confirmed"
+            h.evidence_for.append(f.rows.message)
+    return h
+
+
+def context_state(f: Findings) -> Hypothesis:
+    h = Hypothesis("context / device state", "Does what ran before the op in its batch (VTCM contents, the src1 "
+                                             "shortcut, DSP state) cause the fault?", "inconclusive")
+    if f.sync_reproduces:
+        h.evidence_against.append("the run still dies with one op per batch (no batch context at all)")
+    rp = f.replay
+    if rp is not None and rp.context is not None:
+        same = rp.alone.ok == rp.context.ok
+        (h.evidence_against if same else h.evidence_for).append(f"replay alone vs with its batch context: "
+                                                                f"{rp.verdict()}")
+    h.status = _status(h)
+    return h
+
+
+def vtcm_budget(f: Findings) -> Hypothesis:
+    h = Hypothesis("VTCM budget", "Does the op's VTCM layout exceed the VTCM it has?", "not applicable")
+    p, pr = f.plan, f.plan_robust
+    if p is None:
+        return h
+    if dies(p):
+        h.evidence_for.append(why_it_fails(p))
+    else:
+        h.evidence_against.append(f"the plan runs: {p.used} of {p.vtcm} B ({p.path}, {p.status})")
+    if pr is not None and pr.fits:
+        h.evidence_for.append(f"the robust plan for the same op fits ({pr.path}, {pr.used} B"
+                              + (f", mc={pr.mc}, nc={pr.nc})" if pr.mc is not None else ")"))
+    dying = {p.name for p in f.dying_plans()}
+    for kind in (HMX_OFF, FAULTING_CPU):
+        t = f.trial(kind)
+        if t is None:
+            continue
+        moved = t.died and t.died_in in dying and t.died_in != f.faulting  # the death follows the plan
+        (h.evidence_for if t.completes or moved else h.evidence_against).append(
+            f"{t.label}: the run {t.outcome()}" + (", another op whose HMX plan does not fit" if moved else ""))
+    rr = f.replay_robust
+    if rr is not None:
+        (h.evidence_for if rr.alone.ok else h.evidence_against).append(f"replay on the robust profile: "
+                                                                        f"{rr.alone.verdict()}")
+    if f.dsp_log:
+        h.evidence_for.append(f"DSP log: {len(f.dsp_log)} error lines like '{f.dsp_log[0]}' (on a device only "
+                              f"visible with root)")
+    h.status = "confirmed" if h.evidence_for and dies(p) else "ruled out"
+    return h
+
+
+def capture_timing(f: Findings) -> Hypothesis:
+    h = Hypothesis("capture timing", "Is a dump taken at enqueue time what the op consumed?", "inconclusive")
+    diff = f.capture_diff
+    if diff is None:
+        return h
+    if not diff.inputs_identical:
+        h.status = "explains a symptom"
+        h.evidence_for.append("a dump taken at enqueue time is NOT the consumed data: " + " ".join(diff.describe()))
+        h.evidence_for.append("the host captured it before the DSP ran the op's batch (the HTP runs a batch only "
+                              "when the host waits for it), so the capture holds whatever that memory held before "
+                              "the producer wrote it")
+    else:
+        h.status = "ruled out"
+        h.evidence_against.append("the enqueue-time capture equals the consumed data here")
+    return h
+
+
+def blamed_op(f: Findings) -> Hypothesis | None:
+    team, faulting = f.last_enqueued_team, f.faulting
+    if not team or team == faulting:
+        return None
+    h = Hypothesis(f"{team} (what the logs blamed)", f"Is {team}, the last op logged before the error with "
+                                                     f"OPBATCH=1, the faulting op?", "ruled out")
+    h.evidence_against.append(f"with one-op batches the failing batch holds {faulting}, not {team}")
+    if f.team_distance:
+        h.evidence_against.append(f"{team} comes {f.team_distance} ops after {faulting}: with OPQUEUE="
+                                  f"{f.team_opqueue} batches in flight the host only reads a failed response when "
+                                  f"the queue is full")
+    t = f.trial(BLAMED_CPU)
+    if t is not None:
+        h.evidence_against.append(f"{t.label}: the run {t.outcome()}")
+    return h
+
+
+DEATH_HYPOTHESES: tuple[Judged, ...] = (fp16_overflow, nonfinite_inputs, shape_alone, value_pattern, context_state,
+                                        vtcm_budget, capture_timing, blamed_op)
+NUMERIC_HYPOTHESES: tuple[Judged, ...] = (fp16_overflow, nonfinite_inputs, capture_timing)

@@ -1,0 +1,49 @@
+"""Move op classes, or single ops, off the device and see whether the fault follows them."""
+
+from __future__ import annotations
+
+from kazeia.debug.investigate.common import cpu_nodes_spec, rerun
+from kazeia.debug.investigate.findings import (
+    ALL_MATMUL_CPU,
+    BLAMED_CPU,
+    FAULTING_CPU,
+    FIRST_BAD_CPU,
+    FLASH_ATTN_CPU,
+    HMX_OFF,
+    RoutingTrial,
+)
+from kazeia.debug.investigate.table import Context, StepDef
+from kazeia.debug.runner import RunSpec
+
+
+def _trial(cx: Context, kind: str, label: str, spec: RunSpec, node: str | None = None) -> RoutingTrial:
+    r, logits = rerun(cx, spec)
+    died_in = r.death.get("faulting") if r.death else None
+    return RoutingTrial(kind, label, node, bool(r.death), died_in, None if r.death else r.error, logits,
+                        spec.command())
+
+
+def route_classes(cx: Context) -> tuple[str, str]:
+    f, spec = cx.findings, cx.spec
+    trials = [(HMX_OFF, "HMX off (GGML_HEXAGON_USE_HMX=0)", spec.with_(env={**spec.env, "GGML_HEXAGON_USE_HMX": "0"}),
+               None),
+              (ALL_MATMUL_CPU, "all MUL_MAT on the CPU", spec.with_(cpu_ops="MUL_MAT"), None),
+              (FLASH_ATTN_CPU, "FLASH_ATTN_EXT on the CPU", spec.with_(cpu_ops="FLASH_ATTN_EXT"), None)]
+    if f.faulting:
+        trials.append((FAULTING_CPU, f"only {f.faulting} on the CPU", cpu_nodes_spec(cx, [f.faulting]), f.faulting))
+    team = f.last_enqueued_team
+    if team and team != f.faulting and f.facts.ops.get(team) and f.facts.ops[team].op == "MUL_MAT":
+        trials.append((BLAMED_CPU, f"only {team} on the CPU (what the logs blamed)", cpu_nodes_spec(cx, [team]), team))
+    f.routing = [_trial(cx, *t) for t in trials]
+    return "; ".join(f"{t.label}: {t.outcome()}" for t in f.routing), ""
+
+
+def route_first_bad(cx: Context) -> tuple[str, str]:
+    f = cx.findings
+    spec = cpu_nodes_spec(cx, [f.first_bad])
+    f.routing = [_trial(cx, FIRST_BAD_CPU, f"only {f.first_bad} on the CPU", spec, f.first_bad)]
+    return f"with {f.first_bad} on the CPU the run {f.routing[0].outcome()}", spec.command()
+
+
+ROUTE_CLASSES = StepDef("route op classes away", route_classes, needs=("facts",), gives=("routing",))
+ROUTE_FIRST_BAD = StepDef("route the first bad op away", route_first_bad, needs=("first_bad",), gives=("routing",))

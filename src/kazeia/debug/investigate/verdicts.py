@@ -1,0 +1,93 @@
+"""The verdict of each branch, in words built from the findings: names from the run, numbers from the run or
+from the code that decides them."""
+
+from __future__ import annotations
+
+from kazeia.debug.investigate.facts import dies
+from kazeia.debug.investigate.hypotheses import Judged
+from kazeia.debug.investigate.table import Context
+
+# what the outcome of a failed HMX plan means for the DSP (kazeia.backends.htp.plan.MatmulPlan.outcome)
+_CONSEQUENCE = {"reenter": "re-entry without HVX fallback"}
+
+
+def evaluate(cx: Context, table: tuple[Judged, ...]) -> None:
+    for judge in table:
+        try:
+            h = judge(cx.findings)
+        except Exception as e:  # one hypothesis failing to evaluate must not lose the others
+            cx.inv.notes.append(f"could not evaluate {judge.__name__}: {type(e).__name__}: {e}")
+            continue
+        if h is not None:
+            cx.inv.hypotheses.append(h)
+
+
+def _with_gate(cx: Context, parts: list[str]) -> str:
+    """The verdict's sentences, closed by the gate's first sentence when a gate was proposed."""
+    g = cx.inv.gate
+    if g:
+        checked = "validated by a rerun" if g.get("validated") else "NOT validated"
+        parts = [*parts, f"Gate: {g['description'].split('. ')[0]} ({checked})."]
+    return " ".join(parts)
+
+
+def mechanism(cx: Context) -> str:
+    """The failure chain of a dying HMX plan, from the plan and the death this run showed."""
+    f = cx.findings
+    p = f.plan
+    death = f.death or (f.first.death if f.first else None) or {}
+    head = (f"HMX VTCM plan overflow by {p.overflow} B" if p.status == "overflow"
+            else f"HMX chunk search finds no chunking for {p.vtcm} B")
+    code = death.get("code")
+    seen = f"the host sees 0x{code:x} at its next flush_pending" if code is not None else "the host sees the death late"
+    return (f"{head} → {_CONSEQUENCE.get(p.outcome, p.outcome)} → DSP death ({death.get('kind') or 'death'}; "
+            f"{seen})")
+
+
+def death_verdict(cx: Context) -> None:
+    f = cx.findings
+    fo = f.faulting_facts
+    name = f.faulting or "an unidentified op"
+    part = f"The faulting op is {name}" + (f" ({fo.shape()})" if fo is not None and fo.m is not None else "")
+    if f.last_enqueued_team and f.last_enqueued_team != name:
+        part += f", not {f.last_enqueued_team} (which the OPBATCH=1 log pointed at)"
+    parts = [part + "."]
+    if f.plan is not None and dies(f.plan):
+        cx.inv.mechanism = mechanism(cx)
+        parts.append(f"Mechanism: {cx.inv.mechanism}.")
+        cx.fact("mechanism", cx.inv.mechanism)
+    if f.failing_range:
+        lo, hi = f.failing_range
+        others = [r for r in f.predicted_ranges or [] if r != f.failing_range]
+        rest = (f"and, by the plan, for M in {', '.join(f'{a}..{b}' for a, b in others)}" if others else
+                f"and for no other M up to {f.m_limit}")
+        parts.append(f"It fails for M = {lo}..{hi} tokens per micro-batch {rest}.")
+    ruled = [h.name for h in cx.inv.hypotheses if h.status == "ruled out"]
+    if ruled:
+        parts.append("Ruled out by measurement: " + ", ".join(ruled) + ".")
+    if any(h.name == "capture timing" and h.status == "explains a symptom" for h in cx.inv.hypotheses):
+        parts.append("A dump taken at enqueue time would not be the data the op consumed.")
+    cx.inv.verdict = _with_gate(cx, parts)
+
+
+def numeric_verdict(cx: Context) -> None:
+    f = cx.findings
+    parts = [cx.inv.outcome + "."]
+    if f.first_bad:
+        parts.append(f"The first op out of tolerance (each op fed the float64 reference's inputs) is {f.first_bad}.")
+    if f.determinism is not None:
+        parts.append("The run is deterministic." if f.determinism.deterministic else
+                     f"The run is NOT deterministic: {f.determinism.message}.")
+    if f.replay is not None and f.replay.diagnosis():
+        parts.append(f"Replay: {f.replay.diagnosis()}.")
+    cx.inv.verdict = _with_gate(cx, parts)
+
+
+def healthy_verdict(cx: Context) -> None:
+    f = cx.findings
+    rep = f.determinism
+    where = cx.spec.device + (f" ({cx.spec.htp_profile})" if cx.spec.htp_profile else "")
+    det = "deterministic" if rep is not None and rep.deterministic else "NOT deterministic"
+    cx.inv.verdict = (f"No fault: the run completes on {where}, its logits match the CPU backend "
+                      f"({f.logits.reason}), and it is {det}.")
+    cx.fact("logits vs CPU", f.logits.reason)
