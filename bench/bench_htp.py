@@ -22,10 +22,10 @@ import sys
 import tempfile
 import time
 
-from kazeia.backends.htp.cost import modeled_prefill_tps
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.debug.runner import RunSpec, build_context, prompt_ids
-from kazeia.engine.threads import set_blas_threads
+from kazeia.engine.modeled import modeled_prefill_tps
+from kazeia.engine.threads import set_threads
 from kazeia.gguf.writer import preset, write_model
 from kazeia.models.base import ModelArgs
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("-m", "--model", default=None, help="use this GGUF instead of writing a Qwen3-4B-shaped one")
     a = p.parse_args(argv)
-    set_blas_threads(a.threads)
+    set_threads(a.threads)
     with tempfile.TemporaryDirectory() as tmp:
         path = a.model or os.path.join(tmp, "q4b.gguf")
         if a.model is None:

@@ -158,7 +158,7 @@ class CpuBackend(NumpyBackend):
             return
         e = self._mirrors.get(id(root))
         if e is None or e[0] is not root or e[1] != root.buffer.version:
-            self._mirrors[id(root)] = (root, root.buffer.version, array(root).astype(np.float32))
+            self._mirrors[id(root)] = (root, root.buffer.version, _f32_mirror(array(root)))
             return  # made from the buffer, which already holds the new rows
         # the rows just written, as the F16 buffer holds them (the store rounded vals to fp16)
         scatter_rows(_same_view(t, root, e[2]), idx, vals.astype(np.float16).astype(np.float32))
@@ -186,6 +186,17 @@ class _Member:
     weights: tuple[Tensor, ...]
     c0: int  # this node's columns in the fused product
     c1: int
+
+
+def _f32_mirror(f16: np.ndarray) -> np.ndarray:
+    """float32 copy of an F16 cache whose rows are mostly still zero (a fresh or cleared KV cache): zero pages
+    (untouched, so they cost no memory) except the rows holding something, which are converted."""
+    out = np.zeros(f16.shape, dtype=np.float32)
+    used = (f16.reshape(-1, f16.shape[-1]).view(np.uint16) != 0).any(axis=1)
+    if used.any():
+        idx = np.flatnonzero(used)
+        out.reshape(-1, f16.shape[-1])[idx] = f16.reshape(-1, f16.shape[-1])[idx]
+    return out
 
 
 def _same_view(t: Tensor, root: Tensor, full: np.ndarray) -> np.ndarray:

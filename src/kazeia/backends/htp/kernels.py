@@ -20,6 +20,7 @@ from numba.extending import intrinsic
 
 f32, f64, i32, u32 = np.float32, np.float64, np.int32, np.uint32
 KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_IQ4_NL = 0, 1, 2, 3
+U15, U4 = np.uint8(15), np.uint8(4)
 
 
 @intrinsic
@@ -50,20 +51,18 @@ def _bits_f32(typingctx, u):
 @njit(cache=True, inline="always")
 def round_f16_f32(x):
     """float32 -> float32 holding its fp16 RNE rounding, |x| > 65504 -> +-inf (round_fp16_hw), NaN kept.
-    Normal fp16 range: round the 13 low mantissa bits away on the bits (ties to even); below 2^-14 the fp16
-    quantum is 2^-24: rint(x * 2^24) * 2^-24, exact in float32."""
+    Normal fp16 range: the 13 low mantissa bits rounded away on the bits (ties to even); below 2^-14 the fp16
+    quantum is 2^-24: rint(|x| * 2^24) * 2^-24, exact in float32. Every case is computed and one is selected
+    (no branches, so loops over it vectorize)."""
     u = _f32_bits(x)
     sign = u & u32(0x80000000)
     a = u & u32(0x7FFFFFFF)
-    if a > u32(0x7F800000):
-        return x
-    if a > u32(0x477FE000):
-        return _bits_f32(sign | u32(0x7F800000))
-    if a >= u32(0x38800000):
-        a = (a + u32(0xFFF) + ((a >> u32(13)) & u32(1))) & u32(0xFFFFE000)
-        return _bits_f32(sign | a)
-    r = np.rint(abs(x) * f32(16777216.0)) * f32(5.9604644775390625e-08)
-    return -r if sign else r
+    normal = (a + u32(0xFFF) + ((a >> u32(13)) & u32(1))) & u32(0xFFFFE000)
+    tiny = _f32_bits(np.rint(abs(x) * f32(16777216.0)) * f32(5.9604644775390625e-08))
+    r = normal if a >= u32(0x38800000) else tiny
+    r = u32(0x7F800000) if a > u32(0x477FE000) else r
+    r = a if a > u32(0x7F800000) else r
+    return _bits_f32(sign | r)
 
 
 @njit(cache=True, inline="always")
@@ -97,22 +96,27 @@ def hmx_weight_rows(blocks, dbits, kind, iq4, lut, out):
     fp16(fp16(q*d) + m) for Q4_1 (the products are exact in float32; the fp16 + fp16 sum is exact in float64,
     and rounded from there once)."""
     r, nb = blocks.shape[0], blocks.shape[1]
-    off = 4 if kind == KIND_Q4_1 else 2
     for n in prange(r):
         for b in range(nb):
-            d32 = lut[dbits[n, b, 0]]
-            m = f64(lut[dbits[n, b, 1]]) if kind == KIND_Q4_1 else 0.0
-            for j in range(32):
-                c = _code(blocks, n, b, j, off, kind)
-                if kind == KIND_Q4_0:
-                    v = round_f16_f32(f32(c - 8) * d32)
-                elif kind == KIND_IQ4_NL:
-                    v = round_f16_f32(f32(iq4[c]) * d32)
-                elif kind == KIND_Q8_0:
-                    v = round_f16_f32(f32(c) * d32)
-                else:
-                    v = round_f16(f64(round_f16_f32(f32(c) * d32)) + m)
-                out[n, b, j] = v
+            d = lut[dbits[n, b, 0]]
+            if kind == KIND_Q4_0:
+                for j in range(16):
+                    q = blocks[n, b, 2 + j]
+                    out[n, b, j] = round_f16_f32(f32(i32(q & U15) - i32(8)) * d)
+                    out[n, b, 16 + j] = round_f16_f32(f32(i32(q >> U4) - i32(8)) * d)
+            elif kind == KIND_Q8_0:
+                for j in range(32):
+                    out[n, b, j] = round_f16_f32(f32(np.int8(blocks[n, b, 2 + j])) * d)
+            elif kind == KIND_IQ4_NL:
+                for j in range(16):
+                    q = blocks[n, b, 2 + j]
+                    out[n, b, j] = round_f16_f32(f32(iq4[q & U15]) * d)
+                    out[n, b, 16 + j] = round_f16_f32(f32(iq4[q >> U4]) * d)
+            else:
+                m = f64(lut[dbits[n, b, 1]])
+                for j in range(32):
+                    c = _code(blocks, n, b, j, 4, KIND_Q4_1)
+                    out[n, b, j] = round_f16(f64(round_f16_f32(f32(c) * d)) + m)
 
 
 @njit(cache=True, inline="always")
@@ -135,7 +139,53 @@ def _reduce(acc, v, adjacent):
     return v[0]
 
 
-ROW_CHUNK = 16  # weight rows per parallel task in hvx_dot
+ROW_CHUNK = 16  # weight rows per parallel task in hvx_dot (even: rows go in pairs)
+PAIR_MAX_M = 4  # up to this many activation rows the codes are read from the blocks for each; past it, once
+U15, U4 = np.uint8(15), np.uint8(4)
+
+
+@njit(cache=True, inline="always")
+def _q4_pair(blocks, n, n1, b, aq, m, off, bias, t0, t1):
+    """Exact int32 dots of block b of rows n and n1 (4-bit codes minus `bias`) with activation row m."""
+    for j in range(16):
+        q0 = blocks[n, b, off + j]
+        q1 = blocks[n1, b, off + j]
+        xa = i32(aq[m, b, j])
+        xb = i32(aq[m, b, 16 + j])
+        t0[j] = (i32(q0 & U15) - bias) * xa + (i32(q0 >> U4) - bias) * xb
+        t1[j] = (i32(q1 & U15) - bias) * xa + (i32(q1 >> U4) - bias) * xb
+    s0 = i32(0)
+    s1 = i32(0)
+    for j in range(16):
+        s0 += t0[j]
+        s1 += t1[j]
+    return s0, s1
+
+
+@njit(cache=True, inline="always")
+def _q8_pair(blocks, n, n1, b, aq, m, t0, t1):
+    for j in range(16):
+        xa = i32(aq[m, b, j])
+        xb = i32(aq[m, b, 16 + j])
+        t0[j] = i32(np.int8(blocks[n, b, 2 + j])) * xa + i32(np.int8(blocks[n, b, 18 + j])) * xb
+        t1[j] = i32(np.int8(blocks[n1, b, 2 + j])) * xa + i32(np.int8(blocks[n1, b, 18 + j])) * xb
+    s0 = i32(0)
+    s1 = i32(0)
+    for j in range(16):
+        s0 += t0[j]
+        s1 += t1[j]
+    return s0, s1
+
+
+@njit(cache=True, inline="always")
+def _table_pair(blocks, n, n1, b, aq, m, iq4):
+    s0 = i32(0)
+    s1 = i32(0)
+    for j in range(32):
+        x = i32(aq[m, b, j])
+        s0 += i32(iq4[_code(blocks, n, b, j, 2, KIND_IQ4_NL)]) * x
+        s1 += i32(iq4[_code(blocks, n1, b, j, 2, KIND_IQ4_NL)]) * x
+    return s0, s1
 
 
 @njit(parallel=True, cache=True)
@@ -144,7 +194,49 @@ def hvx_dot(blocks, dbits, kind, iq4, lut, aq, ad, asum, y):
     (M, nb) and, for Q4_1, sums asum (M, nb) (float32 of fp16 values). Lane L of the 32-lane accumulator owns
     sub-blocks L, L+32, ...: acc_L = fp32(acc_L + fp32(ia * fp32(d_w * d_x))) [Q4_1: + fp32(m_w * s_x) first],
     ia the exact int32 dot of the block. The last row of an odd N reduces with the adjacent tree (the 1x1
-    kernel), every other with the far tree."""
+    kernel), every other with the far tree. Rows go in pairs (they share the activation loads); an odd last
+    row is computed twice and stored once."""
+    n_rows, nb = blocks.shape[0], blocks.shape[1]
+    m_rows = aq.shape[0]
+    if m_rows > PAIR_MAX_M:
+        _hvx_dot_decoded(blocks, dbits, kind, iq4, lut, aq, ad, asum, y)
+        return
+    for c in prange((n_rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        acc0 = np.empty(32, np.float32)
+        acc1 = np.empty(32, np.float32)
+        tmp = np.empty(32, np.float32)
+        t0 = np.empty(16, np.int32)
+        t1 = np.empty(16, np.int32)
+        for n in range(c * ROW_CHUNK, min(n_rows, c * ROW_CHUNK + ROW_CHUNK), 2):
+            n1 = min(n + 1, n_rows - 1)
+            for m in range(m_rows):
+                acc0[:] = 0
+                acc1[:] = 0
+                for b in range(nb):
+                    if kind == KIND_Q4_0:
+                        ia0, ia1 = _q4_pair(blocks, n, n1, b, aq, m, 2, i32(8), t0, t1)
+                    elif kind == KIND_Q4_1:
+                        ia0, ia1 = _q4_pair(blocks, n, n1, b, aq, m, 4, i32(0), t0, t1)
+                    elif kind == KIND_Q8_0:
+                        ia0, ia1 = _q8_pair(blocks, n, n1, b, aq, m, t0, t1)
+                    else:
+                        ia0, ia1 = _table_pair(blocks, n, n1, b, aq, m, iq4)
+                    v0 = f32(ia0) * (ad[m, b] * lut[dbits[n, b, 0]])
+                    v1 = f32(ia1) * (ad[m, b] * lut[dbits[n1, b, 0]])
+                    if kind == KIND_Q4_1:
+                        v0 = v0 + asum[m, b] * lut[dbits[n, b, 1]]
+                        v1 = v1 + asum[m, b] * lut[dbits[n1, b, 1]]
+                    acc0[b % 32] = acc0[b % 32] + v0
+                    acc1[b % 32] = acc1[b % 32] + v1
+                y[m, n] = _reduce(acc0, tmp, n_rows % 2 == 1 and n == n_rows - 1)
+                if n1 != n:
+                    y[m, n1] = _reduce(acc1, tmp, n_rows % 2 == 1 and n1 == n_rows - 1)
+
+
+@njit(parallel=True, cache=True)
+def _hvx_dot_decoded(blocks, dbits, kind, iq4, lut, aq, ad, asum, y):
+    """hvx_dot for many activation rows: each weight row's operands are decoded once (codes as the vrmpy
+    sees them, scales widened), then every activation row goes through them. Same arithmetic."""
     n_rows, nb = blocks.shape[0], blocks.shape[1]
     m_rows = aq.shape[0]
     off = 4 if kind == KIND_Q4_1 else 2
@@ -154,8 +246,9 @@ def hvx_dot(blocks, dbits, kind, iq4, lut, aq, ad, asum, y):
         mw = np.empty(nb, np.float32)
         acc = np.empty(32, np.float32)
         tmp = np.empty(32, np.float32)
+        t = np.empty(32, np.int32)
         for n in range(c * ROW_CHUNK, min(n_rows, c * ROW_CHUNK + ROW_CHUNK)):
-            for b in range(nb):  # the row's operands: codes as the vrmpy sees them, scales widened
+            for b in range(nb):
                 dw[b] = lut[dbits[n, b, 0]]
                 mw[b] = lut[dbits[n, b, 1]] if kind == KIND_Q4_1 else f32(0)
                 for j in range(32):
@@ -169,11 +262,13 @@ def hvx_dot(blocks, dbits, kind, iq4, lut, aq, ad, asum, y):
             for m in range(m_rows):
                 acc[:] = 0
                 for b in range(nb):
+                    for j in range(32):
+                        t[j] = w[b, j] * i32(aq[m, b, j])
                     ia = i32(0)
                     for j in range(32):
-                        ia = i32(ia + w[b, j] * i32(aq[m, b, j]))
-                    t = f32(ia) * (ad[m, b] * dw[b])
+                        ia += t[j]
+                    v = f32(ia) * (ad[m, b] * dw[b])
                     if kind == KIND_Q4_1:
-                        t = t + asum[m, b] * mw[b]
-                    acc[b % 32] = acc[b % 32] + t
+                        v = v + asum[m, b] * mw[b]
+                    acc[b % 32] = acc[b % 32] + v
                 y[m, n] = _reduce(acc, tmp, adjacent)
