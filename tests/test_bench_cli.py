@@ -97,6 +97,7 @@ def test_depth(tiny, capsys):
     assert [(r["test"], r["n_depth"]) for r in recs] == [("pp4", 0), ("pp4 @ d8", 8), ("tg2", 0), ("tg2 @ d8", 8)]
 
 
+@pytest.mark.slow
 def test_bench_cpu_script_without_peer(tiny):
     """bench/bench_cpu.py runs (and says so) without llama.cpp: CI never depends on the peer."""
     script = Path(__file__).resolve().parent.parent / "bench" / "bench_cpu.py"

@@ -86,6 +86,7 @@ def test_cli_flag_and_env_default(monkeypatch):
 # bisect ops on the 2026-05 crash (child runs)
 
 
+@pytest.mark.slow
 def test_bisect_ops_finds_ffn_down_not_attn_out(q4b1, tmp_path):
     spec = crash_spec(q4b1)
     truth = run(spec)  # the emulator's ground truth: the op the DSP died in
@@ -108,6 +109,7 @@ def test_bisect_ops_finds_ffn_down_not_attn_out(q4b1, tmp_path):
     assert saved["result"]["found"]["name"] == "ffn_down-0" and len(saved["steps"]) == res.runs
 
 
+@pytest.mark.slow
 def test_bisect_ops_numeric_failure_with_the_oracle(tiny_qwen3_q4):
     """hmx-bias-stale: wrong numbers (no death) from the first HMX matmul on; judged against CPU logits."""
     from kazeia.debug.trace import TraceHook
@@ -132,6 +134,7 @@ def _plan_failing_m(limit: int = 200) -> list[int]:
                                               for k, n in QWEN3_4B_MATMULS)]
 
 
+@pytest.mark.slow
 def test_bisect_m_resumes_and_finds_33_to_64(q4b1, tmp_path):
     """In-process runs (isolate=False) to keep the ~17 runs cheap; child runs are covered by the ops test."""
     expected = _plan_failing_m()
@@ -164,6 +167,7 @@ def test_bisect_m_resumes_and_finds_33_to_64(q4b1, tmp_path):
     assert j4.runs <= 1  # only M=29 is new
 
 
+@pytest.mark.slow
 def test_cli_bisect_m_confirms_a_prediction(q4b1, tmp_path, capsys):
     rc = cli_main(["bisect", "m", "-m", q4b1, "-dev", "HTP0", "--htp-profile", "2026-05", "--n-prompt", "38",
                    "--predict", "33:64", "--fail-regex", "0x0000002e", "--no-isolate", "-q", "--json"])
@@ -224,6 +228,7 @@ def test_check_command_that_crashes(tiny_candidates, tmp_path):
     assert other.verdict == "baseline-passes" and other.steps[0]["outcome"] == B.OTHER
 
 
+@pytest.mark.slow
 def test_check_command_that_hangs_is_killed(tiny_candidates, tmp_path):
     spec, cands = tiny_candidates
     target = cands[-2]  # late: few steps put it on the device, so few steps wait for the timeout
@@ -348,6 +353,7 @@ def test_ddmin_rows_count_only_failure():
     assert len(res2.minimal) == 33 and res2.depends_on == "row count" and res2.method == "ddmin"
 
 
+@pytest.mark.slow
 def test_bisect_rows_on_the_dumped_ffn_down(q4b1, tmp_path, capsys):
     from kazeia.debug.dump import DumpHook
 

@@ -47,6 +47,7 @@ def qwen3_4b_one_layer(tmp_path_factory) -> str:
     return path
 
 
+@pytest.mark.slow
 def test_make_model_qwen3_4b_shapes(qwen3_4b_one_layer):
     r = GGUFReader(qwen3_4b_one_layer)
     meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
@@ -65,6 +66,7 @@ def test_make_model_qwen3_4b_shapes(qwen3_4b_one_layer):
     assert not any(n.startswith("blk.1.") for n in shapes)
 
 
+@pytest.mark.slow
 def test_run_qwen3_4b_one_layer(qwen3_4b_one_layer):
     r = kazeia("run", "-m", qwen3_4b_one_layer, "-p", "hi", "-n", "4")
     s = stats(r.stderr)
@@ -72,6 +74,7 @@ def test_run_qwen3_4b_one_layer(qwen3_4b_one_layer):
     assert r.stdout.startswith("hi")
 
 
+@pytest.mark.slow
 def test_run_default_model_paris(default_model):
     r = kazeia("run", "-p", "The capital of France is", "--temp", "0", "-n", "8")
     assert "Paris" in r.stdout[len("The capital of France is"):], r.stdout

@@ -96,6 +96,7 @@ def smol_ref(default_model):
     return capture_reference(RunSpec(model=default_model, n_prompt=N_HMX, device="HTP0"))
 
 
+@pytest.mark.slow
 def test_cpu_vs_ref_default_model(default_model, smol_ref):
     r = compare(RunSpec(model=default_model, n_prompt=N_HMX, device="CPU"), "both", reference=smol_ref)
     assert r.ok, r.first_failure
@@ -116,6 +117,7 @@ def smol_clean(default_model, smol_ref):
     return compare(RunSpec(model=default_model, n_prompt=N_HMX, device="HTP0"), "isolated", reference=smol_ref)
 
 
+@pytest.mark.slow
 def test_htp_robust_default_model_isolated(smol_clean):
     r = smol_clean
     assert r.ok, f"{r.first_failure.label()}: {r.first_failure.reason}" if r.first_failure else ""
@@ -124,6 +126,7 @@ def test_htp_robust_default_model_isolated(smol_clean):
     assert r.deaths["isolated"] is None
 
 
+@pytest.mark.slow
 def test_htp_strict_excess_is_ggml_conversion_error(default_model, smol_ref, smol_clean):
     """Without the allowance, any HVX MUL_MAT over 5e-4 must be explained by the NMSE that ggml's own
     activation conversion has on the same inputs (computed independently in float64 from REF)."""
@@ -154,6 +157,7 @@ def q4b_clean(q4b_model, q4b_ref):
     return compare(RunSpec(model=q4b_model, n_prompt=N_HMX, device="HTP0"), "isolated", reference=q4b_ref)
 
 
+@pytest.mark.slow
 def test_htp_robust_qwen3_4b_hmx(q4b_clean):
     r = q4b_clean
     assert r.ok, f"{r.first_failure.label()}: {r.first_failure.reason}" if r.first_failure else ""
@@ -161,6 +165,7 @@ def test_htp_robust_qwen3_4b_hmx(q4b_clean):
     assert mm and all(x.path == "hmx" for x in mm)
 
 
+@pytest.mark.slow
 def test_htp_robust_qwen3_4b_hvx(q4b_model):
     r = compare(RunSpec(model=q4b_model, n_prompt=N_HVX, device="HTP0"), "both")
     assert r.ok, f"{r.first_failure.label()}: {r.first_failure.reason}" if r.first_failure else ""
@@ -179,6 +184,7 @@ def test_htp_robust_qwen3_4b_hvx(q4b_model):
 # stale VTCM bytes are leftovers of non-matmul ops, never its own weights). The race is pinned by a seed.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["hmx-bias-stale", "scatter-unretired"])
 def test_fault_names_first_hmx_matmul_qwen3_4b(q4b_model, q4b_ref, q4b_clean, fault):
     expected = _first_hmx_matmul(q4b_clean)
@@ -194,6 +200,7 @@ def test_fault_names_first_hmx_matmul_qwen3_4b(q4b_model, q4b_ref, q4b_clean, fa
         assert before and all(x.status == OK for x in before)
 
 
+@pytest.mark.slow
 def test_fault_names_first_hmx_matmul_default_model(default_model, smol_ref, smol_clean):
     expected = _first_hmx_matmul(smol_clean)
     r = compare(RunSpec(model=default_model, n_prompt=N_HMX, device="HTP0", faults=["hmx-bias-stale"]),
@@ -208,6 +215,7 @@ def test_fault_names_first_hmx_matmul_default_model(default_model, smol_ref, smo
     assert f.min_tolerance == pytest.approx((1 - hd ** -0.5) ** 2 / hd ** -1, rel=1e-2)
 
 
+@pytest.mark.slow
 def test_death_is_the_op_whose_hmx_plan_overflows(q4b_model, q4b_ref):
     spec = RunSpec(model=q4b_model, n_prompt=N_HMX, device="HTP0", htp_profile="2026-05")
     r = compare(spec, "isolated", reference=q4b_ref)
@@ -281,6 +289,7 @@ def kazeia(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kazeia", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_cli_fault_json_plot(tiny_qwen3_q4, tmp_path):
     jpath, ppath = str(tmp_path / "r.json"), str(tmp_path / "r.png")
     clean = kazeia("compare", "-m", tiny_qwen3_q4, "--n-prompt", str(N_HMX), "-dev", "HTP0", "--mode", "isolated",
@@ -304,6 +313,7 @@ def test_cli_fault_json_plot(tiny_qwen3_q4, tmp_path):
     assert os.path.getsize(ppath) > 10_000
 
 
+@pytest.mark.slow
 def test_cli_usage_errors(tiny_qwen3_q4):
     r = kazeia("compare", "-m", tiny_qwen3_q4, "-dev", "HTP0")
     assert r.returncode == 2 and "give -p PROMPT or --n-prompt" in r.stderr and "Traceback" not in r.stderr

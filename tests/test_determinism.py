@@ -71,6 +71,7 @@ def test_racy_fault_injection_is_located(tiny_qwen3_q4):
     assert pinned.deterministic, pinned.message
 
 
+@pytest.mark.slow
 def test_isolated_runs_and_cli(tiny_qwen3, capsys):
     rep = check_determinism(RunSpec(model=tiny_qwen3, device="CPU", n_prompt=8), 2, isolate=True)
     assert rep.deterministic and rep.logits_equal and rep.n_ops > 20

@@ -152,6 +152,7 @@ def test_dump_of_non_contiguous_views_is_read_through_strides(tmp_path, device):
             assert r.alone.vs_ref.identical  # a copy is exact
 
 
+@pytest.mark.slow
 def test_weights_are_dumped_as_raw_blocks_with_their_gguf_name(ffn_down_dump, q4b1):
     d, _ = ffn_down_dump
     w = d.sources[0]
@@ -170,6 +171,7 @@ def test_weights_are_dumped_as_raw_blocks_with_their_gguf_name(ffn_down_dump, q4
 # replay of the original team's fault
 
 
+@pytest.mark.slow
 def test_ffn_down_replay_alone_dies_the_same_way(ffn_down_dump):
     d, res = ffn_down_dump
     assert d.output is None and d.fault["kind"] == "stack-overflow"
@@ -181,6 +183,7 @@ def test_ffn_down_replay_alone_dies_the_same_way(ffn_down_dump):
     assert not r.ok and "died (stack-overflow" in r.verdict()
 
 
+@pytest.mark.slow
 def test_ffn_down_replay_on_robust_passes(ffn_down_dump):
     d, _ = ffn_down_dump
     r = replay(d, htp_profile="robust")
@@ -188,6 +191,7 @@ def test_ffn_down_replay_on_robust_passes(ffn_down_dump):
     assert r.alone.vs_ref.nmse < 5e-4 and r.alone.died is None
 
 
+@pytest.mark.slow
 def test_ffn_down_with_context_is_value_triggered(ffn_down_dump):
     d, _ = ffn_down_dump
     r = replay(d, with_context=True)

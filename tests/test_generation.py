@@ -47,6 +47,7 @@ def recording(ctx: Context) -> list[np.ndarray]:
     return rec
 
 
+@pytest.mark.slow
 def test_default_model_knows_the_capital_of_france(default_model):
     ctx = make_ctx(default_model)
     tok = GGUFTokenizer.from_gguf(ctx.model.file)
@@ -93,12 +94,14 @@ def test_reset_context_reproduces_bitwise(tiny_llama, backend):
     assert t1 == t2 and _bitwise_equal(l1, l2)
 
 
+@pytest.mark.slow
 def test_default_model_sampling_is_deterministic(default_model):
     t1, l1 = _run(default_model, "cpu", seed=99, n=6)
     t2, l2 = _run(default_model, "cpu", seed=99, n=6)
     assert t1 == t2 and _bitwise_equal(l1, l2)
 
 
+@pytest.mark.slow
 def test_different_seeds_give_different_samples(default_model):
     ctx = make_ctx(default_model, n_ctx=64)
     prompt = [1, 504, 3458, 282, 4649, 314]

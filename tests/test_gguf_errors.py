@@ -337,6 +337,7 @@ def test_library_raises_kazeia_error_naming_the_file(name, mini_gguf, valid, tmp
     assert "\n" not in msg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _params())
 def test_cli_one_line_exit_2(name, mini_gguf, valid, tmp_path):
     path, pattern, _ = _bad_file(name, mini_gguf, valid, tmp_path)
@@ -392,6 +393,7 @@ _mutation = st.tuples(st.integers(min_value=0, max_value=1 << 30), st.integers(0
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(mutations=st.lists(_mutation, min_size=1, max_size=6), header_only=st.booleans(),
        cut=st.one_of(st.none(), st.integers(min_value=0, max_value=1 << 30)), wide=st.booleans())
+@pytest.mark.slow
 def test_random_corruption_never_escapes(mini_gguf, valid, tmp_path_factory, mutations, header_only, cut, wide):
     data = bytearray(valid)
     hdr = 5800 if header_only else len(data)  # the header (keys, tokenizer, tensor infos) is the first ~5.7 KB

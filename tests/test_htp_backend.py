@@ -15,6 +15,8 @@ from kazeia.backends.htp.plan import plan_matmul
 from kazeia.debug.judge import nmse
 from kazeia.debug.runner import RunSpec, run
 
+pytestmark = pytest.mark.slow  # whole-model runs
+
 CRASH = "ggml-hex: dspqueue_read failed: 0x0000002e"
 
 

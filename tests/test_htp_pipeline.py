@@ -36,6 +36,7 @@ def test_final_contents_are_the_last_chunks(n):
         assert held[f"wt{(n - 2) % 2}"] == n - 2
 
 
+@pytest.mark.slow
 def test_cli_names_last_enqueued_and_the_faulting_op_with_sync(q4b1):
     r = subprocess.run([sys.executable, "-m", "kazeia", "run", "-m", q4b1, "-dev", "HTP0", "--htp-profile", "2026-05",
                         "--n-prompt", "38", "-n", "1", "--sync"], capture_output=True, text=True, timeout=600)

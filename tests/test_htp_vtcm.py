@@ -84,6 +84,7 @@ def test_robust_ffn_down_m38_fits():
     assert (p.mc, p.nc) == (64, 128)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", V.PROFILES)
 def test_qwen3_4b_overflow_only_ffn_down_m33_to_64(profile):
     overflowing = {(name, m) for name, (k, n) in QWEN3_4B.items() for m in range(1, 1025)

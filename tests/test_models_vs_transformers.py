@@ -28,6 +28,8 @@ from kazeia.engine.scheduler import Scheduler  # noqa: E402
 from kazeia.graph.tensor import GGMLType  # noqa: E402
 from oracle_utils import assert_nmse  # noqa: E402
 
+pytestmark = [pytest.mark.slow, pytest.mark.oracle]  # whole-model runs
+
 NMSE_MODEL = 1e-5
 N_STEPS = 16
 PROMPT = [17, 250, 3, 600, 42, 999, 128, 77, 500]

@@ -95,6 +95,7 @@ def test_first_principles_overflow_is_the_ffn_down_window():
 # cases and grids (no running)
 
 
+@pytest.mark.slow
 def test_case_names_round_trip_and_filter():
     cases = O.make_cases(quick=True)
     names = [c.name for c in cases]
@@ -119,6 +120,7 @@ def _ns(cases, t, m, k, view="contig"):
             and c["view"] == view and c["type_b"] == "f32" and tuple(c["bs"]) == (1, 1)}
 
 
+@pytest.mark.slow
 def test_default_mul_mat_grid_covers_the_models_and_the_edges():
     cases = O.make_cases(["MUL_MAT"])
     for t in O.MM_TYPES:
@@ -210,6 +212,7 @@ def robust_quick():
     return O.run_sweep(O.make_cases(quick=True), O.BackendSpec("HTP0", profile="robust"), seed=11, jobs=2)
 
 
+@pytest.mark.slow
 def test_robust_passes_every_quick_case(robust_quick):
     res = {r.name: r for r in robust_quick.results}
     assert len(res) == len(O.make_cases(quick=True))
@@ -226,6 +229,7 @@ def test_robust_passes_every_quick_case(robust_quick):
     assert hmx and all(r.status == O.OK for r in hmx)
 
 
+@pytest.mark.slow
 def test_2026_05_kills_exactly_the_overflowing_plans():
     cases = [c for c in O.make_cases(["MUL_MAT"], types=["q4_0"], pattern=r"m=2560,n=\d+,k=9728,") if c["n"] <= 100]
     cases += [c for c in O.make_cases(["MUL_MAT"], quick=True) if c not in cases]
@@ -253,6 +257,7 @@ def test_2026_05_kills_exactly_the_overflowing_plans():
     assert f"{len(sweep.passed)}/{len(sweep.tested)} tests passed" in sweep.summary_lines()[0]
 
 
+@pytest.mark.slow
 def test_cpu_passes_everything_quick():
     sweep = O.run_sweep(O.make_cases(quick=True), "CPU", seed=13, jobs=2)
     bad = [r.line() for r in sweep.results if r.status != O.OK]
@@ -291,6 +296,7 @@ def test_a_case_that_kills_its_worker_is_marked_and_the_sweep_goes_on(monkeypatc
     assert any(r.status == O.CRASH for r in sweep.results) and sum(r.passed for r in sweep.results) >= 2
 
 
+@pytest.mark.slow
 def test_a_hanging_case_times_out_and_the_sweep_goes_on(monkeypatch):
     _patch_add(monkeypatch, lambda: time.sleep(3600))
     cases = O.make_cases(["ADD"], quick=True)
@@ -319,6 +325,7 @@ def test_cli_reports_csv_and_json(tmp_path, capsys):
     assert d["ok"] and d["seed"] == 5 and d["passed"] == n
 
 
+@pytest.mark.slow
 def test_cli_device_death_line_and_exit_status(capsys):
     rc = cli_main(["oracle", "-o", "MUL_MAT", "--types", "q4_0", "--htp-profile", "2026-05", "-p",
                    r"m=2560,n=(32|38),k=9728,.*contig", "-j", "1", "--no-progress", "--seed", "1"])

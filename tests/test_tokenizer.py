@@ -102,6 +102,8 @@ def ours_only(request):
     return GGUFTokenizer.from_gguf(load_gguf(request.getfixturevalue(request.param)))
 
 
+@pytest.mark.slow
+@pytest.mark.oracle
 def test_smollm_reference_differs_from_transformers_only_by_the_digit_split(smollm2):
     """Documents the one known way transformers' GGUF tokenizer deviates for SmolLM2 (see above)."""
     ours, hf, ref = smollm2
@@ -109,12 +111,14 @@ def test_smollm_reference_differs_from_transformers_only_by_the_digit_split(smol
     assert ours.encode(" \n0", add_bos=False) == ref.encode(" \n0", add_special_tokens=False)
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))
 def test_encode_matches_transformers(pair, text):
     ours, hf = pair
     assert ours.encode(text, add_bos=False) == hf.encode(text, add_special_tokens=False)
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))
 def test_decode_round_trip(pair, text):
     ours, hf = pair
@@ -123,6 +127,7 @@ def test_decode_round_trip(pair, text):
     assert ours.decode(ids) == hf.decode(ids)
 
 
+@pytest.mark.oracle
 def test_special_tokens_are_single_ids(pair):
     ours, hf = pair
     for name in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
@@ -167,6 +172,8 @@ TEXT = st.lists(_pieces, max_size=8).map("".join)
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@pytest.mark.oracle
 @given(text=TEXT)
 def test_random_text_matches_transformers(triple, text):
     ours, _, ref = triple
@@ -198,6 +205,7 @@ CONVERSATION = [
 ]
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("gen_prompt", [True, False])
 @pytest.mark.parametrize("messages", [CONVERSATION, CONVERSATION[1:2]], ids=["with_system", "user_only"])
 def test_chat_template_renders_like_transformers(pair, gen_prompt, messages):
