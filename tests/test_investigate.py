@@ -220,7 +220,7 @@ def test_a_failure_without_an_overflow_is_not_called_an_overflow():
     p = plan_for_node(matmul_node(M, 9728, 2560), settings)
     assert p.status == "no_chunking" and p.overflow == 0
     text = why_it_fails(p)
-    assert "no chunking" in text and "overflow" not in text and "2048" not in text
+    assert "no (mc, nc) chunking" in text and "overflow" not in text and "2048" not in text
     cx = _context(plan=p, death={"kind": "stack-overflow", "code": 0x2E})
     assert mechanism(cx).startswith(f"HMX chunk search finds no chunking for {64 * 1024} B")
     over = plan_for_node(matmul_node(M, 9728, 2560), replace(settings, vtcm_bytes=8 * 1024 * 1024))

@@ -62,8 +62,10 @@ def bisect_m(spec: RunSpec, judge: Judge, fail_m: int | None = None, pass_m: int
         if not 1 <= lo <= hi <= limit:
             raise KazeiaError(f"predicted range {lo}..{hi} is not within 1..{limit}")
         if _confirm(fails, lo, hi, limit):
-            return result("confirmed", f"predicted range confirmed: M = {lo}..{hi} fail, "
-                                       f"{lo - 1 if lo > 1 else '-'} and {hi + 1 if hi < limit else '-'} pass",
+            passing = [str(m) for m in (lo - 1, hi + 1) if 1 <= m <= limit]
+            edge = f"{' and '.join(passing)} pass" if passing else "no other M to try"
+            capped = f" (the largest M tried is {limit})" if hi == limit else ""
+            return result("confirmed", f"predicted range confirmed: M = {lo}..{hi} fail, {edge}{capped}",
                           lo, hi, confirmed=True)
         confirmed = False
         if fail_m is None:  # search from a failing point the confirmation found

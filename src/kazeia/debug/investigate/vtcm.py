@@ -55,7 +55,7 @@ def why_it_fails(p: MatmulPlan) -> str:
             s += (f"; its chunk search estimated {p.estimate} B, budgeting {HMX_SCALES_BYTES} B of overhead beyond "
                   f"the areas, while the allocator rounds every area but the scales up to {HMX_TILE_BYTES} B")
     else:
-        s = f"the HMX chunk search ({p.profile}) found no chunking that fits {p.vtcm} B ({p.reason})"
+        s = f"the HMX chunk search ({p.profile}) found no (mc, nc) chunking that fits {p.vtcm} B"
     return f"{s} -> the kernel returns -1 -> {_OUTCOME.get(p.outcome, p.outcome)}"
 
 
@@ -82,7 +82,7 @@ def plan_step(cx: Context) -> tuple[str, str]:
     cmd = (f"kazeia htp plan --m {f.plan.m} --k {w.ne[0]} --n {w.ne[1]} --type {f.plan.qtype} --htp-profile "
            f"{f.plan.profile} --vtcm {f.plan.vtcm}")
     head = why_it_fails(f.plan) if dies(f.plan) else describe(f.plan)
-    return f"{head}; robust: {describe(f.plan_robust)}", cmd
+    return f"{head}; the same op under {describe(f.plan_robust)}", cmd
 
 
 def threshold_step(cx: Context) -> tuple[str, str]:
