@@ -59,16 +59,19 @@ def gemv_q4_0(w, d, xq, xd, y, lut):
     n_rows, nb = w.shape[0], w.shape[1]
     m_rows = xq.shape[0]
     for c in prange((n_rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        sc = np.empty(nb, np.float32)  # d_w * d_x per block, gathered first: the block loop vectorizes better
         acc = np.empty(16, np.float32)
         for m in range(m_rows):
             for n in range(c * ROW_CHUNK, min(n_rows, c * ROW_CHUNK + ROW_CHUNK)):
+                for b in range(nb):
+                    sc[b] = lut[d[n, b, 0]] * xd[m, b]
                 acc[:] = 0
                 for b in range(nb):
-                    sc = lut[d[n, b, 0]] * xd[m, b]
+                    sb = sc[b]
                     for j in range(16):
                         q = w[n, b, 2 + j]
                         t = (i32(q & U15) - i32(8)) * i32(xq[m, b, j]) + (i32(q >> U4) - i32(8)) * i32(xq[m, b, 16 + j])
-                        acc[j] += sc * f32(i32(t))
+                        acc[j] += sb * f32(i32(t))
                 s = f32(0)
                 for j in range(16):
                     s += acc[j]
@@ -83,16 +86,19 @@ def gemv_q4_1(w, d, xq, xd, xs, y, lut):
     n_rows, nb = w.shape[0], w.shape[1]
     m_rows = xq.shape[0]
     for c in prange((n_rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        sc = np.empty(nb, np.float32)  # d_w * d_x per block, gathered first: the block loop vectorizes better
         acc = np.empty(16, np.float32)
         for m in range(m_rows):
             for n in range(c * ROW_CHUNK, min(n_rows, c * ROW_CHUNK + ROW_CHUNK)):
+                for b in range(nb):
+                    sc[b] = lut[d[n, b, 0]] * xd[m, b]
                 acc[:] = 0
                 for b in range(nb):
-                    sc = lut[d[n, b, 0]] * xd[m, b]
+                    sb = sc[b]
                     for j in range(16):
                         q = w[n, b, 4 + j]
                         t = (i32(q & U15) - i32(8)) * i32(xq[m, b, j]) + (i32(q >> U4) - i32(8)) * i32(xq[m, b, 16 + j])
-                        acc[j] += sc * f32(i32(t))
+                        acc[j] += sb * f32(i32(t))
                 cm = f32(0)
                 for b in range(nb):
                     cm += (f32(8) * lut[d[n, b, 0]] + lut[d[n, b, 1]]) * (xd[m, b] * f32(xs[m, b]))
@@ -108,14 +114,17 @@ def gemv_q8_0(w, d, xq, xd, y, lut):
     n_rows, nb = w.shape[0], w.shape[1]
     m_rows = xq.shape[0]
     for c in prange((n_rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        sc = np.empty(nb, np.float32)  # d_w * d_x per block, gathered first: the block loop vectorizes better
         acc = np.empty(32, np.float32)
         for m in range(m_rows):
             for n in range(c * ROW_CHUNK, min(n_rows, c * ROW_CHUNK + ROW_CHUNK)):
+                for b in range(nb):
+                    sc[b] = lut[d[n, b, 0]] * xd[m, b]
                 acc[:] = 0
                 for b in range(nb):
-                    sc = lut[d[n, b, 0]] * xd[m, b]
+                    sb = sc[b]
                     for j in range(32):
-                        acc[j] += sc * f32(i32(w[n, b, 2 + j]) * i32(xq[m, b, j]))
+                        acc[j] += sb * f32(i32(w[n, b, 2 + j]) * i32(xq[m, b, j]))
                 s = f32(0)
                 for j in range(32):
                     s += acc[j]

@@ -1,9 +1,9 @@
-"""A bounded cache of dequantized weights (LRU by bytes).
+"""A bounded cache of dequantized weights (LRU by bytes), used by the float64 `ref` oracle only.
 
-Dequantizing a weight matrix every time it is used would dominate the run time; keeping all of them
-would not fit for a 4B model (16 GB in float32). The cache keeps the most recently used matrices up to a
-byte budget (env KAZEIA_WEIGHT_CACHE_MB, default 6144 MiB for float32 users); past it the least recently
-used ones are dropped and recomputed when needed again.
+`ref` multiplies exact float64 copies of the weights; keeping all of them would not fit for a 4B model, so
+the cache keeps the most recently used matrices up to a byte budget (env KAZEIA_WEIGHT_CACHE_MB, default
+6144 MiB); past it the least recently used ones are dropped and recomputed when needed again. The `cpu`
+backend and the HTP model keep no such copies: they compute from the quantized bytes (qmatmul.py, htp/).
 """
 
 from __future__ import annotations
