@@ -217,3 +217,62 @@ def test_4b_prefill_completes_with_hmx_under_both_profiles(q35_4b, m):
     assert nmse(old.logits, cpu.logits) > 0.1  # but its logits are wrong ...
     fixed = run(RunSpec(model=q35_4b, n_prompt=m, device="HTP0", htp_profile="2026-05", cpu_ops="SSM_CONV"))
     assert nmse(fixed.logits, cpu.logits) <= 5e-4  # ... through SSM_CONV alone
+
+
+# ---------------------------------------------------------------------------------------------------
+# malformed hybrid files: one-line errors naming the file (the serializer of test_gguf_errors.py)
+
+
+def _hybrid_cases():
+    from test_gguf_errors import TInfo, V
+
+    def drop_key(k):
+        def f(raw):
+            raw.kvs = [kv for kv in raw.kvs if kv.key != k]
+        return f
+
+    def set_key(k, vtype, value, etype=None):
+        def f(raw):
+            kv = raw.key(k)
+            kv.vtype, kv.value, kv.etype = vtype, value, etype
+        return f
+
+    def drop_tensor(name):
+        def f(raw):
+            raw.tensors = [t for t in raw.tensors if t.name != name]
+        return f
+
+    def conv_shape(raw):
+        t = raw.tensor("blk.0.ssm_conv1d.weight")
+        raw.tensors[raw.tensors.index(t)] = TInfo(t.name, [t.dims[0], t.dims[1] - 32], t.ttype,
+                                                   t.data[: len(t.data) - 32 * t.dims[0] * 4])
+
+    return {
+        "no_conv_kernel": (drop_key("qwen35.ssm.conv_kernel"), r"missing required key 'qwen35.ssm.conv_kernel'"),
+        "no_sections": (drop_key("qwen35.rope.dimension_sections"), r"rope.dimension_sections"),
+        "sections_not_counts": (set_key("qwen35.rope.dimension_sections", V.STRING, "11,11,10"),
+                                r"rope.dimension_sections' must hold 4 counts"),
+        "pattern_too_short": (set_key("qwen35.attention.recurrent_layers", V.ARRAY, [True, False], V.BOOL),
+                              r"recurrent_layers' must list the 4 layers"),
+        "inner_not_heads": (set_key("qwen35.ssm.inner_size", V.UINT32, 100), r"ssm sizes do not fit"),
+        "zero_group_count": (set_key("qwen35.ssm.group_count", V.UINT32, 0), r"group_count' must be a positive"),
+        "no_ssm_a": (drop_tensor("blk.0.ssm_a"), r"missing tensor 'blk.0.ssm_a'"),
+        "conv_kernel_shape": (conv_shape, r"tensor 'blk.0.ssm_conv1d.weight' has shape"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_hybrid_cases()))
+def test_malformed_hybrid_file_is_a_one_line_error(tiny35, tmp_path, case):
+    from kazeia.errors import GGUFError
+    from test_gguf_errors import from_file
+
+    edit, pattern = _hybrid_cases()[case]
+    raw = from_file(tiny35)
+    edit(raw)
+    path = tmp_path / f"{case}.gguf"
+    path.write_bytes(raw.to_bytes())
+    with pytest.raises(GGUFError, match=pattern) as ei:
+        Model.load(str(path))
+    assert str(path) in str(ei.value) and "\n" not in str(ei.value)
+    r = kazeia("run", "-m", str(path), "-p", "hi", "-n", "1")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-1000:]
