@@ -81,8 +81,11 @@ def test_cpu_vs_ref_tiny_both_modes(tiny_qwen3_q4):
     n = _computed_nodes(spec)
     assert len(r.rows["isolated"]) == len(r.rows["cumulative"]) == n
     iso = {x.index: x for x in r.rows["isolated"]}
-    # isolated: each op sees REF's inputs rounded to float32, so its error stays at float32 rounding
-    assert max(x.nmse for x in iso.values()) < 1e-11
+    # isolated: each op sees REF's inputs rounded to float32, so its error stays at float32 rounding, except a
+    # weight MUL_MAT with M <= 2 (here the last row's lm_head): the cpu GEMV quantizes its activations to int16
+    # per 32-block (qmatmul.py), ~1e-9, far below test-backend-ops' 5e-4 but above float32 rounding
+    assert max(x.nmse for x in iso.values() if x.op != "MUL_MAT") < 1e-11
+    assert max(x.nmse for x in iso.values() if x.op == "MUL_MAT") < 1e-8
     # cumulative: errors propagate; late ops drift more than in isolation, logits within the model threshold
     late = [x for x in r.rows["cumulative"] if x.layer == 1 and x.op == "MUL_MAT"]
     assert late and all(x.nmse > 10 * iso[x.index].nmse for x in late)
