@@ -54,15 +54,16 @@ def round_f16_f32(x):
     Normal fp16 range: the 13 low mantissa bits rounded away on the bits (ties to even); below 2^-14 the fp16
     quantum is 2^-24: rint(|x| * 2^24) * 2^-24, exact in float32. Every case is computed and one is selected
     (no branches, so loops over it vectorize)."""
+    # every integer result is cast back to uint32 (numba computes in 64 bits otherwise: half the SIMD lanes)
     u = _f32_bits(x)
-    sign = u & u32(0x80000000)
-    a = u & u32(0x7FFFFFFF)
-    normal = (a + u32(0xFFF) + ((a >> u32(13)) & u32(1))) & u32(0xFFFFE000)
+    sign = u32(u & u32(0x80000000))
+    a = u32(u & u32(0x7FFFFFFF))
+    normal = u32(u32(u32(a + u32(0xFFF)) + u32(u32(a >> u32(13)) & u32(1))) & u32(0xFFFFE000))
     tiny = _f32_bits(np.rint(abs(x) * f32(16777216.0)) * f32(5.9604644775390625e-08))
     r = normal if a >= u32(0x38800000) else tiny
     r = u32(0x7F800000) if a > u32(0x477FE000) else r
     r = a if a > u32(0x7F800000) else r
-    return _bits_f32(sign | r)
+    return _bits_f32(u32(sign | r))
 
 
 @njit(cache=True, inline="always")
