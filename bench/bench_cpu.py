@@ -1,7 +1,7 @@
 """CPU benchmark: kazeia's `cpu` backend beside llama.cpp's llama-bench on the same GGUF, in the same run.
 
     python bench/bench_cpu.py                  # default model, pp256 + tg16, 2 threads, 5 repetitions
-    python bench/bench_cpu.py --q4-0           # also a Q4_0 requantized copy (needs llama-quantize)
+    python bench/bench_cpu.py --q4-0           # also a Q4_0 requantized copy (llama-quantize or bench/requant.py)
     python bench/bench_cpu.py --no-peer --json
 
 Prints, per test, our tokens/s, llama.cpp's (`llama-bench -p 256 -n 16 -t 2`) and the ratio against the
@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+import requant  # bench/requant.py
 from kazeia.cli import bench
 from kazeia.cli.common import Session, open_session
 from kazeia.cli.main import build_parser
@@ -132,15 +133,18 @@ def floor_ts(s: Session, test: bench.BenchTest) -> tuple[float, float, float]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def requantize_q4_0(src: str) -> str | None:
+def requantize_q4_0(src: str) -> str:
+    """A Q4_0 copy of src in the temp directory (reused): llama-quantize --pure when it is found, else
+    bench/requant.py (gguf-py's dequantize + Q4_0 quantizer, the same bytes for these formats)."""
     exe = find_tool("llama-quantize")
-    if exe is None:
-        return None
     dst = os.path.join(tempfile.gettempdir(), "kazeia-bench", os.path.basename(src).replace(".gguf", "") + ".Q4_0.gguf")
     if not os.path.exists(dst) or os.path.getmtime(dst) < os.path.getmtime(src):
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        subprocess.run([exe, "--allow-requantize", "--pure", src, dst, "Q4_0"], capture_output=True, check=True,
-                       timeout=600)
+        if exe is None:
+            requant.requantize_q4_0(src, dst)
+        else:
+            subprocess.run([exe, "--allow-requantize", "--pure", src, dst, "Q4_0"], capture_output=True, check=True,
+                           timeout=600)
     return dst
 
 
@@ -215,11 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     info = bench.model_info(Model.load(path))
     models = [(path, info.type)]
     if a.q4_0:
-        q = requantize_q4_0(path)
-        if q is None:
-            print("q4_0: llama-quantize not available, skipped", file=sys.stderr)
-        else:
-            models.append((q, info.type.rsplit(" ", 1)[0] + " Q4_0 (requant)"))
+        models.append((requantize_q4_0(path), info.type.rsplit(" ", 1)[0] + " Q4_0 (requant)"))
     load_before = os.getloadavg()[0]
     rows = []
     for p, label in models:
