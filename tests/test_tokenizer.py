@@ -111,6 +111,7 @@ def test_smollm_reference_differs_from_transformers_only_by_the_digit_split(smol
     assert ours.encode(" \n0", add_bos=False) == ref.encode(" \n0", add_special_tokens=False)
 
 
+@pytest.mark.slow
 @pytest.mark.oracle
 @pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))
 def test_encode_matches_transformers(pair, text):
@@ -118,6 +119,7 @@ def test_encode_matches_transformers(pair, text):
     assert ours.encode(text, add_bos=False) == hf.encode(text, add_special_tokens=False)
 
 
+@pytest.mark.slow
 @pytest.mark.oracle
 @pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))
 def test_decode_round_trip(pair, text):
@@ -127,6 +129,7 @@ def test_decode_round_trip(pair, text):
     assert ours.decode(ids) == hf.decode(ids)
 
 
+@pytest.mark.slow
 @pytest.mark.oracle
 def test_special_tokens_are_single_ids(pair):
     ours, hf = pair
@@ -205,6 +208,7 @@ CONVERSATION = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.oracle
 @pytest.mark.parametrize("gen_prompt", [True, False])
 @pytest.mark.parametrize("messages", [CONVERSATION, CONVERSATION[1:2]], ids=["with_system", "user_only"])
