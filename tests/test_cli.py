@@ -61,7 +61,8 @@ def test_make_model_qwen3_4b_shapes(qwen3_4b_one_layer):
     assert shapes["blk.0.attn_output.weight"] == [4096, 2560]
     assert shapes["blk.0.ffn_down.weight"] == [9728, 2560]
     assert shapes["blk.0.attn_q_norm.weight"] == [128]
-    assert shapes["token_embd.weight"] == [2560, meta["qwen3.vocab_size"]]
+    assert shapes["token_embd.weight"] == [2560, meta["qwen3.vocab_size"]] == [2560, 151936]
+    assert len(meta["tokenizer.ggml.tokens"]) == 151936  # the real Qwen3 tokenizer, padded as the converter pads
     assert "output.weight" not in shapes  # tied, like Qwen3-4B
     assert not any(n.startswith("blk.1.") for n in shapes)
 

