@@ -21,6 +21,7 @@ dims, theta 1e7, sections [11, 11, 10, 0]; GDN 16 K heads / 32 V heads x 128, co
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 
 from kazeia.errors import GGUFError
@@ -28,6 +29,7 @@ from kazeia.gguf.reader import GGUFFile
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import ROPE_IMROPE, Graph
 from kazeia.graph.tensor import GGMLType, Tensor, TFlag, make_tensor
+from kazeia.models import transformer
 from kazeia.models.base import ModelArgs
 from kazeia.models.transformer import (
     GraphOptions,
@@ -172,18 +174,14 @@ class HybridInputs(Inputs):
     s_copy: Tensor | None = None  # I32 [n_seqs]: the recurrent-state cell each sequence reads (rs_s_copy)
 
 
-def make_inputs(n_tokens: int, n_kv: int, n_out: int, flash_attn: bool, n_seqs: int = 1) -> HybridInputs:
-    def inp(t, ne, name):
-        return make_tensor(t, ne, name=name, flags=TFlag.INPUT)
-
-    return HybridInputs(
-        tokens=inp(GGMLType.I32, (n_tokens,), "inp_tokens"),
-        pos=inp(GGMLType.I32, (N_POS_STREAMS * n_tokens,), "inp_pos"),
-        kv_idx=inp(GGMLType.I64, (n_tokens,), "inp_kv_idxs"),
-        mask=inp(GGMLType.F16 if flash_attn else GGMLType.F32, (n_kv, n_tokens), "attn_inp_kq_mask"),
-        out_ids=inp(GGMLType.I32, (n_out,), "inp_out_ids"),
-        s_copy=inp(GGMLType.I32, (n_seqs,), "rs_s_copy"),
-    )
+def make_inputs(n_tokens: int, *args, n_seqs: int = 1, **kw) -> HybridInputs:
+    """The dense inputs (transformer.make_inputs), with 4 position streams for the multi-section rope and the
+    recurrent-state cell of each sequence."""
+    base = transformer.make_inputs(n_tokens, *args, **kw)
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    fields["pos"] = make_tensor(GGMLType.I32, (N_POS_STREAMS * n_tokens,), name="inp_pos", flags=TFlag.INPUT)
+    fields["s_copy"] = make_tensor(GGMLType.I32, (n_seqs,), name="rs_s_copy", flags=TFlag.INPUT)
+    return HybridInputs(**fields)
 
 
 def full_attention(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tensor, inp: Inputs, cache: LayerCache,
@@ -294,6 +292,8 @@ def build(a: Args, w: dict[str, Tensor], inp: HybridInputs, caches: list, n_kv: 
     logits = _named(gb.mul_mat(w.get("output.weight", w["token_embd.weight"]), x), "result_output")
     logits.flags |= TFlag.OUTPUT
     g.expand(logits)
-    for t in (inp.pos, inp.kv_idx, inp.mask):  # inputs llama.cpp makes even when no layer reads them (no attention)
-        g.expand(t)
+    for f in dataclasses.fields(inp):  # the input leaves even when no layer reads them (no attention layer)
+        t = getattr(inp, f.name)
+        if isinstance(t, Tensor) and t.op == "NONE":
+            g.expand(t)
     return g, logits
