@@ -119,7 +119,8 @@ def synth_config(m, wtype: str = "f32") -> SynthConfig:
         n_head=c.num_attention_heads, n_head_kv=c.num_key_value_heads, head_dim=c.head_dim,
         n_vocab=c.vocab_size, n_ctx=c.max_position_embeddings, rope_base=rp["rope_theta"], rms_eps=c.rms_norm_eps,
         wtype=wtype, tied=c.tie_word_embeddings, n_rot=int(c.head_dim * rp.get("partial_rotary_factor", 0.25)),
-        rope_sections=tuple(list(rp.get("mrope_section", [11, 11, 10])) + [0]), ssm_conv_kernel=c.linear_conv_kernel_dim,
+        rope_sections=tuple(list(rp.get("mrope_section", [11, 11, 10])) + [0]),
+        ssm_conv_kernel=c.linear_conv_kernel_dim,
         ssm_head_dim=c.linear_key_head_dim, ssm_k_heads=c.linear_num_key_heads, ssm_v_heads=c.linear_num_value_heads,
         layer_pattern=tuple(t == "linear_attention" for t in c.layer_types))
 
