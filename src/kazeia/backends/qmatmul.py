@@ -21,10 +21,13 @@ The numba kernels (qkernels.py) are compiled once and cached on disk; numba is i
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kazeia.backends import jit
+from kazeia.engine.threads import single_blas_thread
 from kazeia.gguf.quants import dequantize
 
 T = GGMLQuantizationType
@@ -32,6 +35,7 @@ GEMV_MAX_M = 2           # rows of x up to which the int8 GEMV beats dequantize 
 TILE_BYTES = 4 << 20     # float32 scratch per dequantized tile (about L3 / 8: BLAS packs it anyway)
 ROW_CHUNK = 32           # GEMV rows per parallel task: their bytes stay in L2 while every x row passes
 QK = 32
+SMALL_GEMM_M = 16    # x rows up to which the tiled path's GEMMs run on one BLAS thread
 GEMV_TYPES = (T.Q4_0, T.Q4_1, T.Q8_0)
 
 _F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)  # fp16 bits -> value
@@ -127,7 +131,10 @@ def _tiled(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndarray) ->
     tr = min(n, tile_rows(k))
     scratch = np.empty((tr, k), dtype=np.float32)
     x = np.ascontiguousarray(x)
-    for r0 in range(0, n, tr):
-        r1 = min(n, r0 + tr)
-        w = dequantize_rows(raw[r0:r1], qtype, k, scratch)
-        np.matmul(x, w.T, out=out[:, r0:r1])
+    # a few rows of x make tiny GEMMs: two BLAS threads gain nothing there and, when another process holds the
+    # second core, every call waits for a descheduled worker (measured: 110 ms instead of 1 ms at M=5)
+    with single_blas_thread() if x.shape[0] <= SMALL_GEMM_M else contextlib.nullcontext():
+        for r0 in range(0, n, tr):
+            r1 = min(n, r0 + tr)
+            w = dequantize_rows(raw[r0:r1], qtype, k, scratch)
+            np.matmul(x, w.T, out=out[:, r0:r1])

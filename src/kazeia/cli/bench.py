@@ -1,7 +1,7 @@
 """kazeia bench: prompt-processing and generation speed, in the style of llama-bench.
 
-Each test runs once as a warm-up (the first call builds the graph and dequantizes the weights into the
-cache), then `-r` measured repetitions, each from an empty KV cache. `ppN` feeds a synthetic N-token prompt
+Each test runs once as a warm-up (the first call builds the graph and loads the compiled matmul
+kernels), then `-r` measured repetitions, each from an empty KV cache. `ppN` feeds a synthetic N-token prompt
 as one decode call (split into micro-batches of `-ub`); `tgN` feeds N single tokens one by one, like
 llama-bench. t/s is the mean ± sample standard deviation over the repetitions of tokens / seconds.
 
