@@ -3,10 +3,12 @@
 - SSM_CONV (ssm-conv.c): the scalar loop (decode, or fewer than 32 channels) reads DDR and sums the taps in
   fp32. The HVX path (prefill of 32+ tokens) stages, per thread, the conv weights transposed to [d_conv][rows]
   and tiles of the input transposed to [columns][channels] in VTCM, and reads them back with aligned vector
-  loads. An aligned HVX load ignores the low 7 address bits, so when a thread's weight rows are not a multiple of
-  32 floats apart (2026-05: the stride is the thread's row count, e.g. ceil(8192 / 6) = 1366 for Qwen3.5-4B with
-  6 HVX threads) tap j reads the weights (j * stride) % 32 channels earlier than its own. The `robust` profile has
-  the June 2026 fix (#24470: rows per thread padded to 32). Taps are summed in order, in fp32 (qf32 on device).
+  loads. An aligned HVX load ignores the low 7 address bits (Qualcomm HVX PRM 80-N2040-61, "Memory: Alignment":
+  "when using a general VMEM load or store, the least-significant bits of the address are ignored"), so when a
+  thread's weight rows are not a multiple of 32 floats apart (2026-05: the stride is the thread's row count,
+  e.g. ceil(8192 / 6) = 1366 for Qwen3.5-4B with 6 HVX threads) tap j reads the weights (j * stride) % 32
+  channels earlier than its own. The `robust` profile has the June 2026 fix (#24470: rows per thread padded to
+  32). Taps are summed in order, in fp32 (qf32 on device).
 - GATED_DELTA_NET (gated-delta-net-ops.c): fp32 delta rule; decode keeps each thread's working state in VTCM
   (thread t ends holding the state of the last head it processed), prefill updates the state in the dst in DDR.
 - CONCAT (concat-ops.c): the transposed 2-D path stages each block of rows in VTCM (src0 rows widened by the
