@@ -5,9 +5,13 @@ Same results up to float32 rounding order; each falls back to the plain kernel o
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, rope_angles
+from kazeia.backends.qmatmul import SMALL_GEMM_M
+from kazeia.engine.threads import single_blas_thread
 from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
 from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
 
@@ -58,6 +62,14 @@ def _flash_attn_ext(be: NumpyOps, n: Tensor) -> None:
     mask = array(mt)[:, :, :T, : kt.ne[1]]  # (S|1, 1, T, n_kv), -inf where a row must not look
     seen = ~np.isneginf(mask).all(axis=(0, 1))  # (T, n_kv): a cell some row of the batch sees
     out = np.empty((S, T, H, vt.ne[0]), dtype=be.ft)
+    # decode-sized products are tiny GEMMs per KV head: one BLAS thread (two wait on each other, and on a shared
+    # machine for a descheduled worker, at every call)
+    with single_blas_thread() if T <= SMALL_GEMM_M else contextlib.nullcontext():
+        _fa_blocks(be, kt, vt, qs, mask, seen, out, S, Hkv, g, T, D, H)
+    be.store(n, out)
+
+
+def _fa_blocks(be, kt, vt, qs, mask, seen, out, S, Hkv, g, T, D, H) -> None:
     for t0 in range(0, T, FA_ROW_BLOCK):
         t1 = min(T, t0 + FA_ROW_BLOCK)
         cols = np.flatnonzero(seen[t0:t1].any(axis=0))
@@ -71,7 +83,6 @@ def _flash_attn_ext(be: NumpyOps, n: Tensor) -> None:
             _softmax_inplace(s)
         o = np.matmul(s.reshape(S, Hkv, g * (t1 - t0), nv), v).reshape(S, H, t1 - t0, -1)
         out[:, t0:t1] = o.transpose(0, 2, 1, 3)
-    be.store(n, out)
 
 
 _rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
