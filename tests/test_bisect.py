@@ -87,26 +87,27 @@ def test_cli_flag_and_env_default(monkeypatch):
 
 
 @pytest.mark.slow
-def test_bisect_ops_finds_ffn_down_not_attn_out(q4b1, tmp_path):
-    spec = crash_spec(q4b1)
+def test_bisect_ops_finds_ffn_down_not_attn_out(q4b2, tmp_path):
+    spec = crash_spec(q4b2)
     truth = run(spec)  # the emulator's ground truth: the op the DSP died in
-    assert truth.death and truth.death["faulting"] == "ffn_down-0"
+    assert truth.death and truth.death["faulting"] == "ffn_out-0"
+    index = next(p["index"] for p in truth.placements if p["node"] == "ffn_out-0")
     judge = B.OracleJudge(fail_regex="0x0000002e")
     res = B.bisect_ops(spec, judge, state_path=str(tmp_path / "ops.json"))
     assert res.verdict == "found"
-    assert res.found.name == "ffn_down-0" and res.found.op == "MUL_MAT" and res.found.index == 33
+    assert res.found.name == "ffn_out-0" and res.found.op == "MUL_MAT" and res.found.index == index
     assert res.found.dst == "f32[2560,38,1,1]" and "blk.0.ffn_down.weight" in res.found.src[0]
     n = len(res.candidates)
     assert res.runs == judge.runs == len(res.steps) <= 2 + math.ceil(math.log2(n))  # O(log n), each a child run
     assert judge.reference_runs == 0  # the regex pins a death: no CPU reference needed
     # the decisive pair: ffn_down on the device fails, everything before it on the device passes
     by_k = {s["k"]: s for s in res.steps}
-    pos = [c.name for c in res.candidates].index("ffn_down-0")
+    pos = [c.name for c in res.candidates].index("ffn_out-0")
     assert by_k[pos + 1]["outcome"] == B.FAIL and by_k[pos]["outcome"] == B.PASS
     text = B.format_ops(res)
-    assert "ffn_down-0" in text and "--cpu-node-range 34:" in text
+    assert "ffn_out-0" in text and f"--cpu-node-range {index + 1}:" in text
     saved = json.load(open(tmp_path / "ops.json"))
-    assert saved["result"]["found"]["name"] == "ffn_down-0" and len(saved["steps"]) == res.runs
+    assert saved["result"]["found"]["name"] == "ffn_out-0" and len(saved["steps"]) == res.runs
 
 
 @pytest.mark.slow
@@ -135,12 +136,12 @@ def _plan_failing_m(limit: int = 200) -> list[int]:
 
 
 @pytest.mark.slow
-def test_bisect_m_resumes_and_finds_33_to_64(q4b1, tmp_path):
+def test_bisect_m_resumes_and_finds_33_to_64(q4b2, tmp_path):
     """In-process runs (isolate=False) to keep the ~17 runs cheap; child runs are covered by the ops test."""
     expected = _plan_failing_m()
     assert expected == list(range(33, 65))  # what the plan arithmetic says, independently of any run
     state = str(tmp_path / "m.json")
-    spec = crash_spec(q4b1)
+    spec = crash_spec(q4b2)
     j1 = B.OracleJudge(fail_regex="0x0000002e", isolate=False)
     with pytest.raises(B.BisectInterrupted):
         B.bisect_m(spec, j1, state_path=state, max_steps=5)
@@ -168,8 +169,8 @@ def test_bisect_m_resumes_and_finds_33_to_64(q4b1, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_bisect_m_confirms_a_prediction(q4b1, tmp_path, capsys):
-    rc = cli_main(["bisect", "m", "-m", q4b1, "-dev", "HTP0", "--htp-profile", "2026-05", "--n-prompt", "38",
+def test_cli_bisect_m_confirms_a_prediction(q4b2, tmp_path, capsys):
+    rc = cli_main(["bisect", "m", "-m", q4b2, "-dev", "HTP0", "--htp-profile", "2026-05", "--n-prompt", "38",
                    "--predict", "33:64", "--fail-regex", "0x0000002e", "--no-isolate", "-q", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["verdict"] == "confirmed" and (out["smallest"], out["largest"]) == (33, 64)
@@ -354,12 +355,12 @@ def test_ddmin_rows_count_only_failure():
 
 
 @pytest.mark.slow
-def test_bisect_rows_on_the_dumped_ffn_down(q4b1, tmp_path, capsys):
+def test_bisect_rows_on_the_dumped_ffn_down(q4b2, tmp_path, capsys):
     from kazeia.debug.dump import DumpHook
 
     ddir = tmp_path / "dump"
-    hook = DumpHook("^ffn_down-0$", ddir)
-    res = run(crash_spec(q4b1), hooks=[hook])
+    hook = DumpHook("^ffn_out-0$", ddir)
+    res = run(crash_spec(q4b2), hooks=[hook])
     assert res.death and hook.entries
     rc = cli_main(["bisect", "rows", str(ddir), "--json", "-q", "--state", str(tmp_path / "rows.json")])
     out = json.loads(capsys.readouterr().out)

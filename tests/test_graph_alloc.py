@@ -4,7 +4,8 @@
   numpy equivalent of the logical operation on the base data, and CONT on either backend materializes them.
 - The allocator, checked over real model graphs by an independent checker: no two tensors that are live at
   the same time share a byte, except a parent and the element-wise child that takes its memory over at the
-  parent's last use (ggml's in-place reuse); everything fits in the compute buffer.
+  parent's last use (ggml's in-place reuse); everything fits in the compute buffer. Inputs live from the start
+  to their last use, outputs to the end (ggml-alloc frees inputs like any other tensor).
 - The same property checked dynamically: while the model runs, every source still holds the bytes it held
   when it was produced.
 """
@@ -143,7 +144,7 @@ def check_allocation(graph: Graph) -> dict:
             if s is not None and id(s.root) in last:
                 last[id(s.root)] = max(last[id(s.root)], i)
     for k, t in roots.items():
-        if t.flags & (TFlag.INPUT | TFlag.OUTPUT):
+        if t.flags & TFlag.OUTPUT:  # as in ggml-alloc, outputs live to the end; inputs only to their last use
             last[k] = end
 
     def handoff(parent: Tensor, child: Tensor) -> bool:

@@ -37,12 +37,12 @@ def test_final_contents_are_the_last_chunks(n):
 
 
 @pytest.mark.slow
-def test_cli_names_last_enqueued_and_the_faulting_op_with_sync(q4b1):
-    r = subprocess.run([sys.executable, "-m", "kazeia", "run", "-m", q4b1, "-dev", "HTP0", "--htp-profile", "2026-05",
+def test_cli_names_last_enqueued_and_the_faulting_op_with_sync(q4b2):
+    r = subprocess.run([sys.executable, "-m", "kazeia", "run", "-m", q4b2, "-dev", "HTP0", "--htp-profile", "2026-05",
                         "--n-prompt", "38", "-n", "1", "--sync"], capture_output=True, text=True, timeout=600)
     assert r.returncode != 0
     assert "last op enqueued when the error was read: l_out-0" in r.stderr
-    assert "faulting op: ffn_down-0" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "kazeia", "run", "-m", q4b1, "-dev", "HTP0", "--htp-profile", "2026-05",
+    assert "faulting op: ffn_out-0" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "kazeia", "run", "-m", q4b2, "-dev", "HTP0", "--htp-profile", "2026-05",
                         "--n-prompt", "38", "-n", "1"], capture_output=True, text=True, timeout=600)
     assert "rerun with --sync" in r.stderr and "faulting op" not in r.stderr

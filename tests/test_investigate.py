@@ -35,28 +35,29 @@ class Calls:
 
 
 class Matmuls(Hook):
-    """(node, weight family, K, N) of every weight MUL_MAT, in graph order."""
+    """(node, weight family, K, N, M) of every weight MUL_MAT, in graph order (the last layer's FFN sees only the
+    output row: M = 1, as in llama.cpp's graph)."""
 
     def __init__(self) -> None:
-        self.ops: list[tuple[str, str, int, int]] = []
+        self.ops: list[tuple[str, str, int, int, int]] = []
 
     def on_start(self, node, info):
         w = node.src[0] if node.op == "MUL_MAT" else None
         if w is not None and w.weight_name and w.ne[1] <= MAX_WEIGHT_ROWS:
             fam = w.weight_name.split(".", 2)[-1].removesuffix(".weight")
-            self.ops.append((node.name, fam, w.ne[0], w.ne[1]))
+            self.ops.append((node.name, fam, w.ne[0], w.ne[1], node.src[1].ne[1]))
 
 
 @pytest.fixture(scope="module")
-def matmuls(q4b1):
+def matmuls(q4b2):
     hook = Matmuls()
-    run(RunSpec(model=q4b1, n_prompt=M, device="CPU"), hooks=(hook,))
+    run(RunSpec(model=q4b2, n_prompt=M, device="CPU"), hooks=(hook,))
     return hook.ops
 
 
 def overflowing(ops, vtcm: int) -> dict[str, int]:
-    """family -> bytes over VTCM of its HMX layout at M tokens, by the independent transcription."""
-    return {fam: used - vtcm for _, fam, k, n in ops if (used := hmx_q_layout_bytes(M, k, n, "q4_0", vtcm)) > vtcm}
+    """family -> bytes over VTCM of its HMX layout at its M, by the independent transcription."""
+    return {fam: used - vtcm for _, fam, k, n, m in ops if (used := hmx_q_layout_bytes(m, k, n, "q4_0", vtcm)) > vtcm}
 
 
 def investigated(model: str, out: str, vtcm: int | None = None, profile: str = "2026-05"):
@@ -67,9 +68,9 @@ def investigated(model: str, out: str, vtcm: int | None = None, profile: str = "
 
 
 @pytest.fixture(scope="module")
-def crash_report(q4b1, tmp_path_factory):
+def crash_report(q4b2, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("inv"))
-    inv, calls = investigated(q4b1, out)
+    inv, calls = investigated(q4b2, out)
     return inv, out, calls
 
 
@@ -87,8 +88,8 @@ def other_vtcm(matmuls) -> int:
 
 
 @pytest.fixture(scope="module")
-def other_report(q4b1, other_vtcm, tmp_path_factory):
-    inv, _ = investigated(q4b1, str(tmp_path_factory.mktemp("inv2")), vtcm=other_vtcm)
+def other_report(q4b2, other_vtcm, tmp_path_factory):
+    inv, _ = investigated(q4b2, str(tmp_path_factory.mktemp("inv2")), vtcm=other_vtcm)
     return inv
 
 
@@ -101,9 +102,9 @@ def test_names_ffn_down_with_its_shape_not_attn_output(crash_report, matmuls):
     inv, _, _ = crash_report
     assert set(overflowing(matmuls, 8 * 1024 * 1024)) == {"ffn_down"}  # the seed: only ffn_down overflows
     assert inv.fault_found
-    assert inv.facts["faulting op (one-op batches)"] == "ffn_down-0"
+    assert inv.facts["faulting op (one-op batches)"] == "ffn_out-0"
     assert "K=9728" in inv.facts["faulting op"] and "N=2560" in inv.facts["faulting op"]
-    assert inv.verdict.startswith("The faulting op is ffn_down-0")
+    assert inv.verdict.startswith("The faulting op is ffn_out-0")
     assert "attn_out" not in inv.facts["faulting op (one-op batches)"]
 
 
@@ -115,7 +116,7 @@ def test_mechanism_range_and_gate(crash_report, matmuls):
     assert "0x2e" in inv.mechanism  # the code of the death this run showed
     assert inv.facts["failing prompt lengths (M)"].startswith("33..64")
     assert inv.gate and inv.gate["validated"], inv.gate
-    assert "ffn_down (ffn_down-0)" in inv.gate["description"]
+    assert "ffn_down (ffn_out-0)" in inv.gate["description"]
 
 
 @pytest.mark.slow
@@ -151,7 +152,7 @@ def test_writes_markdown_html_and_json(crash_report):
     inv, out, _ = crash_report
     md = open(os.path.join(out, "report.md")).read()
     html = open(os.path.join(out, "report.html")).read()
-    assert "ffn_down-0" in md and "<svg" in html and "data:image/png;base64," in html
+    assert "ffn_out-0" in md and "<svg" in html and "data:image/png;base64," in html
     data = json.loads(open(os.path.join(out, "investigation.json")).read())
     assert data["mechanism"] == inv.mechanism
     assert all(f"| {s.title} |" in md for s in DEATH.steps)
@@ -161,21 +162,22 @@ def test_writes_markdown_html_and_json(crash_report):
 def test_another_vtcm_size_names_the_ops_that_overflow_there(other_report, other_vtcm, matmuls):
     inv = other_report
     over = overflowing(matmuls, other_vtcm)
-    first = next(name for name, fam, _, _ in matmuls if fam in over)  # graph order: the first to run dies
+    first = next(name for name, fam, k, n, m in matmuls if fam in over and hmx_q_layout_bytes(m, k, n, "q4_0",
+                 other_vtcm) > other_vtcm)  # graph order: the first to run dies
     assert inv.facts["faulting op (one-op batches)"] == first
     assert inv.verdict.startswith(f"The faulting op is {first}")
-    fam = next(f for n, f, _, _ in matmuls if n == first)
+    fam = next(f for n, f, *_ in matmuls if n == first)
     assert inv.mechanism.startswith(f"HMX VTCM plan overflow by {over[fam]} B")
     gate = inv.gate["description"]
     assert inv.gate["validated"], inv.gate
-    for _, f, _, _ in matmuls:
+    for _, f, *_ in matmuls:
         assert (f"{f} (" in gate) == (f in over), (f, gate)  # exactly the overflowing ones, ffn_down not
     assert _hyp(inv, "VTCM budget").status == "confirmed"
 
 
 @pytest.mark.slow
-def test_robust_reports_no_fault(q4b1, tmp_path):
-    inv, calls = investigated(q4b1, str(tmp_path), profile="robust")
+def test_robust_reports_no_fault(q4b2, tmp_path):
+    inv, calls = investigated(q4b2, str(tmp_path), profile="robust")
     assert not inv.fault_found
     assert inv.verdict.startswith("No fault")
     assert [s.name for s in inv.steps] == ["reproduce", *(s.title for s in HEALTHY.steps)] == calls.lines

@@ -38,9 +38,9 @@ def test_trace_one_line_per_executed_op(tiny_qwen3_q4, device):
     assert [r["name"] for r in recs] == [p["node"] for p in computed]
     by = {r["name"]: r for r in recs}
     if device == "HTP0":
-        assert by["ffn_down-0"]["path"] == "hmx" and by["ffn_down-0"]["batch"] is not None
-        assert by["inp_embd"]["backend"] == "CPU"
-    assert by["ffn_down-0"]["dst_stats"]["amax"] > 0
+        assert by["ffn_out-0"]["path"] == "hmx" and by["ffn_out-0"]["batch"] is not None
+        assert by["embd"]["backend"] == "CPU"
+    assert by["ffn_out-0"]["dst_stats"]["amax"] > 0
 
 
 def test_input_nan_is_reported_and_stops_the_run(tiny_qwen3_q4):
@@ -55,9 +55,9 @@ def test_input_nan_is_reported_and_stops_the_run(tiny_qwen3_q4):
     hook = TraceHook(stream, None, stop_on_nonfinite=True)
     with pytest.raises(NonFiniteStop) as e:
         run(RunSpec(model=tiny_qwen3_q4, n_prompt=8, device="CPU"), hooks=(hook, Poison()))
-    assert e.value.node == "ffn_down-0"  # the first op whose output holds NaN
+    assert e.value.node == "ffn_out-0"  # the first op whose output holds NaN (the mask's -inf cast is not one)
     rec = hook.records[-1]
-    assert rec["name"] == "ffn_down-0"
+    assert rec["name"] == "ffn_out-0"
     assert rec["src_stats"][1]["nan"] == 1 and rec["src_stats"][1]["amax"] > 0
 
 
@@ -68,13 +68,13 @@ def test_htp_trace_sees_what_the_dsp_consumed(tiny_qwen3_q4):
 
     class Enq(Hook):
         def on_enqueue(self, node, info):
-            if node.name == "ffn_down-0":
+            if node.name == "ffn_out-0":
                 got["enqueue"] = values_stats(np.array(array(node.src[1])))
 
     hook = TraceHook(None, None)
     run(RunSpec(model=tiny_qwen3_q4, n_prompt=40, device="HTP0"), hooks=(Enq(), hook))
     by = {r["name"]: r for r in hook.records}
-    consumed = by["ffn_down-0"]["src_stats"][1]
+    consumed = by["ffn_out-0"]["src_stats"][1]
     produced = by["ffn_swiglu-0"]["dst_stats"]
     assert consumed["amax"] == produced["amax"] and consumed["mean"] == produced["mean"]
     assert got["enqueue"].amax != consumed["amax"]

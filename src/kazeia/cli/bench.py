@@ -369,7 +369,7 @@ def bench_device(args: argparse.Namespace, model: Model, info: ModelInfo, device
             say = (lambda m, t=test: progress(f"{device} {m}")) if progress else None
             seconds, extra = measure(s, test, args.repetitions, not args.no_warmup, say)
             out.append(BenchResult(info, device.upper(), ",".join(b.name for b in s.scheduler.backends), threads,
-                                   args.ubatch_size, args.flash_attn == "on", args.cache_type_k,
+                                   args.ubatch_size, args.flash_attn != "off", args.cache_type_k,
                                    args.cache_type_v, test, seconds, extra))
         return out
     finally:

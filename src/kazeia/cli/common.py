@@ -32,10 +32,26 @@ def add_model_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
         g.add_argument("-p", "--prompt", help="prompt text")
         g.add_argument("--n-prompt", type=int, default=None, metavar="N",
                        help="use a deterministic synthetic prompt of exactly N tokens (llama-bench style)")
+    if prompt:
+        g.add_argument("-f", "--file", default=None, metavar="FILE", help="read the prompt from FILE")
     g.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
     g.add_argument("-ub", "--ubatch-size", type=int, default=512, help="micro-batch size for prefill (default 512)")
+    g.add_argument("-b", "--batch-size", type=int, default=2048,
+                   help="logical batch (llama-cli's; prompts are split by -ub only here, so it changes nothing)")
     g.add_argument("-t", "--threads", type=int, default=None, help="CPU threads for BLAS")
-    g.add_argument("-fa", "--flash-attn", choices=["on", "off"], default="on", help="flash attention (default on)")
+    g.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default="on",
+                   help="flash attention (default on; auto = on: every device here runs it)")
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=None,
+                   metavar="N", help="with -dev HTP0: the last N layers (and the output layer when N exceeds the "
+                                     "layer count) on the device, the rest on the CPU, as llama.cpp places them; "
+                                     "99: all (the default), 0: none")
+    n = p.add_argument_group("accepted for llama-cli command lines (no effect here)")
+    n.add_argument("--mlock", action="store_true", help="weights are memory-mapped and read in place, never locked")
+    n.add_argument("--no-mmap", action="store_true", help="weights are always memory-mapped and never copied")
+    n.add_argument("--jinja", action="store_true", help="the GGUF's chat template is always rendered with jinja2")
+    n.add_argument("--poll", type=int, default=None, metavar="N", help="no thread polling to tune")
+    n.add_argument("--cpu-mask", "-C", default=None, metavar="M", help="no thread affinity to set")
+    n.add_argument("--cpu-strict", type=int, default=None, metavar="0|1", help="no thread affinity to set")
     g.add_argument("-ctk", "--cache-type-k", choices=["f16", "f32"], default="f16")
     g.add_argument("-ctv", "--cache-type-v", choices=["f16", "f32"], default="f16")
 
@@ -61,11 +77,14 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sync", action="store_true",
                    help="one op per batch, waited on (GGML_HEXAGON_OPBATCH=1 GGML_HEXAGON_OPQUEUE=1)")
     d = p.add_argument_group("op trace")
-    d.add_argument("--oplog", action="store_true", help="log every executed op with statistics (KZOP lines); "
-                                                        "env GGML_HEXAGON_OPLOG=1")
+    d.add_argument("--oplog", action="store_true",
+                   help="kazeia's trace: a KZOP line per op when it has COMPLETED on its device, NaN-aware statistics "
+                        "of what it consumed and produced (the original team's enqueue-time log is "
+                        "GGML_HEXAGON_OPLOG=1|2 on -dev HTP0)")
     d.add_argument("--oplog-file", default=None, metavar="FILE", help="also write the trace as JSONL here")
     d.add_argument("--stop-on-nonfinite", action="store_true",
-                   help="stop at the first op whose output holds NaN or inf, and name it")
+                   help="stop at the first op whose output holds NaN, or an infinity none of its sources held "
+                        "(a mask's -inf copied on is not one), and name it")
     from kazeia.debug.dump import add_dump_args
 
     add_dump_args(p)
@@ -106,6 +125,9 @@ def open_session(args: argparse.Namespace, model: Model | None = None, device: s
     from kazeia.debug.runner import gates_for
 
     router.gates += gates_for(getattr(args, "gate", []) or [], backends)
+    ngl = getattr(args, "n_gpu_layers", None)
+    if ngl is not None and 0 <= ngl <= model.args.n_layer:  # more than the layer count (99): all on the device
+        router.n_gpu_layers, router.n_layer = ngl, model.args.n_layer
     sched = Scheduler(backends, router)
     trace = make_trace(args)
     if trace is not None:
@@ -115,7 +137,7 @@ def open_session(args: argparse.Namespace, model: Model | None = None, device: s
     install_dump(args, sched)
     n_ctx = min(args.ctx_size, model.args.n_ctx_train) if args.ctx_size > 0 else model.args.n_ctx_train
     types = {"f16": GGMLType.F16, "f32": GGMLType.F32}
-    ctx = Context(model, sched, n_ctx=n_ctx, n_ubatch=args.ubatch_size, flash_attn=args.flash_attn == "on",
+    ctx = Context(model, sched, n_ctx=n_ctx, n_ubatch=args.ubatch_size, flash_attn=args.flash_attn != "off",
                   type_k=types[args.cache_type_k], type_v=types[args.cache_type_v])
     return Session(model, tok, ctx, sched)
 
@@ -127,26 +149,36 @@ def prompt_tokens(args: argparse.Namespace, s: Session) -> list[int]:
         if args.n_prompt <= 0:
             raise KazeiaError("--n-prompt must be positive")
         return synthetic_prompt(args.n_prompt, s.model.args.n_vocab, s.tok.is_control)
-    if not args.prompt:
-        raise KazeiaError("nothing to do: give -p PROMPT, --n-prompt N, or -cnv for a chat")
-    ids = s.tok.encode(args.prompt)
+    if not prompt_text(args):
+        raise KazeiaError("nothing to do: give -p PROMPT, -f FILE, --n-prompt N, or -cnv for a chat")
+    ids = s.tok.encode(prompt_text(args))
     if not ids:
         raise KazeiaError("the prompt encodes to no tokens")
     return ids
 
 
+def prompt_text(args: argparse.Namespace) -> str | None:
+    """-p, or the contents of -f FILE (llama-cli's order: -f replaces -p)."""
+    path = getattr(args, "file", None)
+    if path:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError as e:
+            raise KazeiaError(f"-f {path}: {e.strerror}") from None
+    return getattr(args, "prompt", None)
+
+
 def make_trace(args: argparse.Namespace):
-    """The KZOP trace hook if --oplog, --oplog-file, --stop-on-nonfinite or GGML_HEXAGON_OPLOG asks for it."""
+    """kazeia's completion-time trace hook if --oplog, --oplog-file or --stop-on-nonfinite asks for it
+    (GGML_HEXAGON_OPLOG is the HTP host's own log, backends/htp/oplog.py)."""
     from kazeia.debug.trace import TraceHook
 
     want = (getattr(args, "oplog", False) or getattr(args, "oplog_file", None)
-            or getattr(args, "stop_on_nonfinite", False) or env_flag("GGML_HEXAGON_OPLOG"))
+            or getattr(args, "stop_on_nonfinite", False))
     if not want:
         return None
     jsonl = open(args.oplog_file, "w") if getattr(args, "oplog_file", None) else None  # noqa: SIM115
-    show = getattr(args, "oplog", False) or env_flag("GGML_HEXAGON_OPLOG")
+    show = getattr(args, "oplog", False)
     return TraceHook(sys.stderr if show else None, jsonl, getattr(args, "stop_on_nonfinite", False))
 
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "0") not in ("", "0")

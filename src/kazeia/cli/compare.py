@@ -61,7 +61,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     return RunSpec(model=args.model, prompt=args.prompt, n_prompt=args.n_prompt, device=args.device.upper(),
                    htp_profile=args.htp_profile, vtcm=args.vtcm, faults=list(args.fault or []), env=env,
                    cpu_ops=args.cpu_ops, cpu_nodes=args.cpu_nodes, cpu_node_range=getattr(args, "cpu_node_range", None),
-                   ubatch=args.ubatch_size, ctx=args.ctx_size, flash_attn=args.flash_attn == "on")
+                   ubatch=args.ubatch_size, ctx=args.ctx_size, flash_attn=args.flash_attn != "off")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     return RunSpec(model=args.model, prompt=args.prompt, n_prompt=args.n_prompt, device=args.device,
                    htp_profile=args.htp_profile, vtcm=args.vtcm, faults=list(args.fault or []), env=env,
                    cpu_ops=args.cpu_ops, cpu_nodes=args.cpu_nodes, ubatch=args.ubatch_size, ctx=args.ctx_size,
-                   flash_attn=args.flash_attn == "on", n_predict=args.n_predict, gates=list(args.gate or []))
+                   flash_attn=args.flash_attn != "off", n_predict=args.n_predict, gates=list(args.gate or []))
 
 
 def main(args: argparse.Namespace) -> int:

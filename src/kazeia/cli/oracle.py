@@ -3,6 +3,7 @@
     kazeia oracle -b HTP0 -o MUL_MAT --htp-profile 2026-05 -p 'k=9728' -j 2 --csv out.csv
     kazeia oracle --htp-profile 2026-05 --seed 1 \\
         --case 'MUL_MAT(type_a=q4_0,type_b=f32,m=2560,n=38,k=9728,bs=[1,1],nr=[1,1],view=contig)'
+    kazeia oracle --replay kz_act.bin -o MUL_MAT --htp-profile 2026-05    # a GGML_HEXAGON_DUMP capture as src1
 
 Every case runs in a worker process (a device death, a crash or a hang fails that case, never the sweep).
 Exit status 0 if every supported case passed, 1 otherwise (as test-backend-ops).
@@ -44,6 +45,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="print the case names and exit")
     p.add_argument("--show-all", action="store_true", help="print every case, not only the failing ones")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--replay", default=None, metavar="FILE",
+                   help="run the MUL_MAT whose src1 is this raw float32 capture (GGML_HEXAGON_DUMP's kz_act.bin; "
+                        "shape from the .txt beside it) with a random weight, and the same case with random data")
+    p.add_argument("--replay-shape", default=None, metavar="K,N",
+                   help="--replay: the capture's shape when no description is beside it (and M=rows of the weight "
+                        "with ',M')")
     g = p.add_argument_group("HTP0")
     g.add_argument("--htp-profile", default=None, help="robust (default) or 2026-05; env KAZEIA_HTP_PROFILE")
     g.add_argument("--vtcm", type=int, default=None, metavar="BYTES", help="VTCM size (default 8388608)")
@@ -100,7 +107,27 @@ def _short(status: str) -> str:
             "not supported": "n/s", "reference invalid": "ref-invalid"}.get(status, status)
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from kazeia.debug.oracle.replay_bin import load_capture, replay_capture, replay_case
+
+    dims = [int(x) for x in args.replay_shape.split(",")] if args.replay_shape else []
+    if len(dims) not in (0, 2, 3) or any(d <= 0 for d in dims):
+        raise KazeiaError("--replay-shape must be K,N or K,N,M (positive integers)")
+    op = (args.ops or "MUL_MAT").split(",")[0].strip().upper()
+    cap = load_capture(args.replay)
+    case = replay_case(cap, op, *(dims + [None] * (3 - len(dims))))
+    spec = O.BackendSpec(args.backend, profile=args.htp_profile, vtcm=args.vtcm, faults=tuple(args.fault))
+    spec.validate()
+    seed = args.seed if args.seed is not None else O.now_seed()
+    r = replay_capture(cap, case, spec, seed)
+    for line in r.lines():
+        print(line)
+    return 0 if r.captured.passed and r.random.passed else 1
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.replay:
+        return _replay(args)
     ops = [o for o in args.ops.split(",") if o.strip()] if args.ops else None
     types = args.types.split(",") if args.types else None
     if args.case:

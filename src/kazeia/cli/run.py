@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kazeia.cli.common import add_common, add_device_args, add_model_args, open_session, prompt_tokens
+from kazeia.cli.common import add_common, add_device_args, add_model_args, open_session, prompt_text, prompt_tokens
 from kazeia.engine.chat import ChatSession
 from kazeia.engine.generate import GenerationResult, Sampler, SamplingParams, generate
 from kazeia.engine.tokenizer import StreamDecoder
@@ -22,10 +22,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=0.95)
     g.add_argument("-s", "--seed", type=int, default=0, help="sampling seed (default 0)")
     g.add_argument("-cnv", "--conversation", action="store_true", help="interactive chat with the chat template")
+    g.add_argument("-no-cnv", "--no-conversation", dest="conversation", action="store_false",
+                   help="completion, no chat template (the default here)")
     g.add_argument("-st", "--single-turn", action="store_true", help="chat: answer -p once, then exit")
     g.add_argument("-sys", "--system-prompt", default=None, help="chat: system message")
     g.add_argument("--reasoning", choices=["on", "off"], default=None, help="Qwen3 thinking on/off (chat)")
     g.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
+    g.add_argument("--no-warmup", action="store_true", help="accepted for llama-cli command lines: there is no "
+                                                            "warm-up run here to skip")
     add_common(p)
     p.set_defaults(func=main)
     return p
@@ -65,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace, s, sampler: Sampler) -> int:
     thinking = None if args.reasoning is None else args.reasoning == "on"
     chat = ChatSession(s.ctx, s.tok, args.system_prompt, thinking)
-    first = args.prompt
+    first = prompt_text(args)
     while True:
         if first is not None:
             user, first = first, None

@@ -1,5 +1,6 @@
 """kazeia trace: run a prompt with the op trace on (KZOP lines on stderr, JSONL file), and print where every
-op ran. The same trace is `kazeia run --oplog` or GGML_HEXAGON_OPLOG=1."""
+op ran. The same trace is `kazeia run --oplog`
+(GGML_HEXAGON_OPLOG is the HTP host's enqueue-time log, another tool)."""
 
 from __future__ import annotations
 

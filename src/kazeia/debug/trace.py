@@ -1,6 +1,7 @@
-"""Op trace (GGML_HEXAGON_OPLOG=1 / --oplog): one KZOP line per EXECUTED op, with NaN-aware statistics.
+"""kazeia's op trace (--oplog, `kazeia trace`): one KZOP line per EXECUTED op, with NaN-aware statistics.
 
-Unlike the original team's enqueue-time OPLOG, a line is written when the op has completed on its device
+Unlike the original team's enqueue-time OPLOG (GGML_HEXAGON_OPLOG, backends/htp/oplog.py, which the HTP host
+prints in enqueue_op from whatever memory holds then), a line is written when the op has completed on its device
 (for the HTP: when the DSP finished it, inside the batch), so the statistics describe the data the op
 really consumed and produced. Inputs are measured at op start (an op working in place would otherwise
 overwrite them), the output at completion. Lines go to stderr and, as JSON, to a JSONL file.
@@ -28,6 +29,14 @@ class NonFiniteStop(KazeiaError):
         self.node, self.op, self.stats, self.index = node, op, stats, index
 
 
+def _new_nonfinite(out: Stats, ins: list[Stats | None]) -> bool:
+    """A NaN in the output, or an infinity none of the op's sources held: the -inf of a KQ mask that an op
+    copies (the mask's F16 cast) is not a new non-finite value; a NaN never has a right to be there."""
+    if out.nan:
+        return True
+    return bool(out.pinf + out.ninf) and not any(s is not None and s.pinf + s.ninf for s in ins)
+
+
 def tensor_label(t: Tensor) -> str:
     w = f"({t.weight_name})" if t.weight_name else ""
     return f"{type_name(t.type)}[{','.join(str(x) for x in t.ne)}]{w}"
@@ -47,8 +56,9 @@ class TraceHook(Hook):
 
     def on_start(self, node: Tensor, info: OpInfo) -> None:
         if self.input_stats:
-            self._inputs[id(node)] = [tensor_stats(s) if s is not None and not s.weight_name else None
-                                      for s in node.src]
+            # (a ggml_cast lists its own result as src[1]: that is no input, only the bytes it will overwrite)
+            self._inputs[id(node)] = [tensor_stats(s) if s is not None and s is not node and not s.weight_name
+                                      else None for s in node.src]
 
     def on_complete(self, node: Tensor, info: OpInfo) -> None:
         out = tensor_stats(node)
@@ -70,7 +80,7 @@ class TraceHook(Hook):
             self.stream.write(self.format(rec, ins, out) + "\n")
         if self.jsonl is not None:
             self.jsonl.write(json.dumps(rec) + "\n")
-        if self.stop_on_nonfinite and out is not None and out.nonfinite:
+        if self.stop_on_nonfinite and out is not None and _new_nonfinite(out, ins):
             if self.stream is not None:
                 self.stream.flush()
             raise NonFiniteStop(node.name, node.desc(), out, info.index)

@@ -104,6 +104,13 @@ class Context:
         self._graphs: dict[tuple[int, int, int], _BuiltGraph] = {}
         self.last_graph: Graph | None = None
         self.on_ubatch = None  # optional callback(ubatch_index, n_tokens) for progress
+        self.reserve()
+
+    def reserve(self) -> None:
+        """llama_context's graph_reserve: plan the compute buffer for the worst-case micro-batch (n_ubatch tokens,
+        every KV cell, every token an output); smaller graphs then run at that plan's addresses."""
+        n = min(self.n_ctx, self.n_ubatch)
+        self.allocator.reserve(self._build(n, self.kv.size, n).graph)
 
     @property
     def n_past(self) -> int:
@@ -128,17 +135,23 @@ class Context:
         return min(self.kv.size, (n_end + pad - 1) // pad * pad)
 
     def _graph_for(self, n_tokens: int, n_kv: int, n_out: int) -> _BuiltGraph:
+        bg = self._build(n_tokens, n_kv, n_out)
+        self.allocator.allocate(bg.graph)
+        return bg
+
+    def _build(self, n_tokens: int, n_kv: int, n_out: int) -> _BuiltGraph:
         key = (n_tokens, n_kv, n_out)
         bg = self._graphs.get(key)
         if bg is None:
-            inp = getattr(self.model.arch, "make_inputs", make_inputs)(n_tokens, n_kv, n_out, self.opts.flash_attn)
+            arch_inputs = getattr(self.model.arch, "make_inputs", None)
+            inp = (arch_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn) if arch_inputs is not None else
+                   make_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, self.opts.kq_mask_cast, self.args.n_embd))
             caches = self.rs.layer_caches(self.kv.layers) if self.rs is not None else self.kv.layers
             graph, logits = self.model.arch.build(self.args, self.model.weights, inp, caches, n_kv, self.opts)
             bg = _BuiltGraph(graph, inp, logits)
             if len(self._graphs) > 8:
                 self._graphs.clear()
             self._graphs[key] = bg
-        self.allocator.allocate(bg.graph)
         return bg
 
     def decode(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
@@ -184,6 +197,8 @@ class Context:
         if self.rs is not None:
             self.rs.write_inputs(inp)
         array(inp.kv_idx)[...] = pos.astype(np.int64)
+        if inp.v_idx is not None:
+            array(inp.v_idx)[...] = pos.astype(np.int64)
         cells = np.arange(n_kv)
         visible = cells[None, :] <= pos[:, None]  # causal: a token sees itself and the past
         m = array(inp.mask)[0, 0]  # (T, n_kv)

@@ -33,6 +33,16 @@ class Router:
     # [start, stop) ranges of node indices in graph.nodes (ALL nodes, views included: the index the KZOP trace
     # prints as #N and OpInfo.index holds); stop None = to the end. Applies to every graph (micro-batch).
     cpu_node_ranges: list[tuple[int, int | None]] = field(default_factory=list)
+    n_gpu_layers: int | None = None  # -ngl: only the last N layers on the device (engine/offload.py); None: all
+    n_layer: int = 0
+    _ngl_cpu: set[int] = field(default_factory=set)
+
+    def begin_graph(self, graph: Graph, device_supports: Callable[[Tensor], bool]) -> None:
+        """Work out, for this graph, the nodes -ngl keeps on the CPU."""
+        if self.n_gpu_layers is not None:
+            from kazeia.engine.offload import cpu_nodes
+
+            self._ngl_cpu = cpu_nodes(graph, self.n_layer, self.n_gpu_layers, device_supports)
 
     @classmethod
     def from_args(cls, cpu_ops: str | None = None, cpu_nodes: str | None = None,
@@ -43,6 +53,9 @@ class Router:
 
     def forced(self, node: Tensor, index: int | None = None) -> tuple[str, str] | None:
         """(backend name, reason) if a rule decides for this node (`index`: its position in graph.nodes)."""
+        if self._ngl_cpu and id(node) in self._ngl_cpu:
+            where = f"layer {node.layer}" if node.layer is not None else "not an offloaded layer"
+            return self.fallback, f"-ngl {self.n_gpu_layers}: {where} stays on the CPU"
         if node.op in self.cpu_ops or node.desc() in self.cpu_ops:
             return self.fallback, f"--cpu-ops {node.desc()}"
         if self.cpu_nodes is not None and self.cpu_nodes.search(node.name):
@@ -135,6 +148,8 @@ class Scheduler:
         if len(self.backends) == 1 and not self.backends[0].is_async and self._cacheable():
             return self._compute_single(graph)
         self.placements = []
+        if len(self.backends) > 1:
+            self.router.begin_graph(graph, self.backends[0].supports)
         for b in self.backends:
             b.begin_graph(graph)
         for i, node in enumerate(graph.nodes):

@@ -43,7 +43,7 @@ def view(a: Tensor, ne, nb, offset: int = 0, name: str = "") -> Tensor:
     nb4 = list(nb)
     while len(nb4) < 4:
         nb4.append(nb4[-1] * ne4[len(nb4) - 1])
-    return _view_of(a, "VIEW", ne4, nb4, offset, name or f"{a.name} (view)")
+    return _view_of(a, "VIEW", ne4, nb4, offset, name or f"{ggml_name(a)} (view)")
 
 
 def view_2d(a: Tensor, ne0: int, ne1: int, nb1: int, offset: int = 0, name: str = "") -> Tensor:
@@ -65,7 +65,7 @@ def reshape(a: Tensor, *ne: int, name: str = "") -> Tensor:
         raise ValueError(f"reshape of {a.name} {a.ne} to {ne4}: element count differs")
     if not a.is_contiguous():
         raise ValueError(f"reshape of non-contiguous tensor {a.name}")
-    return _view_of(a, "RESHAPE", ne4, contiguous_strides(a.type, ne4), 0, name or f"{a.name} (reshaped)")
+    return _view_of(a, "RESHAPE", ne4, contiguous_strides(a.type, ne4), 0, name or f"{ggml_name(a)} (reshaped)")
 
 
 def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int, name: str = "") -> Tensor:
@@ -78,11 +78,11 @@ def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int, name: str = "") -
     for i, ax in enumerate(axes):
         ne[ax] = a.ne[i]
         nb[ax] = a.nb[i]
-    return _view_of(a, "PERMUTE", ne, nb, 0, name or f"{a.name} (permuted)")
+    return _view_of(a, "PERMUTE", ne, nb, 0, name or f"{ggml_name(a)} (permuted)")
 
 
 def transpose(a: Tensor, name: str = "") -> Tensor:
-    return permute(a, 1, 0, 2, 3, name=name or f"{a.name} (transposed)")
+    return permute(a, 1, 0, 2, 3, name=name or f"{ggml_name(a)} (transposed)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,15 +90,22 @@ def transpose(a: Tensor, name: str = "") -> Tensor:
 
 
 def cont(a: Tensor, name: str = "") -> Tensor:
-    return _result("CONT", a.type, a.ne, (a,), name or f"{a.name} (cont)")
+    return _result("CONT", a.type, a.ne, (a,), name or f"{ggml_name(a)} (cont)")
 
 
 def cpy(a: Tensor, b: Tensor, name: str = "") -> Tensor:
     """Copy a into b (converting type); the result is a view of b."""
     if a.nelements != b.nelements:
         raise ValueError("cpy: element counts differ")
-    r = _view_of(b, "CPY", b.ne, b.nb, 0, name or f"{a.name} (copy of {b.name})")
+    r = _view_of(b, "CPY", b.ne, b.nb, 0, name or f"{ggml_name(a)} (copy of {ggml_name(b)})")
     r.op, r.src = "CPY", (a, b)
+    return r
+
+
+def cast(a: Tensor, t: GGMLType, name: str = "") -> Tensor:
+    """ggml_cast: a CPY into a new tensor of type t, named `<a> (copy)`; like ggml, its src[1] is itself."""
+    r = _result("CPY", t, a.ne, (a,), name or f"{ggml_name(a)} (copy)")
+    r.src = (a, r)
     return r
 
 
@@ -109,7 +116,7 @@ def get_rows(a: Tensor, ids: Tensor, name: str = "") -> Tensor:
 
 def set_rows(dst: Tensor, src: Tensor, ids: Tensor, name: str = "") -> Tensor:
     """Write rows of src into dst at I64 ids (converting to dst's type); the result is a view of dst."""
-    r = _view_of(dst, "SET_ROWS", dst.ne, dst.nb, 0, name)
+    r = _view_of(dst, "SET_ROWS", dst.ne, dst.nb, 0, name or f"{ggml_name(dst)} (view)")
     r.src = (src, ids, dst)
     return r
 
@@ -224,7 +231,7 @@ def cont_nd(a: Tensor, *ne: int, name: str = "") -> Tensor:
     ne4 = _ne4(ne)
     if ne4[0] * ne4[1] * ne4[2] * ne4[3] != a.nelements:
         raise ValueError(f"cont of {a.name} {a.ne} to {ne4}: element count differs")
-    return _result("CONT", a.type, ne4, (a,), name or f"{a.name} (cont)")
+    return _result("CONT", a.type, ne4, (a,), name or f"{ggml_name(a)} (cont)")
 
 
 def concat(a: Tensor, b: Tensor, dim: int, name: str = "") -> Tensor:
@@ -271,14 +278,29 @@ def gated_delta_net(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, st
 # ---------------------------------------------------------------------------------------------
 
 
+DUP_MARK = "#"  # `norm-0#2`: the third node llama.cpp names norm-0
+
+
+def ggml_name(t: Tensor) -> str:
+    """The name llama.cpp gives the tensor (without the `#k` that makes repeated names unique here)."""
+    head, mark, k = t.name.rpartition(DUP_MARK)
+    return head if mark and k.isdigit() else t.name
+
+
 class Graph:
-    """Nodes in execution order (DFS from each expanded output, sources first) plus the leaves."""
+    """Nodes in execution order (DFS from each expanded output, sources first) plus the leaves.
+
+    Names, as ggml_visit_parents gives them: an unnamed node becomes `node_<index>`, an unnamed leaf
+    `leaf_<index>`. A name already used in this graph (llama.cpp repeats `norm-0`, `Qcur-0`, ...) gets `#k`, k = 1,
+    2, ... in graph order, so every node has a name of its own; `ggml_name` strips it again."""
 
     def __init__(self) -> None:
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
         self._seen: set[int] = set()
+        self._names: dict[str, int] = {}
         self.allocated_in = None  # the compute buffer GraphAllocator last placed every tensor in
+        self.allocated_plan = None  # and the plan it used
 
     def expand(self, t: Tensor) -> Tensor:
         self.allocated_in = None
@@ -301,7 +323,17 @@ class Graph:
                 stack.append((cur, i + 1))
                 stack.append((srcs[i], 0))
                 continue
-            (self.leafs if cur.op == "NONE" else self.nodes).append(cur)
+            into = self.leafs if cur.op == "NONE" else self.nodes
+            self._name(cur, "leaf" if into is self.leafs else "node", len(into))
+            into.append(cur)
+
+    def _name(self, t: Tensor, kind: str, index: int) -> None:
+        if not t.name:
+            t.name = f"{kind}_{index}"
+        k = self._names.get(t.name, 0)
+        self._names[t.name] = k + 1
+        if k:
+            t.name = f"{t.name}{DUP_MARK}{k}"
 
     def __len__(self) -> int:
         return len(self.nodes)

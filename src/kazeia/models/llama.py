@@ -14,6 +14,7 @@ from kazeia.models.transformer import GraphOptions, Inputs, LayerCache
 
 ARCH = "llama"
 ROPE_MODE = ROPE_NORM
+ATTN_OUT = "attn_out"  # the name build_attn's output projection gets (src/models/llama.cpp)
 QK_NORM = False
 
 
@@ -23,4 +24,4 @@ def required_weights(args: ModelArgs) -> list[str]:
 
 def build(args: ModelArgs, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], n_kv: int,
           opts: GraphOptions) -> tuple[Graph, Tensor]:
-    return transformer.build(args, w, inp, caches, n_kv, ROPE_MODE, QK_NORM, opts)
+    return transformer.build(args, w, inp, caches, n_kv, ROPE_MODE, QK_NORM, opts, ATTN_OUT)

@@ -15,6 +15,7 @@ from kazeia.models.transformer import GraphOptions, Inputs, LayerCache
 
 ARCH = "qwen3"
 ROPE_MODE = ROPE_NEOX
+ATTN_OUT = None  # the name build_attn's output projection gets (src/models/qwen3.cpp)
 QK_NORM = True
 
 
@@ -24,4 +25,4 @@ def required_weights(args: ModelArgs) -> list[str]:
 
 def build(args: ModelArgs, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], n_kv: int,
           opts: GraphOptions) -> tuple[Graph, Tensor]:
-    return transformer.build(args, w, inp, caches, n_kv, ROPE_MODE, QK_NORM, opts)
+    return transformer.build(args, w, inp, caches, n_kv, ROPE_MODE, QK_NORM, opts, ATTN_OUT)

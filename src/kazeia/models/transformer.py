@@ -1,9 +1,24 @@
 """The decoder-only transformer skeleton that llama.cpp's llama and qwen3 graphs share.
 
-Architecture files choose the differences (rope mode, q/k norm) and call `build`. Node names follow
-llama.cpp's callback names with the layer suffix (`attn_norm-0`, `Qcur-0`, `ffn_down-0`, `l_out-0`); where
-llama.cpp reuses a name we make it unique (`attn_rms-0` for the RMS_NORM under `attn_norm-0`), so a name
-always picks one node. Weight-consuming nodes also carry the GGUF weight name through their src[0].
+Architecture files choose the differences (rope mode, q/k norm, whether the attention output is named) and call
+`build`. The graph is llama.cpp's, node for node (src/models/llama.cpp, qwen3.cpp; llama-graph.cpp: build_norm,
+build_qkv, build_attn, build_attn_mha, build_ffn, build_inp_*), checked against llama-eval-callback's list
+(tests/data/eval_callback_*.txt): the same names, ops, shapes and order.
+- Names are llama.cpp's callback names with the layer suffix: `embd`, `norm-0` (build_norm's RMS_NORM) then
+  `attn_norm-0` (its MUL), `Qcur-0` for the MUL_MAT, the RESHAPE and the ROPE, `ffn_out-0` for ffn_down's MUL_MAT,
+  `norm` then `result_norm` at the end. Nodes llama.cpp leaves unnamed get ggml's `node_<index>` (the flash
+  attention, qwen3's attention output MUL_MAT, the last layer's GET_ROWS). Where llama.cpp repeats a name, the
+  graph keeps the first occurrence as is and calls the later ones `name#1`, `name#2`, ... (builder.Graph), so a
+  name picks one node and a regex on the plain name still finds them all.
+- Order: build_attn expands Qcur, then Vcur, then Kcur; the K and V cache stores; the views; the attention.
+- Output rows: the last layer applies `out_ids` (GET_ROWS) right after attention, to the attention output and to
+  the residual, so its FFN sees only the rows whose logits are wanted (M = 1 for generation).
+- The KQ mask: an F32 input (`attn_inp_kq_mask`) and, with flash attention, its F16 cast (a CPY,
+  `attn_inp_kq_mask (copy)`), as in llama.cpp before #23764 (2026-05-28), the version the original team ran on
+  2026-05-27; `GraphOptions.kq_mask_cast=False` gives the later graph (an F16 mask input, no CPY).
+Where kazeia differs, on purpose: without flash attention llama.cpp stores V transposed in the cache (per-element
+SET_ROWS) and attends through that layout; kazeia keeps one V layout for both paths (kq, kq_soft_max, kqv, kqv_out
+follow llama.cpp's names, not its V views).
 Shapes in comments are ggml order: [ne0, ne1, ...]; T = tokens in the micro-batch.
 """
 
@@ -24,9 +39,12 @@ from kazeia.models.base import ModelArgs
 class Inputs:
     tokens: Tensor  # I32 [T]
     pos: Tensor  # I32 [T]
-    kv_idx: Tensor  # I64 [T]: cache rows the new K/V go to
-    mask: Tensor  # F16 [n_kv, T] (flash attention) or F32
+    kv_idx: Tensor  # I64 [T]: cache rows the new K go to (attn_inp_k_idxs)
+    mask: Tensor  # F32 [n_kv, T] (attn_inp_kq_mask; F16 when flash attention without the cast)
     out_ids: Tensor  # I32 [n_out]: rows whose logits we want
+    v_idx: Tensor | None = None  # I64 [T]: cache rows the new V go to (attn_inp_v_idxs); None: kv_idx
+    mask_cnv: Tensor | None = None  # what attention reads: the F16 cast of the mask for flash attention; None: mask
+    embd: Tensor | None = None  # F32 [n_embd, T]: llama.cpp's unselected embedding input (inp_embd), a leaf
 
 
 @dataclass
@@ -46,19 +64,27 @@ class RecurrentLayerCache:
 @dataclass
 class GraphOptions:
     flash_attn: bool = True
+    kq_mask_cast: bool = True  # flash attention: F32 mask + F16 CPY (llama.cpp before #23764), else an F16 mask
 
 
-def make_inputs(n_tokens: int, n_kv: int, n_out: int, flash_attn: bool) -> Inputs:
+def make_inputs(n_tokens: int, n_kv: int, n_out: int, flash_attn: bool, kq_mask_cast: bool = True,
+                n_embd: int = 0) -> Inputs:
+    """llama.cpp's graph inputs (build_inp_embd, build_inp_pos, build_attn_inp_kv, build_inp_out_ids); `n_embd` > 0
+    adds the embedding input leaf (inp_embd) llama.cpp allocates beside the token path."""
     def inp(t, ne, name):
         return make_tensor(t, ne, name=name, flags=TFlag.INPUT)
 
-    mask_type = GGMLType.F16 if flash_attn else GGMLType.F32
+    f16_mask = flash_attn and not kq_mask_cast
+    mask = inp(GGMLType.F16 if f16_mask else GGMLType.F32, (n_kv, n_tokens), "attn_inp_kq_mask")
     return Inputs(
         tokens=inp(GGMLType.I32, (n_tokens,), "inp_tokens"),
         pos=inp(GGMLType.I32, (n_tokens,), "inp_pos"),
-        kv_idx=inp(GGMLType.I64, (n_tokens,), "inp_kv_idxs"),
-        mask=inp(mask_type, (n_kv, n_tokens), "attn_inp_kq_mask"),
-        out_ids=inp(GGMLType.I32, (n_out,), "inp_out_ids"),
+        kv_idx=inp(GGMLType.I64, (n_tokens,), "attn_inp_k_idxs"),
+        v_idx=inp(GGMLType.I64, (n_tokens,), "attn_inp_v_idxs"),
+        mask=mask,
+        mask_cnv=gb.cast(mask, GGMLType.F16) if flash_attn and not f16_mask else mask,
+        out_ids=inp(GGMLType.I32, (n_out,), "out_ids"),
+        embd=inp(GGMLType.F32, (n_embd, n_tokens), "inp_embd") if n_embd > 0 else None,
     )
 
 
@@ -71,111 +97,119 @@ def position_streams(pos: np.ndarray, n_streams: int) -> np.ndarray:
 
 
 def _named(t: Tensor, name: str, il: int | None = None) -> Tensor:
-    t.name = f"{name}-{il}" if il is not None else name
-    t.layer = il
+    """llama.cpp's cb(t, name, il): `name-il` (or `name` for il None/-1)."""
+    t.name = f"{name}-{il}" if il is not None and il >= 0 else name
+    t.layer = il if il is not None and il >= 0 else None
     return t
 
 
 def norm(x: Tensor, weight: Tensor, eps: float, name: str, il: int | None) -> Tensor:
-    """RMS_NORM then MUL by the norm weight; the RMS_NORM node is `<name>_rms`."""
-    r = _named(gb.rms_norm(x, eps), f"{name}_rms", il)
+    """build_norm (LLM_NORM_RMS) then cb(name): RMS_NORM `norm-il`, MUL by the weight `name-il`."""
+    r = _named(gb.rms_norm(x, eps), "norm", il)
     return _named(gb.mul(r, weight), name, il)
 
 
+def qkv(a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """build_qkv, separate weights: MUL_MAT (+ bias) then RESHAPE, each named Qcur/Kcur/Vcur -> [D, heads, T]."""
+    p, T, D = f"blk.{il}.", cur.ne[1], a.head_dim
+    out = []
+    for c, heads in (("q", a.n_head), ("k", a.n_head_kv), ("v", a.n_head_kv)):
+        name = f"{c.upper()}cur"
+        t = _named(gb.mul_mat(w[p + f"attn_{c}.weight"], cur), name, il)  # [D*heads, T]
+        if p + f"attn_{c}.bias" in w:
+            t = _named(gb.add(t, w[p + f"attn_{c}.bias"]), name, il)
+        out.append(_named(gb.reshape(t, D, heads, T), name, il))
+    return out[0], out[1], out[2]
+
+
 def attention(g: Graph, a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor, inp: Inputs,
-              cache: LayerCache, n_kv: int, rope_mode: int, qk_norm: bool, opts: GraphOptions) -> Tensor:
-    T = cur.ne[1]
-    D, H, Hkv = a.head_dim, a.n_head, a.n_head_kv
+              cache: LayerCache, n_kv: int, rope_mode: int, qk_norm: bool, opts: GraphOptions,
+              out_name: str | None = None) -> Tensor:
+    """The self-attention block of llama.cpp's llama/qwen3 graphs: cur [n_embd, T] -> [n_embd, T]. `out_name`:
+    the name the architecture gives the output projection (llama: attn_out; qwen3 leaves it unnamed)."""
     p = f"blk.{il}."
     rope = dict(n_dims=a.n_rot, mode=rope_mode, freq_base=a.rope_freq_base, freq_scale=a.rope_freq_scale,
                 n_ctx_orig=a.n_ctx_train)
-
-    q = _named(gb.mul_mat(w[p + "attn_q.weight"], cur), "Qcur", il)  # [D*H, T]
-    if p + "attn_q.bias" in w:
-        q = _named(gb.add(q, w[p + "attn_q.bias"]), "Qcur_b", il)
-    k = _named(gb.mul_mat(w[p + "attn_k.weight"], cur), "Kcur", il)  # [D*Hkv, T]
-    if p + "attn_k.bias" in w:
-        k = _named(gb.add(k, w[p + "attn_k.bias"]), "Kcur_b", il)
-    v = _named(gb.mul_mat(w[p + "attn_v.weight"], cur), "Vcur", il)  # [D*Hkv, T]
-    if p + "attn_v.bias" in w:
-        v = _named(gb.add(v, w[p + "attn_v.bias"]), "Vcur_b", il)
-    q = gb.reshape(q, D, H, T)  # [D, H, T]
-    k = gb.reshape(k, D, Hkv, T)
-    v = gb.reshape(v, D, Hkv, T)
+    q, k, v = qkv(a, w, il, cur)
     if qk_norm:  # Qwen3: per-head RMS norm before rope
         q = norm(q, w[p + "attn_q_norm.weight"], a.rms_eps, "Qcur_normed", il)
-    q = _named(gb.rope_ext(q, inp.pos, **rope), "Qcur_rope", il)
+    q = _named(gb.rope_ext(q, inp.pos, **rope), "Qcur", il)
     if qk_norm:
         k = norm(k, w[p + "attn_k_norm.weight"], a.rms_eps, "Kcur_normed", il)
-    k = _named(gb.rope_ext(k, inp.pos, **rope), "Kcur_rope", il)
-    o = attend(g, a, il, q, k, v, inp, cache, n_kv, opts)  # [D*H, T]
-    out = _named(gb.mul_mat(w[p + "attn_output.weight"], o), "attn_out", il)  # [n_embd, T]
+    k = _named(gb.rope_ext(k, inp.pos, **rope), "Kcur", il)
+    o = _named(attend(g, a, il, q, k, v, inp, cache, n_kv, opts), "kqv_out", il)  # [D*H, T]
+    out = gb.mul_mat(w[p + "attn_output.weight"], o)  # [n_embd, T]
+    if out_name:
+        _named(out, out_name, il)
     if p + "attn_output.bias" in w:
-        out = _named(gb.add(out, w[p + "attn_output.bias"]), "attn_out_b", il)
+        out = gb.add(out, w[p + "attn_output.bias"])
     return out
 
 
 def attend(g: Graph, a: ModelArgs, il: int, q: Tensor, k: Tensor, v: Tensor, inp: Inputs, cache: LayerCache,
            n_kv: int, opts: GraphOptions) -> Tensor:
-    """llama.cpp's build_attn with a KV cache: q [D, H, T] and k, v [D, Hkv, T] (roped) -> [D*H, T]. Expands q, k,
-    v first, then the cache stores, then attention over the first n_kv cells."""
+    """llama.cpp's build_attn with a KV cache: q [D, H, T] and k, v [D, Hkv, T] (roped) -> [D*H, T]. Expands q, v,
+    k (in that order), then the cache stores (cpy_k, cpy_v), then attention over the first n_kv cells
+    (build_attn_mha)."""
     D, H, Hkv, T = a.head_dim, a.n_head, a.n_head_kv, q.ne[2]
     g.expand(q)
-    g.expand(k)
     g.expand(v)
+    g.expand(k)
 
     k2 = gb.view_2d(k, D * Hkv, T, k.nb[2])  # [D*Hkv, T]
+    g.expand(gb.set_rows(cache.k, k2, inp.kv_idx))
     v2 = gb.view_2d(v, D * Hkv, T, v.nb[2])
-    g.expand(_named(gb.set_rows(cache.k, k2, inp.kv_idx), "k_cache_store", il))
-    g.expand(_named(gb.set_rows(cache.v, v2, inp.kv_idx), "v_cache_store", il))
+    g.expand(gb.set_rows(cache.v, v2, inp.v_idx if inp.v_idx is not None else inp.kv_idx))
 
     ck, cv = cache.k, cache.v
-    row = ck.nb[1]
-    kv_k = gb.view_3d(ck, D, Hkv, n_kv, ck.nb[0] * D, row, name=f"cache_k_l{il} (view)")  # [D, Hkv, n_kv]
-    kv_v = gb.view_3d(cv, D, Hkv, n_kv, cv.nb[0] * D, cv.nb[1], name=f"cache_v_l{il} (view)")
-    qp = gb.permute(q, 0, 2, 1, 3)  # [D, T, H]
+    kv_k = gb.view_4d(ck, D, Hkv, n_kv, 1, ck.nb[0] * D, ck.nb[1], ck.nb[1] * ck.ne[1])  # [D, Hkv, n_kv]
+    kv_v = gb.view_4d(cv, D, Hkv, n_kv, 1, cv.nb[0] * D, cv.nb[1], cv.nb[1] * cv.ne[1])
+    qv = gb.view_4d(q, D, H, T, 1, q.nb[1], q.nb[2], q.nb[2] * T)  # the (single) stream's queries
+    qp = gb.permute(qv, 0, 2, 1, 3)  # [D, T, H]
     kp = gb.permute(kv_k, 0, 2, 1, 3)  # [D, n_kv, Hkv]
     vp = gb.permute(kv_v, 0, 2, 1, 3)  # [D, n_kv, Hkv]
+    mask = inp.mask_cnv if inp.mask_cnv is not None else inp.mask
     scale = 1.0 / math.sqrt(D)
     if opts.flash_attn:
-        o = _named(gb.flash_attn_ext(qp, kp, vp, inp.mask, scale), "fattn", il)  # [D, H, T]
-        o = gb.reshape(o, D * H, T)
-    else:
-        kq = _named(gb.mul_mat(kp, qp), "kq", il)  # [n_kv, T, H]
-        kq = _named(gb.soft_max_ext(kq, inp.mask, scale), "kq_soft_max", il)
-        vt = gb.permute(vp, 1, 0, 2, 3)  # [n_kv, D, Hkv]
-        kqv = _named(gb.mul_mat(vt, kq), "kqv", il)  # [D, T, H]
-        kqv = gb.permute(kqv, 0, 2, 1, 3)  # [D, H, T]
-        o = _named(gb.cont(kqv), "kqv_merged_cont", il)  # [D, H, T] contiguous
-        o = gb.reshape(o, D * H, T)
-    return o
+        o = gb.flash_attn_ext(qp, kp, vp, mask, scale)  # [D, H, T] (unnamed in llama.cpp: node_<index>)
+        return gb.reshape(o, D * H, T)
+    kq = _named(gb.mul_mat(kp, qp), "kq", il)  # [n_kv, T, H]
+    kq = _named(gb.soft_max_ext(kq, mask, scale), "kq_soft_max", il)
+    vt = gb.permute(vp, 1, 0, 2, 3)  # [n_kv, D, Hkv]
+    kqv = _named(gb.mul_mat(vt, kq), "kqv", il)  # [D, T, H]
+    kqv = gb.permute(kqv, 0, 2, 1, 3)  # [D, H, T]
+    return gb.cont_nd(kqv, D * H, T)  # [D*H, T] contiguous
 
 
 def ffn_swiglu(a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor) -> Tensor:
+    """build_ffn (SILU, parallel gate) then cb(ffn_out): up, gate, SWIGLU, down -> [n_embd, T]."""
     p = f"blk.{il}."
     up = _named(gb.mul_mat(w[p + "ffn_up.weight"], cur), "ffn_up", il)  # [n_ff, T]
     gate = _named(gb.mul_mat(w[p + "ffn_gate.weight"], cur), "ffn_gate", il)  # [n_ff, T]
     x = _named(gb.swiglu_split(gate, up), "ffn_swiglu", il)
-    return _named(gb.mul_mat(w[p + "ffn_down.weight"], x), "ffn_down", il)  # [n_embd, T]
+    return _named(gb.mul_mat(w[p + "ffn_down.weight"], x), "ffn_out", il)  # [n_embd, T]
 
 
 def build(a: ModelArgs, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], n_kv: int,
-          rope_mode: int, qk_norm: bool, opts: GraphOptions) -> tuple[Graph, Tensor]:
+          rope_mode: int, qk_norm: bool, opts: GraphOptions, attn_out_name: str | None = None) -> tuple[Graph, Tensor]:
     """The whole forward graph of one micro-batch; returns (graph, logits [n_vocab, n_out])."""
     g = Graph()
-    x = _named(gb.get_rows(w["token_embd.weight"], inp.tokens), "inp_embd")  # [n_embd, T]
+    x = _named(gb.get_rows(w["token_embd.weight"], inp.tokens), "embd")  # [n_embd, T]
+    if inp.embd is not None:
+        g.expand(inp.embd)  # ggml_build_forward_select: the embedding-input branch stays in the graph, unused
+    g.expand(x)
     for il in range(a.n_layer):
         p = f"blk.{il}."
+        inp_sa = x
         h = norm(x, w[p + "attn_norm.weight"], a.rms_eps, "attn_norm", il)
-        h = attention(g, a, w, il, h, inp, caches[il], n_kv, rope_mode, qk_norm, opts)
-        ffn_inp = _named(gb.add(h, x), "ffn_inp", il)
+        h = attention(g, a, w, il, h, inp, caches[il], n_kv, rope_mode, qk_norm, opts, attn_out_name)
+        if il == a.n_layer - 1:  # only the rows whose logits are wanted go on
+            h = gb.get_rows(h, inp.out_ids)  # [n_embd, n_out]
+            inp_sa = gb.get_rows(inp_sa, inp.out_ids)
+        ffn_inp = _named(gb.add(h, inp_sa), "ffn_inp", il)
         h = norm(ffn_inp, w[p + "ffn_norm.weight"], a.rms_eps, "ffn_norm", il)
         h = ffn_swiglu(a, w, il, h)
         x = _named(gb.add(h, ffn_inp), "l_out", il)
-        g.expand(x)
-    # Keep only the rows whose logits are wanted. llama.cpp does this inside the last layer; we do it after
-    # it, so every layer (and the first layer of a 1-layer model) sees all T rows.
-    x = _named(gb.get_rows(x, inp.out_ids), "result_rows")  # [n_embd, n_out]
     x = norm(x, w["output_norm.weight"], a.rms_eps, "result_norm", None)
     head = w.get("output.weight", w["token_embd.weight"])
     logits = _named(gb.mul_mat(head, x), "result_output")  # [n_vocab, n_out]

@@ -36,7 +36,7 @@ class HtpBackend(Backend):
         check_faults(self.settings.faults)
         self.executor = Executor(self.settings, self.profile, weight_store)
         self.dsp = Dsp(self.settings, self.profile, self.executor)
-        self.host = HostSession(self.name, self.settings, self.profile, self.dsp, log)
+        self.host = HostSession(self.name, self.settings, self.profile, self.dsp, log, self._batch_seconds)
         self.dsp.on_op_done = self._op_done
         self.dsp.on_op_fault = self._op_fault
         self.dsp.on_op_start = self._op_start
@@ -44,6 +44,7 @@ class HtpBackend(Backend):
         self._modeled_cache: dict[int, tuple[Graph, float]] = {}
         self._graph_runs: dict[int, tuple[Graph, int]] = {}  # graphs run since the last fold, with counts
         self._modeled_done = 0.0
+        self._op_seconds: dict[int, tuple[Tensor, float]] = {}  # modeled DSP time per node, for the timing model
 
     @classmethod
     def from_options(cls, opts, cpu_fallback=None) -> HtpBackend:
@@ -90,6 +91,20 @@ class HtpBackend(Backend):
     def _op_fault(self, op: OpDesc, batch: OpBatch, fault: DspFault) -> None:
         self.emit_fault(op.node, self._info(op.node, "fault", batch.seq, kind=fault.kind, cause=fault.cause,
                                             batch_index=op.index))
+
+    def _batch_seconds(self, batch: OpBatch) -> float:
+        """Modeled DSP time of a batch (cost.py): the round trip plus each op's time."""
+        from kazeia.backends.htp.cost import DEFAULT, op_seconds
+
+        total = DEFAULT.batch_overhead_s
+        for op in batch.ops:
+            hit = self._op_seconds.get(id(op.node))
+            if hit is None or hit[0] is not op.node:
+                if len(self._op_seconds) > 8192:
+                    self._op_seconds.clear()
+                hit = self._op_seconds[id(op.node)] = (op.node, op_seconds(op.node, self.settings).seconds)
+            total += hit[1]
+        return total
 
     def modeled_graph_seconds(self, graph: Graph) -> float:
         """Modeled on-device time of one graph (cost.py; a calibrated estimate, not a measurement), including

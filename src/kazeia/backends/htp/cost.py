@@ -79,7 +79,11 @@ def flash_attn_seconds(n_head: int, n_tokens: int, n_kv: int, d: int, hmx: bool,
 
 
 def elementwise_seconds(node: Tensor, c: CostModel = DEFAULT) -> float:
-    nbytes = node.nbytes + sum(s.nbytes for s in node.src if s is not None and not s.weight_name)
+    if node.op in ("SET_ROWS", "GET_ROWS"):  # moves the selected rows only, not the whole table
+        rows, data = node.src[1].nelements, node.src[0] if node.op == "SET_ROWS" else node
+        nbytes = data.nbytes + rows * row_size(node.type, node.ne[0]) + node.src[1].nbytes
+    else:
+        nbytes = node.nbytes + sum(s.nbytes for s in node.src if s is not None and not s.weight_name and s is not node)
     return nbytes / c.hvx_stream_bytes_per_s + c.op_overhead_s
 
 

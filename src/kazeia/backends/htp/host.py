@@ -6,9 +6,10 @@ queue; if all OPQUEUE slots are in flight, `flush_pending` first blocks for the 
 are only ever read in `flush_pending` (graph end, synchronize, queue full), which is why a DSP death is
 reported there, long after the op that caused it.
 
-The DSP runs a batch only when the host waits for it (the latest moment the real DSP could have finished
-it), so anything the host reads before that sees the buffers as they were: the emulation is pessimistic
-about host/DSP races in exactly the way that fooled enqueue-time dumps.
+When the DSP runs a batch comes from the timing model (timing.py): the host's steps and the DSP's batches have
+modeled durations, a batch runs (for real, in order) as soon as the host's clock passes its modeled finish, and
+a host read (the team's OPLOG and DUMP, oplog.py; kazeia's enqueue-time hooks) sees exactly the batches finished
+by then. A wait (flush_pending) runs the batch it waits for. Batches compute the same bytes whenever they run.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kazeia.backends.htp.oplog import OpDump, kzop_line
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp.timing import Timing
 from kazeia.errors import DeviceDeathError, DeviceOpError
 from kazeia.graph.tensor import BufferUsage, GGMLType, Tensor, type_name
 
@@ -65,6 +68,7 @@ class OpBatch:
     tensors: list[TensorDesc] = field(default_factory=list)
     buffers: list[object] = field(default_factory=list)
     vmem: int = 0
+    statuses: list[int] | None = None  # set once the DSP has run the batch
     _by_data: dict[int, list[int]] = field(default_factory=dict)
     _by_tensor: dict[int, int] = field(default_factory=dict)
     _buf_index: dict[int, int] = field(default_factory=dict)
@@ -149,7 +153,9 @@ class HostSession:
     """One HTP session (HTP0): the op batch, the op queue and the DSP behind them."""
 
     def __init__(self, name: str, settings: HtpSettings, profile: Profile, dsp,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None,
+                 batch_seconds: Callable[[OpBatch], float] | None = None):
+        """`batch_seconds`: the modeled DSP time of a batch (the cost model; default: nothing but a round trip)."""
         self.name = name
         self.settings = settings
         self.profile = profile
@@ -161,6 +167,10 @@ class HostSession:
         self.in_flight: deque[OpBatch] = deque()
         self.last_enqueued: OpDesc | None = None
         self.dead: DeviceDeathError | None = None
+        self.timing = Timing(settings.race_seed)
+        self.batch_seconds = batch_seconds or (lambda b: 120e-6)
+        self.op_dump = (OpDump(settings.dump, settings.dump_dir, settings.dump_limit)
+                        if settings.dump is not None else None)
 
     # --- the upstream entry points ---
     def enqueue_op(self, node: Tensor, graph_index: int) -> None:
@@ -169,14 +179,42 @@ class HostSession:
             self.flush_batch()
         op = self.batch.add_op(node, graph_index)
         self.last_enqueued = op
+        self.timing.host(self.timing.costs.enqueue_s)
         if self.settings.verbose:
             self.log(op_desc_line(node, self.name))
+        if self.settings.oplog or self.op_dump is not None:
+            self._instrument(node)
+
+    def _instrument(self, node: Tensor) -> None:
+        """The team's OPLOG line and DUMP files: what the host reads of memory at this moment."""
+        self.advance()
+        c = self.timing.costs
+        if self.settings.oplog:
+            self.log(kzop_line(node, post_fix=self.settings.oplog >= 2))
+            s1 = node.src[1] if len(node.src) > 1 else None
+            read = s1.nbytes if s1 is not None and s1 is not node else 0
+            self.timing.host(c.log_line_s + read / c.stats_bytes_per_s)
+        if self.op_dump is not None:
+            wrote = self.op_dump.maybe_dump(node, self.batch.seq)
+            if wrote:
+                self.timing.host(c.dump_s + wrote / c.dump_bytes_per_s)
+
+    def advance(self) -> None:
+        """Run, in order, every queued batch the DSP has finished by the host's current (modeled) time."""
+        for batch in self.in_flight:
+            if batch.statuses is not None:
+                continue
+            if not self.timing.done_by_now(batch.seq) or self.dsp.death is not None:
+                break
+            self._run(batch)
 
     def flush_batch(self) -> None:
         if self.batch.empty():
             return
         if len(self.in_flight) >= self.settings.opqueue:
             self.flush_pending(all_=False)
+        self.timing.host(self.timing.costs.write_s)
+        self.timing.submit(self.batch.seq, self.batch_seconds(self.batch))
         self.in_flight.append(self.batch)
         self._seq += 1
         self.batch = OpBatch(seq=self._seq)
@@ -213,11 +251,25 @@ class HostSession:
         self.flush_pending(all_=True)
 
     # --- internals ---
+    def _run(self, batch: OpBatch) -> None:
+        """The DSP runs `batch` (and, first, any batch queued before it that has not run)."""
+        for b in self.in_flight:
+            if b.statuses is None:
+                b.statuses = self.dsp.process_batch(b)
+            if b is batch:
+                return
+        batch.statuses = self.dsp.process_batch(batch)  # not queued (a replayed batch): run it now
+
     def _dspqueue_read(self, batch: OpBatch) -> Response:
-        """Block for the response of `batch`: this is where the DSP actually runs it (lazily)."""
+        """Block for the response of `batch`: the host waits until its modeled finish; the DSP has run it."""
         self._check_alive()
-        statuses = self.dsp.process_batch(batch)
-        if self.dsp.death is not None:
+        self.timing.wait_for(batch.seq)
+        if batch.statuses is None:
+            self._run(batch)
+        statuses = batch.statuses
+        # a batch done before the death has its response in the queue already; from the dead one on, the read
+        # has to wait, and the wait is cancelled (AEE_EINTERRUPTED)
+        if self.dsp.death is not None and self.dsp.death.batch_seq <= batch.seq:
             d = self.dsp.death
             err = DeviceDeathError(
                 f"ggml-hex: dspqueue_read failed: 0x{AEE_EINTERRUPTED:08x}",

@@ -2,9 +2,11 @@
 
 Upstream names keep their upstream meaning and defaults (GGML_HEXAGON_OPBATCH=1024, OPQUEUE=16, USE_HMX=1,
 NHVX=0 meaning "all HVX contexts", OPFILTER a case-insensitive full-match regex on the op description,
-VERBOSE>0 logs each op when it is added to a batch). kazeia adds KAZEIA_HTP_PROFILE, KAZEIA_HTP_VTCM,
-KAZEIA_HTP_FAULTS (comma list) and GGML_HEXAGON_FARF (show the DSP-side log, which a real device only
-shows to root).
+VERBOSE>0 logs each op when it is added to a batch). The original team's own switches (oplog.py):
+GGML_HEXAGON_OPLOG (1: their log line, 2: with their NaN fix) and GGML_HEXAGON_DUMP (a regex). kazeia adds
+KAZEIA_HTP_PROFILE, KAZEIA_HTP_VTCM, KAZEIA_HTP_FAULTS (comma list), KAZEIA_HTP_RACE_SEED (pins the host/DSP
+timing, timing.py, and the injected races), KAZEIA_HTP_DUMP_DIR / KAZEIA_HTP_DUMP_LIMIT (where and how many
+GGML_HEXAGON_DUMP files) and GGML_HEXAGON_FARF (show the DSP-side log, which a real device only shows to root).
 """
 
 from __future__ import annotations
@@ -45,7 +47,11 @@ class HtpSettings:
     faults: tuple[str, ...] = ()
     farf: bool = False
     fp32_quantize_group: int = 128
-    race_seed: int | None = None  # KAZEIA_HTP_RACE_SEED: pins the timing of injected races
+    race_seed: int | None = None  # KAZEIA_HTP_RACE_SEED: pins the host/DSP timing and injected races
+    oplog: int = 0  # GGML_HEXAGON_OPLOG: the team's enqueue-time log (1: first format, 2: after their NaN fix)
+    dump: re.Pattern | None = None  # GGML_HEXAGON_DUMP: dump the activation of ops whose description matches
+    dump_dir: str = "."  # KAZEIA_HTP_DUMP_DIR
+    dump_limit: int = 16  # KAZEIA_HTP_DUMP_LIMIT
 
     @classmethod
     def from_options(cls, opts) -> HtpSettings:
@@ -75,6 +81,17 @@ class HtpSettings:
         opqueue = _int(merged, "GGML_HEXAGON_OPQUEUE", 16)
         if opbatch < 1 or opqueue < 1:
             raise KazeiaError("GGML_HEXAGON_OPBATCH and GGML_HEXAGON_OPQUEUE must be >= 1")
+        dump = merged.get("GGML_HEXAGON_DUMP")
+        try:
+            dump_pattern = re.compile(dump) if dump else None
+        except re.error as e:
+            raise KazeiaError(f"GGML_HEXAGON_DUMP={dump!r} is not a valid regex: {e}") from None
+        oplog = _int(merged, "GGML_HEXAGON_OPLOG", 0)
+        if oplog not in (0, 1, 2):
+            raise KazeiaError(f"GGML_HEXAGON_OPLOG={oplog} must be 0, 1 (the first log) or 2 (with the NaN fix)")
+        dump_limit = _int(merged, "KAZEIA_HTP_DUMP_LIMIT", 16)
+        if dump_limit < 1:
+            raise KazeiaError("KAZEIA_HTP_DUMP_LIMIT must be >= 1")
         arch_raw = merged.get("GGML_HEXAGON_ARCH", "79").lstrip("vV")
         try:
             arch = int(arch_raw)
@@ -93,4 +110,8 @@ class HtpSettings:
             faults=tuple(dict.fromkeys(fault_list)),
             farf=_int(merged, "GGML_HEXAGON_FARF", 0) != 0,
             race_seed=_int(merged, "KAZEIA_HTP_RACE_SEED", -1) if merged.get("KAZEIA_HTP_RACE_SEED") else None,
+            oplog=oplog,
+            dump=dump_pattern,
+            dump_dir=merged.get("KAZEIA_HTP_DUMP_DIR") or ".",
+            dump_limit=dump_limit,
         )

@@ -67,7 +67,9 @@ class FactsHook(Hook):
 
     def on_start(self, node: Tensor, info: OpInfo) -> None:
         f = self._facts(node, info)
-        f.in_stats = [tensor_stats(s) if s is not None and not s.weight_name else None for s in node.src]
+        # (a ggml_cast lists its own result as src[1]: not an input, only the bytes it is about to overwrite)
+        f.in_stats = [tensor_stats(s) if s is not None and s is not node and not s.weight_name else None
+                      for s in node.src]
 
     def on_complete(self, node: Tensor, info: OpInfo) -> None:
         f = self._facts(node, info)

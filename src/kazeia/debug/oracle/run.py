@@ -46,11 +46,12 @@ def _unsupported(built: BuiltCase, be: Backend) -> str | None:
 
 
 class _Data:
-    """The case's input values, generated once and written identically into both sides' graphs."""
+    """The case's input values, generated once and written identically into both sides' graphs; `given` values
+    (by leaf name, numpy order) replace the random ones (a replayed capture)."""
 
-    def __init__(self, case: Case, seed: int, caches: Caches) -> None:
+    def __init__(self, case: Case, seed: int, caches: Caches, given: dict[str, np.ndarray] | None = None) -> None:
         self.case, self.seed, self.caches = case, seed, caches
-        self.values: dict[str, np.ndarray] = {}
+        self.values: dict[str, np.ndarray] = dict(given or {})
 
     def materialize(self, built: BuiltCase) -> None:
         for leaf in built.leaves.items:
@@ -120,15 +121,16 @@ def case_threshold(case: Case) -> float:
 
 
 def run_case(case: Case, backend: BackendSpec | str = "HTP0", seed: int = 0,
-             caches: Caches | None = None) -> CaseResult:
-    """Run one case in this process: the backend under test, then REF, then the checks."""
+             caches: Caches | None = None, values: dict[str, np.ndarray] | None = None) -> CaseResult:
+    """Run one case in this process: the backend under test, then REF, then the checks. `values`: leaf values to
+    use instead of random ones (leaf name -> numpy-order array, e.g. {"b": a captured activation})."""
     spec = backend if isinstance(backend, BackendSpec) else BackendSpec(backend)
     caches = caches or Caches()
     t0 = time.perf_counter()
     res = CaseResult(case.name, case.op, case.vars, spec.name, OK, seed=seed, flops=case_flops(case))
     try:
         with np.errstate(all="ignore"):  # overflow in a backend is judged by the checks, not printed
-            _run_case(case, spec, seed, caches, res)
+            _run_case(case, spec, seed, caches, res, values)
     except Exception as e:  # the oracle's own failure (bad parameters, data generation) fails this case only
         res.status, res.reason = FAIL, f"oracle error: {type(e).__name__}: {e}"
     finally:
@@ -136,7 +138,8 @@ def run_case(case: Case, backend: BackendSpec | str = "HTP0", seed: int = 0,
     return res
 
 
-def _run_case(case: Case, spec: BackendSpec, seed: int, caches: Caches, res: CaseResult) -> None:
+def _run_case(case: Case, spec: BackendSpec, seed: int, caches: Caches, res: CaseResult,
+              values: dict[str, np.ndarray] | None = None) -> None:
     host_lines: list[str] = []
     be = spec.make(caches, log=host_lines.append)
     ref = RefBackend(caches.ref)
@@ -148,7 +151,7 @@ def _run_case(case: Case, spec: BackendSpec, seed: int, caches: Caches, res: Cas
         if op is not None:
             res.status, res.reason = NOT_SUPPORTED, f"[{b.name}] {op}"
             return
-    data = _Data(case, seed, caches)
+    data = _Data(case, seed, caches, values)
     data.materialize(tested)
     try:
         cap, res.time_us = _run_side(tested, be)
@@ -167,10 +170,12 @@ def _run_case(case: Case, spec: BackendSpec, seed: int, caches: Caches, res: Cas
     if cap.info is not None:
         res.path, res.detail = cap.info.path, json_safe(cap.info.extra)
     out = _output(tested, be)
+    res.outputs = {be.name: _finiteness(out)}
     data.materialize(oracle)
     try:
         _run_side(oracle, ref)
         want = _output(oracle, ref)
+        res.outputs["REF"] = _finiteness(want)
     except Exception as e:
         res.status, res.reason = REF_INVALID, f"REF raised {type(e).__name__}: {e}"
         return
@@ -201,6 +206,13 @@ def reference_output(case: Case, seed: int = 0, caches: Caches | None = None) ->
     ref = RefBackend(caches.ref)
     _run_side(built, ref)
     return _output(built, ref)
+
+
+def _finiteness(a: np.ndarray) -> dict:
+    """How many of an output's values are NaN or infinite, and the largest finite magnitude."""
+    fin = a[np.isfinite(a)]
+    return {"n": int(a.size), "nan": int(np.isnan(a).sum()), "inf": int(np.isinf(a).sum()),
+            "amax": float(np.abs(fin).max()) if fin.size else 0.0}
 
 
 def _death_reason(e: DeviceDeathError) -> str:

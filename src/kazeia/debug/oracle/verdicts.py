@@ -33,6 +33,7 @@ class CaseResult:
     detail: dict = field(default_factory=dict)  # what the backend reported about it (plan, fallback, ...)
     death: dict | None = None  # DeviceDeathError fields
     log: list[str] = field(default_factory=list)  # tail of the DSP/host log on failures
+    outputs: dict = field(default_factory=dict)  # backend name -> {n, nan, inf, amax} of its output
 
     @property
     def passed(self) -> bool:

@@ -1,0 +1,107 @@
+"""kazeia's graph is llama.cpp's graph, node for node.
+
+Against llama-eval-callback's node list (tests/data/eval_callback_*.txt, recorded with llama.cpp 0c1e57098bba on
+the same tiny F32 llama and qwen3 and a 10-token prompt): the same names, ops, types, source names and shapes,
+in the same order, views included. That llama.cpp (October 2026) feeds flash attention an F16 mask; the graph
+with `kq_mask_cast=False` matches it exactly, and kazeia's default (the May 2026 graph the original team ran:
+an F32 mask and its F16 cast) differs by that one CPY alone, with ggml's `node_<index>` names shifted by one
+(unnamed llama.cpp nodes then match by op and shape).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from kazeia.engine.context import KVCache, Model
+from kazeia.gguf.writer import preset, write_model
+from kazeia.graph.builder import ggml_name
+from kazeia.graph.tensor import Tensor, type_name
+from kazeia.models.transformer import GraphOptions, make_inputs
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+LINE = re.compile(r"^\s*(?P<name>.+?) = \((?P<type>\w+)\)\s+(?P<op>\w+)\((?P<s0>.*?)\{(?P<s0ne>[\d, ]+)\}, "
+                  r"(?:(?P<s1>.*?)\{(?P<s1ne>[\d, ]+)\})?\}\) = \{(?P<ne>[\d, ]+)\}$")
+
+
+def parse(path: str) -> list[tuple]:
+    rows = []
+    for ln in open(path, encoding="utf-8"):
+        m = LINE.match(ln.rstrip("\n"))
+        assert m, ln
+        g = m.groupdict()
+        rows.append((g["name"], g["type"], g["op"], g["s0"], g["s0ne"], g["s1"] or "", g["s1ne"] or "", g["ne"]))
+    return rows
+
+
+def _ne(t: Tensor) -> str:
+    return ", ".join(str(x) for x in t.ne)
+
+
+def row(n: Tensor) -> tuple:
+    s1 = n.src[1] if len(n.src) > 1 and n.src[1] is not None else None
+    return (ggml_name(n), type_name(n.type), n.desc(), ggml_name(n.src[0]), _ne(n.src[0]),
+            ggml_name(s1) if s1 is not None else "", _ne(s1) if s1 is not None else "", _ne(n))
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def tiny(request, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("evcb") / f"tiny_{request.param}.gguf")
+    write_model(preset("tiny", arch=request.param, wtype="f32"), path)
+    return request.param, Model.load(path)
+
+
+def graph_rows(model: Model, kq_mask_cast: bool) -> list[tuple]:
+    """llama-eval-callback's run: a 10-token prompt, a 4096-cell cache (n_kv 256 with flash attention), one output."""
+    a = model.args
+    kv = KVCache(a, 4096)
+    inp = make_inputs(10, 256, 1, True, kq_mask_cast, a.n_embd)
+    g, _ = model.arch.build(a, model.weights, inp, kv.layers, 256, GraphOptions(True, kq_mask_cast))
+    return [row(n) for n in g.nodes]
+
+
+def test_graph_matches_llama_eval_callback_exactly(tiny):
+    arch, model = tiny
+    want = parse(os.path.join(DATA, f"eval_callback_{arch}_tiny_f32.txt"))
+    got = graph_rows(model, kq_mask_cast=False)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, (i, g, w)
+
+
+def _unnamed(r: tuple) -> tuple:
+    """A row with ggml's node_<index> names replaced by a placeholder (they count nodes, so they shift)."""
+    return tuple("node_?" if re.fullmatch(r"node_\d+", x) else x for x in r)
+
+
+def test_default_graph_is_that_graph_plus_the_mask_cast(tiny):
+    arch, model = tiny
+    want = parse(os.path.join(DATA, f"eval_callback_{arch}_tiny_f32.txt"))
+    got = graph_rows(model, kq_mask_cast=True)
+    casts = [i for i, r in enumerate(got) if r[2] == "CPY"]
+    assert len(casts) == 1
+    cast = got[casts[0]]
+    assert cast[:5] == ("attn_inp_kq_mask (copy)", "f16", "CPY", "attn_inp_kq_mask", "256, 10, 1, 1")
+    assert got[casts[0] + 1][2] == "FLASH_ATTN_EXT"  # right before the first attention, as ggml's DFS puts it
+    rest = got[:casts[0]] + got[casts[0] + 1:]
+    assert [_unnamed(r) for r in rest] == [_unnamed(r) for r in want]
+
+
+def test_names_pick_one_node(tiny):
+    """Repeated llama.cpp names get #k here, in graph order, so a name always selects one node."""
+    _, model = tiny
+    a = model.args
+    inp = make_inputs(10, 256, 1, True, True, a.n_embd)
+    g, _ = model.arch.build(a, model.weights, inp, KVCache(a, 4096).layers, 256, GraphOptions())
+    names = [n.name for n in g.nodes]
+    assert len(names) == len(set(names))
+    assert g.node("norm-0").op == "RMS_NORM" and g.node("norm-0").src[0].name == "embd"
+    assert g.node("Qcur-0").op == "MUL_MAT" and g.node("Qcur-0#1").op == "RESHAPE"
+    assert g.node("Qcur-0#2").op == "ROPE"
+    assert g.node("ffn_out-0").op == "MUL_MAT" and g.node("ffn_out-0").src[0].weight_name == "blk.0.ffn_down.weight"
+    assert [n.op for n in g.nodes if n.name.startswith("norm")][-1] == "RMS_NORM"
+    assert g.node("norm").src[0].name == f"l_out-{a.n_layer - 1}" and g.node("result_norm").src[0].name == "norm"
+    # the last layer's FFN sees only the output row
+    assert g.node(f"ffn_out-{a.n_layer - 1}").ne[1] == 1 and g.node("ffn_out-0").ne[1] == 10
