@@ -270,7 +270,7 @@ def test_hostile_template_is_refused(synth_ours, tmp_path, template):
     ours = synth_ours
     marker = tmp_path / "pwned"
     msgs = [dict(m) for m in CONVERSATION]
-    with pytest.raises(KazeiaError, match=r"chat template .*(unsafe|MAX_RANGE)"):
+    with pytest.raises(KazeiaError, match=r"chat template.*(unsafe|over the template step budget)"):
         render_chat(template.replace("{marker}", str(marker)), msgs, ours)
     assert not marker.exists()
     assert msgs == CONVERSATION  # the immutable sandbox did not let the template mutate its inputs

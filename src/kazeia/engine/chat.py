@@ -1,4 +1,5 @@
-"""Chat templates (jinja2, sandboxed: a template from a file never runs code) and chat sessions."""
+"""Chat templates (jinja2, sandboxed and budgeted: a template from a file never runs code, hangs or exhausts
+memory; engine/template_sandbox.py) and chat sessions."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from datetime import datetime
 
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kazeia.engine.context import Context
+from kazeia.engine.template_sandbox import Budget, BudgetedEnvironment, Meter, TemplateBudgetError, source_check
 from kazeia.engine.tokenizer import GGUFTokenizer
 from kazeia.errors import KazeiaError
+
+DEFAULT_N_CTX = 4096  # the output budget of a render that names no context (kazeia run's default -c)
 
 CHATML_FALLBACK = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
@@ -28,25 +31,54 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+def template_name(tok: GGUFTokenizer, template: str | None) -> str:
+    """How errors name the template: the GGUF key it came from, or the built-in fallback."""
+    if template is None:
+        return "the built-in ChatML chat template"
+    if template == tok.chat_template and tok.source:
+        return f"{tok.source}: tokenizer.chat_template"
+    return "the chat template"
+
+
 def render_chat(template: str | None, messages: list[dict], tok: GGUFTokenizer, add_generation_prompt: bool = True,
-                enable_thinking: bool | None = None) -> str:
-    # the environment transformers' apply_chat_template uses: {% break %}/{% continue %} and its tojson
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+                enable_thinking: bool | None = None, n_ctx: int | None = None, budget: Budget | None = None,
+                name: str | None = None) -> str:
+    """Render the conversation with the template (None: ChatML) under `budget` (default: the output budget of
+    an `n_ctx`-token context, a few seconds); every problem is a one-line KazeiaError naming the template."""
+    name = name or template_name(tok, template)
+    meter = Meter(budget or Budget.for_context(n_ctx or DEFAULT_N_CTX), name)
+    source = template if template is not None else CHATML_FALLBACK
     try:
-        tpl = env.from_string(template or CHATML_FALLBACK)
+        source_check(meter, source)
+        # the environment transformers' apply_chat_template uses: {% break %}/{% continue %} and its tojson
+        env = BudgetedEnvironment(meter, trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = env.metered_filter("tojson", _tojson)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        meter.counting = False
+        tpl = env.from_string(source)
+        meter.counting = True
         kw = dict(messages=messages, add_generation_prompt=add_generation_prompt,
                   bos_token=tok.vocab[tok.bos_id] if tok.bos_id is not None else "",
                   eos_token=tok.vocab[tok.eos_id] if tok.eos_id is not None else "")
         if enable_thinking is not None:
             kw["enable_thinking"] = enable_thinking
         return tpl.render(**kw)
+    except TemplateBudgetError:
+        raise
     except TemplateError as e:
-        raise KazeiaError(f"chat template error: {e}") from None
+        raise KazeiaError(f"{name}: template error: {_one_line(e)}") from None
+    except MemoryError:
+        raise KazeiaError(f"{name}: refused: out of memory while rendering") from None
+    except RecursionError:
+        raise KazeiaError(f"{name}: refused: recursion too deep") from None
     except Exception as e:  # the sandbox raises SecurityError and friends for unsafe templates
-        raise KazeiaError(f"chat template refused: {type(e).__name__}: {e}") from None
+        raise KazeiaError(f"{name}: refused: {type(e).__name__}: {_one_line(e)}") from None
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class ChatSession:
@@ -62,7 +94,11 @@ class ChatSession:
     def prompt_tokens_for(self, user_text: str) -> list[int]:
         """Append the user's message; return the tokens still to feed (the cache keeps the common prefix)."""
         self.messages.append({"role": "user", "content": user_text})
-        text = render_chat(self.tok.chat_template, self.messages, self.tok, True, self.enable_thinking)
+        template = self.tok.chat_template
+        text = render_chat(template, self.messages, self.tok, True, self.enable_thinking, n_ctx=self.ctx.n_ctx)
+        if not text.strip():
+            raise KazeiaError(f"{template_name(self.tok, template)}: the chat template rendered nothing for this "
+                              f"conversation")
         ids = self.tok.encode(text, add_bos=self.tok.add_bos)
         common = 0
         for a, b in zip(ids, self.cached):

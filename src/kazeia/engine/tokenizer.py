@@ -46,6 +46,7 @@ class GGUFTokenizer:
     eot_ids: set[int]
     add_bos: bool
     chat_template: str | None
+    source: str = ""  # the GGUF file it came from (named in chat template errors)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> GGUFTokenizer:
@@ -94,7 +95,7 @@ class GGUFTokenizer:
         if eot_key is not None:
             eot.add(eot_key)
         return cls(tok, vocab, types, bos, eos, eot, _scalar(f, "tokenizer.ggml.add_bos_token", bool, False),
-                   _scalar(f, "tokenizer.chat_template", str, None))
+                   _scalar(f, "tokenizer.chat_template", str, None), f.path)
 
     @property
     def n_vocab(self) -> int:
@@ -149,7 +150,8 @@ def _token_id(f: GGUFFile, key: str, n_vocab: int) -> int | None:
 
 
 class StreamDecoder:
-    """Turns a growing list of ids into text pieces without splitting multi-byte characters."""
+    """Turns a growing list of ids into text pieces without splitting multi-byte characters; `flush` gives what
+    is still held back at the end (an incomplete UTF-8 sequence becomes U+FFFD, as llama.cpp prints it)."""
 
     def __init__(self, tok: GGUFTokenizer) -> None:
         self.tok = tok
@@ -162,5 +164,12 @@ class StreamDecoder:
         if text.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for the next token
             return ""
         piece = text[len(self.emitted):]
+        self.emitted = text
+        return piece
+
+    def flush(self) -> str:
+        """The text not emitted yet (held back waiting for the rest of a character): call once at the end."""
+        text = self.tok.decode(self.ids)
+        piece = text[len(self.emitted):] if text.startswith(self.emitted) else ""
         self.emitted = text
         return piece
