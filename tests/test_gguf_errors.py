@@ -12,6 +12,7 @@ KazeiaError subclass, nothing else; the file is small, so every example is short
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import subprocess
@@ -217,6 +218,21 @@ def _bad_alignment(raw: RawGGUF, _):
     return raw.to_bytes()
 
 
+def _alignment_not_u32(raw: RawGGUF, _):
+    raw.kvs.append(KV("general.alignment", V.UINT64, 32))
+    return raw.to_bytes()
+
+
+def _shift_offset(name: str, delta: int):
+    """The tensor's data offset moved by `delta` bytes (its data stays where it was written)."""
+    def f(raw: RawGGUF, _):
+        b = raw.to_bytes()
+        pos = raw.pos[f"offset:{name}"]
+        (off,) = struct.unpack_from("<Q", b, pos)
+        return patch(b, pos, "Q", off + delta)
+    return f
+
+
 CASES = {
     "bad_magic": (lambda raw, valid: b"GGUX" + valid[4:], r"bad magic", "file"),
     "not_gguf_text": (lambda raw, valid: b"this is a text file, not a model\n" * 4, r"bad magic", "file"),
@@ -241,6 +257,12 @@ CASES = {
     "duplicate_tensor": (_duplicate_tensor, r"duplicate tensor", "file"),
     "bad_utf8_key": (_bad_utf8_key, r"UTF-8", "file"),
     "bad_alignment": (_bad_alignment, r"alignment", "file"),
+    "alignment_not_uint32": (_alignment_not_u32, r"general.alignment must be of type uint32", "file"),
+    "misaligned_tensor_offset": (_shift_offset("blk.0.attn_q.weight", 4),
+                                 r"tensor 'blk.0.attn_q.weight' data offset \d+ is not a multiple of "
+                                 r"general.alignment 32", "file"),
+    "tensor_offset_out_of_order": (_shift_offset("blk.0.attn_q.weight", -32),
+                                   r"tensor 'blk.0.attn_q.weight' has data offset \d+, expected \d+", "file"),
     "missing_architecture": (_drop_key("general.architecture"), r"missing required key 'general.architecture'",
                              "model"),
     "missing_embedding_length": (_drop_key("llama.embedding_length"), r"missing required key 'llama.embedding_length'",
@@ -249,8 +271,10 @@ CASES = {
     "unsupported_architecture": (_set_key("general.architecture", V.STRING, "mamba"),
                                  r"unsupported architecture 'mamba'", "model"),
     "missing_tensor": (_drop_tensor("blk.0.ffn_up.weight"), r"missing tensor 'blk.0.ffn_up.weight'", "model"),
-    "wrong_tensor_shape": (_tensor_edit("blk.0.attn_q.weight", dims=[32, 16]), r"blk.0.attn_q.weight.*shape",
-                           "model"),
+    "wrong_tensor_shape": (_tensor_edit("blk.0.attn_q.weight", dims=[32, 16], data=b"\0" * 2048),
+                           r"'blk.0.attn_q.weight' has shape \[32, 16\], expected \[32, 32\]", "model"),
+    "wrong_tensor_shape_3d": (_tensor_edit("blk.0.attn_q.weight", dims=[32, 32, 2], data=b"\0" * 8192),
+                              r"'blk.0.attn_q.weight' has shape \[32, 32, 2\], expected \[32, 32\]", "model"),
     "wrong_key_type": (_set_key("llama.embedding_length", V.STRING, "wide"), r"llama.embedding_length", "model"),
     "array_for_scalar_key": (_set_key("llama.block_count", V.ARRAY, [1, 2], V.UINT32), r"llama.block_count",
                              "model"),
@@ -358,6 +382,34 @@ def test_missing_file_and_directory(tmp_path):
         load_gguf(tmp_path)
 
 
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    """Opening a FIFO for reading blocks until a writer comes: the reader must not open it at all."""
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(GGUFError, match="is not a regular file"):
+        load_gguf(fifo)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.integers(min_value=0, max_value=1 << 16), delta=st.integers(min_value=1, max_value=1 << 12),
+       alignment=st.sampled_from([32, 64, 256]))
+def test_misaligned_tensor_data_is_always_refused(mini_gguf, tmp_path_factory, which, delta, alignment):
+    """A tensor offset that is not a multiple of general.alignment is refused (llama.cpp's rule), never read
+    shifted: the weights would be garbage (NaN) with exit status 0."""
+    raw = from_file(mini_gguf)
+    if alignment != 32:
+        raw.kvs.append(KV("general.alignment", V.UINT32, alignment))
+        raw.alignment = alignment
+    name = raw.tensors[which % len(raw.tensors)].name
+    delta = delta if delta % alignment else delta + 1
+    path = tmp_path_factory.mktemp("misaligned") / "m.gguf"
+    path.write_bytes(_shift_offset(name, delta)(raw, None))
+    with pytest.raises(GGUFError, match=rf"'{re.escape(name)}' data offset \d+ is not a multiple of general."
+                                        rf"alignment {alignment}|'{re.escape(name)}' data .* runs past the end"):
+        load_gguf(path)
+
+
 @pytest.mark.parametrize("name", ["absurd_dimension", "absurd_element_count", "absurd_tensor_count",
                                   "absurd_kv_count", "absurd_array_count", "absurd_string_length"])
 def test_absurd_sizes_allocate_nothing_big(name, mini_gguf, valid, tmp_path):
@@ -386,16 +438,25 @@ def _load_and_run(path: str) -> None:
 
 
 _mutation = st.tuples(st.integers(min_value=0, max_value=1 << 30), st.integers(0, 255))
+# a tensor's data offset moved off the alignment (tensor index, shift in bytes)
+_misalignment = st.one_of(st.none(), st.tuples(st.integers(min_value=0, max_value=1 << 16), st.integers(1, 1 << 12)))
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN and inf weights are fine here
 @settings(max_examples=300, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(mutations=st.lists(_mutation, min_size=1, max_size=6), header_only=st.booleans(),
-       cut=st.one_of(st.none(), st.integers(min_value=0, max_value=1 << 30)), wide=st.booleans())
+       cut=st.one_of(st.none(), st.integers(min_value=0, max_value=1 << 30)), wide=st.booleans(),
+       misalign=_misalignment)
 @pytest.mark.slow
-def test_random_corruption_never_escapes(mini_gguf, valid, tmp_path_factory, mutations, header_only, cut, wide):
+def test_random_corruption_never_escapes(mini_gguf, valid, tmp_path_factory, mutations, header_only, cut, wide,
+                                         misalign):
     data = bytearray(valid)
+    if misalign is not None:
+        raw = from_file(mini_gguf)
+        which, delta = misalign
+        data = bytearray(_shift_offset(raw.tensors[which % len(raw.tensors)].name, delta if delta % 32 else delta + 1)
+                         (raw, None))
     hdr = 5800 if header_only else len(data)  # the header (keys, tokenizer, tensor infos) is the first ~5.7 KB
     for pos, byte in mutations:
         p = pos % hdr

@@ -12,6 +12,7 @@ Every problem becomes a `GGUFError` that names the file and the problem.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -198,7 +199,9 @@ def _scan_header(path: str, buf: memoryview) -> tuple[int, dict[str, Any], dict[
         if key in metadata:
             raise GGUFError(path, f"duplicate key '{key}'")
         metadata[key] = c.value(vtype, key)
-        if key == "general.alignment" and vtype in _SCALARS and vtype not in (6, 7, 12):
+        if key == "general.alignment":
+            if vtype != 4:  # llama.cpp's gguf_init_from_file_impl accepts only GGUF_TYPE_UINT32
+                raise GGUFError(path, f"general.alignment must be of type uint32 (value type {vtype})")
             alignment = metadata[key]
             if alignment <= 0 or alignment & (alignment - 1):
                 raise GGUFError(path, f"general.alignment {alignment} is not a power of two")
@@ -229,6 +232,7 @@ def _scan_header(path: str, buf: memoryview) -> tuple[int, dict[str, Any], dict[
     # the data section starts at the next multiple of the alignment; every tensor must lie inside the file
     data_start = (c.pos + alignment - 1) // alignment * alignment
     tensors: dict[str, TensorInfo] = {}
+    expected = 0  # llama.cpp's rule: each tensor's data follows the previous one's, padded to the alignment
     for name, dims, ttype, offset in infos:
         qtype = GGMLQuantizationType(ttype)
         bs, ts = GGML_QUANT_SIZES[qtype]
@@ -242,6 +246,13 @@ def _scan_header(path: str, buf: memoryview) -> tuple[int, dict[str, Any], dict[
         if start + nbytes > len(buf):
             raise GGUFError(path, f"tensor '{name}' data [{start}, {start + nbytes}) runs past the end of "
                                   f"file ({len(buf)} bytes)")
+        if offset % alignment:
+            raise GGUFError(path, f"tensor '{name}' data offset {offset} is not a multiple of general.alignment "
+                                  f"{alignment} (llama.cpp refuses the file)")
+        if offset != expected:
+            raise GGUFError(path, f"tensor '{name}' has data offset {offset}, expected {expected} (llama.cpp "
+                                  f"requires the tensors' data in header order, each padded to {alignment} bytes)")
+        expected += (nbytes + alignment - 1) // alignment * alignment
         if len(name.encode()) >= MAX_NAME:
             raise GGUFError(path, f"tensor name '{name[:40]}...' is longer than {MAX_NAME - 1} bytes")
         ne = tuple(int(d) for d in dims) + (1,) * (4 - len(dims))
@@ -256,6 +267,8 @@ def load_gguf(path: str | os.PathLike) -> GGUFFile:
         raise GGUFError(path, "no such file")
     if os.path.isdir(path):
         raise GGUFError(path, "is a directory, not a GGUF file")
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or never end
+        raise GGUFError(path, "is not a regular file (a FIFO, socket or device), not a GGUF file")
     try:
         size = os.path.getsize(path)
         if size < 24:

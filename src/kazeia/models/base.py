@@ -187,7 +187,8 @@ def require_weights(f: GGUFFile, weights: dict[str, Tensor], names: list[str]) -
             continue
         want = tuple(shape) + (1,) * (4 - len(shape))
         if t.ne != want:
-            raise GGUFError(f.path, f"tensor '{n}' has shape {list(t.ne[:len(shape)])}, expected {list(shape)} "
+            dims = max(len(shape), *(i + 1 for i, d in enumerate(t.ne) if d != 1))  # the whole shape, ggml order
+            raise GGUFError(f.path, f"tensor '{n}' has shape {list(t.ne[:dims])}, expected {list(shape)} "
                                     f"from the model's hyperparameters")
         if t.type not in readable:
             raise GGUFError(f.path, f"tensor '{n}' has type {t.type.name}, which kazeia cannot read")
