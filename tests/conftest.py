@@ -116,3 +116,24 @@ def q4b2_real(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("q4b2_real") / "q4b2_real.gguf")
     write_model(preset("qwen3-4b", n_layer=2), path)
     return path
+
+
+POISONED_WEIGHT = "blk.1.ffn_down.weight"
+
+
+@pytest.fixture(scope="session")
+def nan_weight_model(tiny_qwen3, tmp_path_factory) -> str:
+    """The tiny Qwen3 (F32) with one NaN in blk.1.ffn_down.weight: its logits are NaN (issue 13)."""
+    import shutil
+
+    import numpy as np
+
+    from kazeia.gguf.reader import load_gguf
+
+    path = str(tmp_path_factory.mktemp("nan") / "nan_weight.gguf")
+    shutil.copy(tiny_qwen3, path)
+    info = load_gguf(path).tensors[POISONED_WEIGHT]
+    with open(path, "r+b") as f:
+        f.seek(info.offset + 4 * 1000)
+        f.write(np.float32(np.nan).tobytes())
+    return path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 import traceback
 
@@ -44,6 +45,14 @@ def death_attribution(e: DeviceDeathError) -> str:
             if ops else line)
 
 
+def _rerun_hint(e: KazeiaError, words: list[str]) -> str:
+    """'; see it with: kazeia ... FLAG' for errors that name a flag showing more (e.rerun_with)."""
+    flag = getattr(e, "rerun_with", None)
+    if not flag or flag in words:
+        return ""
+    return f"; see it with: {shlex.join(['kazeia', *words, flag])}"
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
@@ -60,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         return e.exit_code
     except KazeiaError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}{_rerun_hint(e, words)}", file=sys.stderr)
         if getattr(args, "verbose", False):
             traceback.print_exc()
         return e.exit_code

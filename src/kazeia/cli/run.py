@@ -50,6 +50,15 @@ def _stream(s, out) -> tuple[StreamDecoder, callable]:
     return dec, on_token
 
 
+def _end_text(dec: StreamDecoder, out=None) -> None:
+    """What the decoder still holds (an incomplete character as U+FFFD), then a newline unless the text ends
+    with one: the statistics line (or an error) always starts on its own line."""
+    out = out or sys.stdout
+    tail = dec.flush()
+    out.write(tail if (tail or dec.emitted).endswith("\n") else tail + "\n")
+    out.flush()
+
+
 def main(args: argparse.Namespace) -> int:
     s = open_session(args)
     sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
@@ -59,9 +68,11 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_display_prompt and args.n_prompt is None:
         sys.stdout.write(s.tok.decode(ids))
         sys.stdout.flush()
-    _, on_token = _stream(s, sys.stdout)
-    res = generate(s.ctx, ids, args.n_predict, sampler, s.tok.is_eog, on_token)
-    sys.stdout.write("\n")
+    dec, on_token = _stream(s, sys.stdout)
+    try:
+        res = generate(s.ctx, ids, args.n_predict, sampler, s.tok.is_eog, on_token)
+    finally:
+        _end_text(dec)
     print(_stats(res), file=sys.stderr)
     return 130 if res.stop == "interrupted" else 0
 
@@ -85,8 +96,10 @@ def _chat(args: argparse.Namespace, s, sampler: Sampler) -> int:
             continue
         fed = chat.prompt_tokens_for(user)
         dec, on_token = _stream(s, sys.stdout)
-        res = generate(s.ctx, fed, args.n_predict, sampler, s.tok.is_eog, on_token)
-        sys.stdout.write("\n")
+        try:
+            res = generate(s.ctx, fed, args.n_predict, sampler, s.tok.is_eog, on_token)
+        finally:
+            _end_text(dec)
         print(_stats(res), file=sys.stderr)
         reply = res.tokens[:-1] if res.stop == "eos" else res.tokens
         chat.add_reply(fed, reply, s.tok.decode(reply, skip_special=True))

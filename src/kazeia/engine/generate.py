@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kazeia.engine.context import Context
+from kazeia.engine.nonfinite import NonFiniteTracker, check_logits
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,23 @@ class GenerationResult:
 
 def generate(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
              is_eog: Callable[[int], bool], on_token: Callable[[int], None] | None = None) -> GenerationResult:
-    """Prefill `prompt` then sample up to n_predict tokens (n_predict < 0: until EOS or the context is full)."""
+    """Prefill `prompt` then sample up to n_predict tokens (n_predict < 0: until EOS or the context is full).
+    Logits that are not finite stop it with a NonFiniteLogitsError naming the first op whose output went
+    non-finite (a NonFiniteTracker watches every op meanwhile), under greedy and sampling alike."""
+    tracker = NonFiniteTracker()
+    ctx.scheduler.add_hook(tracker)
+    try:
+        return _generate(ctx, prompt, n_predict, sampler, is_eog, on_token, tracker)
+    finally:
+        ctx.scheduler.remove_hook(tracker)
+
+
+def _generate(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler, is_eog: Callable[[int], bool],
+              on_token: Callable[[int], None] | None, tracker: NonFiniteTracker) -> GenerationResult:
     res = GenerationResult(prompt_tokens=len(prompt))
     t0 = time.perf_counter()
     logits = ctx.decode(prompt)
+    check_logits(logits[-1], f"after the prompt of {len(prompt)} tokens", tracker)
     res.prompt_seconds = time.perf_counter() - t0
     res.last_logits = logits[-1]
     t1 = time.perf_counter()
@@ -89,7 +103,9 @@ def generate(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
             if ctx.n_past >= ctx.n_ctx:
                 res.stop = "context"
                 break
+            tracker.reset()
             logits = ctx.decode([tid])
+            check_logits(logits[-1], f"at generated token {len(res.tokens) + 1}", tracker)
             res.last_logits = logits[-1]
     except KeyboardInterrupt:
         res.stop = "interrupted"
