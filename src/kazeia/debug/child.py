@@ -23,6 +23,10 @@ def main(argv: list[str]) -> int:
         from kazeia.debug.runner import RunResult
 
         res = RunResult(ok=False, error=str(e))
+    except MemoryError:  # not the failure under search: the parent retries, then says "inconclusive"
+        from kazeia.debug.runner import RunResult
+
+        res = RunResult(ok=False, error="the run ran out of memory (MemoryError)", killed="out of memory")
     d = asdict(res)
     logits = d.pop("logits")
     d["logits_path"] = None

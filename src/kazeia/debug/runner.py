@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -123,6 +124,7 @@ class RunResult:
     error: str | None = None  # any other error (op status, bad input)
     placements: list[dict] = field(default_factory=list)
     dsp_log: list[str] = field(default_factory=list)
+    killed: str | None = None  # the child died of something else than the run: 'killed by SIGKILL', 'out of memory'
 
     @property
     def failed(self) -> bool:
@@ -224,6 +226,23 @@ def run(spec: RunSpec, hooks=(), all_logits: bool = False, ctx: Context | None =
     return res
 
 
+# signals that come from outside the program: the kernel's out-of-memory killer sends SIGKILL
+EXTERNAL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                              signal.SIGXCPU})
+
+
+def external_kill(returncode: int | None, output: str = "") -> str | None:
+    """Why a child died of something other than itself ('killed by SIGKILL', 'out of memory'), or None. A shell
+    reports a child killed by signal N as exit status 128+N."""
+    if returncode is not None and returncode != 0:
+        n = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else None
+        if n is not None and n in {int(s) for s in EXTERNAL_SIGNALS}:
+            return f"killed by {signal.Signals(n).name}"
+    if "MemoryError" in output or "Cannot allocate memory" in output or "std::bad_alloc" in output:
+        return "out of memory"
+    return None
+
+
 def run_child(spec: RunSpec, timeout: float = 600.0, all_logits: bool = False) -> RunResult:
     """`run` in a fresh Python process; a timeout or an interpreter crash becomes a failed RunResult."""
     with tempfile.TemporaryDirectory(prefix="kazeia-child-") as tmp:
@@ -240,7 +259,8 @@ def run_child(spec: RunSpec, timeout: float = 600.0, all_logits: bool = False) -
                              error=f"child timed out after {timeout:.0f} s (hang)")
         if not os.path.exists(out_path):
             tail = (proc.stderr or "").strip().splitlines()[-3:]
-            return RunResult(ok=False, seconds=time.perf_counter() - t0,
+            return RunResult(ok=False, seconds=time.perf_counter() - t0, killed=external_kill(proc.returncode,
+                                                                                              proc.stderr or ""),
                              error=f"child exited with status {proc.returncode}: {' | '.join(tail)}")
         with open(out_path) as f:
             d = json.load(f)

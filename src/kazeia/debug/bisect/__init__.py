@@ -5,7 +5,8 @@ and its logits must match the CPU within the whole-model NMSE threshold) or a `C
 command, exit status 0 = pass, like Polygraphy's `--check`). Runs happen in child processes by default, so a
 crash or a hang in one step becomes a failed step, not a dead search. A `--fail-regex` pins the failure
 signature: a step that fails with another message counts as "other" (treated as passing, and reported), so
-the search cannot drift to a different bug.
+the search cannot drift to a different bug. A child killed from outside (a signal, the out-of-memory killer)
+is retried once, then the step is "inconclusive" and the search stops without a verdict (StepInconclusive).
 
 Searches are resumable: `SearchState` memoizes every finished step by a key that names the run exactly (the
 routing string, the prompt length, the row subset) and rewrites its JSON file after each one; a search
@@ -20,6 +21,7 @@ graph nodes (views included), as the KZOP trace's #N and the Router's `cpu_node_
 
 from kazeia.debug.bisect.judges import (
     FAIL,
+    INCONCLUSIVE,
     OTHER,
     PASS,
     CommandJudge,
@@ -41,9 +43,10 @@ from kazeia.debug.bisect.rows import (
     dump_rows_replay,
     format_rows,
 )
-from kazeia.debug.bisect.state import STATE_VERSION, BisectInterrupted, SearchState
+from kazeia.debug.bisect.state import STATE_VERSION, BisectInterrupted, SearchState, StepInconclusive
 
-__all__ = ["FAIL", "OTHER", "PASS", "ROW_WISE_OPS", "STATE_VERSION", "BisectInterrupted", "CommandJudge", "Judge",
-           "MResult", "OpNode", "OpsResult", "OracleJudge", "Replay", "RowsResult", "SearchState", "Outcome",
-           "bisect_m", "bisect_ops", "bisect_rows", "classify", "ddmin", "ddmin_rows", "device_ops",
-           "dump_rows_replay", "failure_text", "format_m", "format_ops", "format_rows", "ops_routing"]
+__all__ = ["FAIL", "INCONCLUSIVE", "OTHER", "PASS", "ROW_WISE_OPS", "STATE_VERSION", "BisectInterrupted",
+           "CommandJudge", "Judge", "MResult", "OpNode", "OpsResult", "OracleJudge", "Replay", "RowsResult",
+           "SearchState", "StepInconclusive", "Outcome", "bisect_m", "bisect_ops", "bisect_rows", "classify", "ddmin",
+           "ddmin_rows", "device_ops", "dump_rows_replay", "failure_text", "format_m", "format_ops", "format_rows",
+           "ops_routing"]

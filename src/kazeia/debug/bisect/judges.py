@@ -4,6 +4,12 @@
 whole-model NMSE threshold);
 `CommandJudge`: a shell command, exit status 0 = pass, like Polygraphy's `--check`. Runs happen in child
 processes by default, so a crash or a hang in one step becomes a failed step, not a dead search.
+
+A child that something else killed (SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGXCPU: an external kill, the
+out-of-memory killer) or that ran out of memory (MemoryError) tells nothing about the failure under search: the
+step is run once more, and if that child is killed too the step is INCONCLUSIVE (the search stops and says
+so; never a failure). A crash of the program itself (SIGSEGV, SIGABRT, SIGBUS, ...), an error exit and a hang
+are failures, and so is a killed child whose output carries the pinned --fail-regex signature.
 """
 
 from __future__ import annotations
@@ -22,10 +28,10 @@ import numpy as np
 
 from kazeia.backends.weights import WeightCache
 from kazeia.debug.judge import WHOLE_MODEL_NMSE, judge, judge_logits
-from kazeia.debug.runner import RunResult, RunSpec, build_context, run, run_child
+from kazeia.debug.runner import RunResult, RunSpec, build_context, external_kill, run, run_child
 from kazeia.errors import KazeiaError
 
-PASS, FAIL, OTHER = "pass", "fail", "other"
+PASS, FAIL, OTHER, INCONCLUSIVE = "pass", "fail", "other", "inconclusive"
 
 
 @dataclass
@@ -54,6 +60,11 @@ class Judge(Protocol):
     def __call__(self, spec: RunSpec) -> Outcome: ...
 
     def describe(self) -> dict: ...
+
+
+def killed_twice(first: str, second: str, seconds: float) -> Outcome:
+    return Outcome(INCONCLUSIVE, f"the child was {first}, and {second} on the retry: an external kill or the "
+                                 f"out-of-memory killer, not the failure under search", seconds)
 
 
 def classify(text: str, fail_regex: re.Pattern | None) -> str:
@@ -118,6 +129,11 @@ class OracleJudge:
     def __call__(self, spec: RunSpec) -> Outcome:
         t0 = time.perf_counter()
         res = self._run(spec)
+        if res.killed and not (self.fail_regex and self.fail_regex.search(failure_text(res))):
+            again = self._run(spec)  # once more: a second kill means the step cannot be judged
+            if again.killed and not (self.fail_regex and self.fail_regex.search(failure_text(again))):
+                return killed_twice(res.killed, again.killed, time.perf_counter() - t0)
+            res = again
         if not res.ok:
             text = failure_text(res) or "failed"
             return Outcome(classify(text, self.fail_regex), first_line(text), time.perf_counter() - t0)
@@ -181,6 +197,18 @@ class CommandJudge:
                 "KAZEIA_RUN_CMD": spec.command()}
 
     def __call__(self, spec: RunSpec) -> Outcome:
+        t0 = time.perf_counter()
+        v, killed = self._once(spec)
+        if killed:
+            v, again = self._once(spec)  # once more: a second kill means the step cannot be judged
+            if again:
+                return killed_twice(killed, again, time.perf_counter() - t0)
+        v.seconds = time.perf_counter() - t0
+        return v
+
+    def _once(self, spec: RunSpec) -> tuple[Outcome, str | None]:
+        """One run of the command: its outcome, and why it was killed from outside (None if it was not, or if
+        its output carries the pinned signature anyway)."""
         env = self.step_env(spec)
         cmd = (self.command.replace("{cpu_node_range}", env["KAZEIA_CPU_NODE_RANGE"])
                .replace("{m}", env["KAZEIA_BISECT_M"]).replace("{run}", env["KAZEIA_RUN_CMD"]))
@@ -202,11 +230,14 @@ class CommandJudge:
             raise
         seconds = time.perf_counter() - t0
         if proc.returncode == 0 and not status.startswith("timed out"):
-            return Outcome(PASS, "exit status 0", seconds)
+            return Outcome(PASS, "exit status 0", seconds), None
         text = f"{status}\n{out or ''}"
         tail = [x for x in (out or "").strip().splitlines() if x.strip()][-1:]
         detail = status + (f": {tail[0].strip()[:140]}" if tail else "")
-        return Outcome(classify(text, self.fail_regex), detail, seconds)
+        killed = None if status.startswith("timed out") else external_kill(proc.returncode, out or "")
+        if killed and self.fail_regex is not None and self.fail_regex.search(out or ""):
+            killed = None  # it printed the signature under search before it was killed
+        return Outcome(classify(text, self.fail_regex), detail, seconds), killed
 
 
 def _kill_group(pgid: int) -> None:

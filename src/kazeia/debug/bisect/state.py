@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, fields
 
-from kazeia.debug.bisect.judges import Outcome
+from kazeia.debug.bisect.judges import INCONCLUSIVE, Outcome
 from kazeia.debug.runner import RunSpec
 from kazeia.errors import KazeiaError
 
@@ -19,6 +19,11 @@ class BisectInterrupted(KazeiaError):
     """The step budget (--max-steps) ran out; the state file holds every finished step."""
 
     exit_code = 4
+
+
+class StepInconclusive(BisectInterrupted):
+    """A step's child was killed from outside twice (a kill, the out-of-memory killer): the search cannot decide
+    it and stops, saying so (never counting it as a failure); the step is not memoized, so a rerun retries it."""
 
 
 class SearchState:
@@ -55,7 +60,7 @@ class SearchState:
 
     @property
     def memo(self) -> dict[str, dict]:
-        return {s["key"]: s for s in self.steps}
+        return {s["key"]: s for s in self.steps if s["outcome"] != INCONCLUSIVE}  # inconclusive: run again
 
     def probe(self, key: str, judge: Callable[[], Outcome], **info) -> dict:
         """The step for `key`: from the memo if finished before, else judged now and saved."""
@@ -72,6 +77,10 @@ class SearchState:
         self.steps.append(step)
         self.new_steps += 1
         self.save()
+        if v.outcome == INCONCLUSIVE:
+            again = f" --state {self.path}" if self.path else ""
+            raise StepInconclusive(f"inconclusive: step {step['step']} ({key}): {v.detail}; the search stopped "
+                                   f"without a verdict: rerun the same command{again} to retry that step")
         return step
 
     def save(self) -> None:
