@@ -1,11 +1,15 @@
-"""The `cpu` backend's weight matmuls on the quantized bytes (kazeia.backends.qmatmul).
+"""The `cpu` backend's weight matmuls on the quantized bytes (kazeia.backends.qmatmul), on both kernel sets:
+the AVX2 ones (native.py / simd_cpu.py, "native") and the portable numba ones (qkernels.py, "portable", what
+a host without AVX2/F16C or KAZEIA_SIMD=0 runs).
 
 - MUL_MAT on a 2-D weight, cpu vs ref (float64, exact weights) at test-backend-ops' 5e-4 NMSE, for
-  Q4_0/Q4_1/Q8_0/F16/BF16/F32 with K not a multiple of 256, M from 1 to 600 (the GEMV path M <= 2 and the
-  tiled dequantize + BLAS path, with tiles smaller than N) and a non-contiguous src1;
+  Q4_0/Q4_1/Q8_0/F16/BF16/F32 with K not a multiple of 256, M from 1 to 600 (the GEMV path for small M and
+  the tiled dequantize + BLAS path, with tiles smaller than N) and a non-contiguous src1;
 - the GEMV's int16 activations stay far inside that: NMSE <= 1e-7 against the float64 product;
-- the tile dequantizer gives gguf-py's float32 values bitwise; the GEMV's rows are reduced sequentially, so
-  its results are bitwise the same at 1 and 2 threads, and every path is bitwise the same run to run;
+- the tile dequantizers give gguf-py's float32 values bitwise; the native activation quantizer gives the
+  portable one's codes and scales bitwise (non-finite and all-zero blocks included);
+- every GEMV output is computed by one thread in one order: bitwise the same at 1 and 2 threads, with any
+  chunk size, alone or in a fused group of weights, and run to run;
 - non-finite activations stay non-finite; no float copy of a weight is kept (traced allocations of a decode
   stay far below the weight's float32 size).
 """
@@ -18,16 +22,27 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 
+from kazeia.backends import native
 from kazeia.backends import qmatmul as Q
 from kazeia.backends.cpu import CpuBackend
 from kazeia.backends.jit import set_threads
 from kazeia.gguf.quants import dequantize
 from kazeia.graph import builder as gb
 from kazeia.graph.tensor import GGMLType, TFlag
-from oracle_utils import assert_nmse, cpu_and_ref, leaf, random_blocks, run_graph
+from oracle_utils import _finite_f16_bits, assert_nmse, cpu_and_ref, leaf, random_blocks, run_graph
 
 T = GGMLType
 TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.F16, T.BF16, T.F32]
+HAVE_SIMD = native.available()
+
+
+@pytest.fixture(params=["native", "portable"])
+def kernels(request, monkeypatch):
+    """Run the test on the AVX2 kernels, then on the portable numba ones."""
+    if request.param == "native" and not HAVE_SIMD:
+        pytest.skip("no AVX2/FMA/F16C on this host")
+    monkeypatch.setattr(native, "_available", request.param == "native")
+    return request.param
 
 
 def weight_rows(qtype: T, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -56,7 +71,7 @@ def nmse(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [1, 2, 3, 37, 600])
-def test_cpu_vs_ref_mul_mat(qtype, m, monkeypatch):
+def test_cpu_vs_ref_mul_mat(qtype, m, kernels, monkeypatch):
     monkeypatch.setattr(Q, "TILE_BYTES", 64 * 800 * 4)  # 64-row tiles: several per weight
     n, k = 150, 800  # K = 25 blocks of 32, not a multiple of 256; N not a multiple of the tile
     raw, wv = weight_rows(qtype, n, k, seed=m + int(qtype))
@@ -68,7 +83,7 @@ def test_cpu_vs_ref_mul_mat(qtype, m, monkeypatch):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_non_contiguous_src1(qtype):
+def test_non_contiguous_src1(qtype, kernels):
     n, k, m = 64, 288, 5
     raw, wv = weight_rows(qtype, n, k, seed=3)
     rng = np.random.default_rng(4)
@@ -84,37 +99,82 @@ def test_non_contiguous_src1(qtype):
 
 @pytest.mark.parametrize("qtype", Q.GEMV_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("k", [32, 800, 5120])
-def test_gemv_int16_activations_are_nearly_exact(qtype, k):
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_gemv_int16_activations_are_nearly_exact(qtype, k, m, kernels):
     raw, wv = weight_rows(qtype, 97, k, seed=k)
-    x = (np.random.default_rng(k).standard_normal((2, k)) * np.linspace(0.1, 20, k)).astype(np.float32)
+    x = (np.random.default_rng(k).standard_normal((m, k)) * np.linspace(0.1, 20, k)).astype(np.float32)
     y = Q.weight_matmul(raw, qtype, k, x)
     assert nmse(y, x.astype(np.float64) @ wv.T) <= 1e-7
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0, T.F16], ids=lambda t: t.name)
-def test_dequantize_rows_is_gguf_bitwise(qtype):
-    raw, _ = weight_rows(qtype, 33, 800, seed=1)
-    assert np.array_equal(Q.dequantize_rows(raw, qtype, 800), dequantize(raw, qtype, np.float32))
+@pytest.mark.skipif(not HAVE_SIMD, reason="no AVX2/FMA/F16C on this host")
+def test_native_activation_codes_are_the_portable_ones(monkeypatch):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((3, 800)) * np.linspace(0.01, 30, 800)).astype(np.float32)
+    x[1, 5], x[2, 100], x[2, 300] = np.nan, -np.inf, np.inf
+    x[0, 64:96] = 0
+    x[2, 200:232] = 1e-30  # amax/32767 is subnormal
+    native_codes = Q.quantize_activations(x)
+    monkeypatch.setattr(native, "_available", False)
+    portable = Q.quantize_activations(x)
+    for a, b in zip(native_codes, portable):
+        assert np.array_equal(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0, T.F16, T.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [33, 2000])  # 2000 rows of 800: over PARALLEL_MIN_BYTES for every type
+def test_dequantize_rows_is_gguf_bitwise(qtype, n, kernels):
+    if qtype == T.F16:  # every finite fp16 and the infinities
+        bits = _finite_f16_bits(np.random.default_rng(n), n * 800)
+        bits[::97] = 0x7C00
+        raw = bits.view(np.uint8).reshape(n, -1)
+    else:
+        bs, _ = GGML_QUANT_SIZES[qtype]
+        raw = random_blocks(qtype, n, 800 // bs, seed=n, scale_kind="any")  # any finite fp16 scale; BF16 bits
+    want = dequantize(raw, qtype, np.float32)
+    assert np.array_equal(Q.dequantize_rows(raw, qtype, 800).view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("qtype", Q.GEMV_TYPES, ids=lambda t: t.name)
-def test_bitwise_deterministic(qtype):
-    raw, _ = weight_rows(qtype, 301, 2560, seed=7)
+def test_bitwise_deterministic(qtype, kernels, monkeypatch):
+    raw, _ = weight_rows(qtype, 1301, 2560, seed=7)  # 1.8-3.5 MB: the native GEMV runs on the threads
     rng = np.random.default_rng(8)
     x1, x64 = rng.standard_normal((1, 2560)).astype(np.float32), rng.standard_normal((64, 2560)).astype(np.float32)
+    x5 = rng.standard_normal((5, 2560)).astype(np.float32)
     try:
-        set_threads(1)
-        one = Q.weight_matmul(raw, qtype, 2560, x1)
-        set_threads(2)
-        two = Q.weight_matmul(raw, qtype, 2560, x1)
-        assert np.array_equal(one, two)  # GEMV rows are reduced sequentially: thread count does not matter
+        for x in (x1, x5):
+            set_threads(1)
+            one = Q.weight_matmul(raw, qtype, 2560, x)
+            set_threads(2)
+            two = Q.weight_matmul(raw, qtype, 2560, x)
+            monkeypatch.setattr(Q, "GEMV_CHUNK", 8)
+            small_chunks = Q.weight_matmul(raw, qtype, 2560, x)
+            monkeypatch.setattr(Q, "GEMV_CHUNK", 64)
+            assert np.array_equal(one, two)  # each output: one thread, one order
+            assert np.array_equal(one, small_chunks)
         assert np.array_equal(Q.weight_matmul(raw, qtype, 2560, x64), Q.weight_matmul(raw, qtype, 2560, x64))
     finally:
         set_threads(2)
 
 
 @pytest.mark.parametrize("qtype", Q.GEMV_TYPES, ids=lambda t: t.name)
-def test_non_finite_activations_propagate(qtype):
+@pytest.mark.parametrize("m", [1, 3, 6])
+def test_fused_group_is_each_weight_bitwise(qtype, m, kernels):
+    """A WeightSet (Q/K/V-like: 3 weights of 200, 40 and 13 rows) writes each weight's product, bitwise
+    what the weight alone gives, into its columns; a strided output view works too."""
+    k = 288
+    parts = [weight_rows(qtype, n, k, seed=n)[0] for n in (200, 40, 13)]
+    x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+    fused = Q.WeightSet([(raw, qtype, k) for raw in parts]).matmul(x)
+    alone = np.concatenate([Q.weight_matmul(raw, qtype, k, x) for raw in parts], axis=1)
+    assert np.array_equal(fused, alone)
+    big = np.full((m, 260), np.nan, dtype=np.float32)
+    Q.WeightSet([(parts[0], qtype, k)]).matmul(x, big[:, 7:207])
+    assert np.array_equal(big[:, 7:207], alone[:, :200]) and np.isnan(big[:, :7]).all()
+
+
+@pytest.mark.parametrize("qtype", Q.GEMV_TYPES, ids=lambda t: t.name)
+def test_non_finite_activations_propagate(qtype, kernels):
     raw, _ = weight_rows(qtype, 8, 64, seed=2)
     x = np.ones((2, 64), dtype=np.float32)
     x[0, 3], x[1, 40] = np.nan, np.inf
@@ -122,7 +182,7 @@ def test_non_finite_activations_propagate(qtype):
     assert not np.isfinite(y).any()
 
 
-def test_no_float_copy_of_the_weight():
+def test_no_float_copy_of_the_weight(kernels):
     n, k = 4096, 1024  # 16 MiB as float32, 2.25 MiB as Q4_0
     raw, _ = weight_rows(T.Q4_0, n, k, seed=5)
     w = leaf(T.Q4_0, (k, n), raw, flags=TFlag.WEIGHT)

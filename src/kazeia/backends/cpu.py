@@ -9,7 +9,7 @@ import numpy as np
 from kazeia.backends.base import Backend
 from kazeia.backends.fast_ops import FAST_KERNELS
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
-from kazeia.backends.qmatmul import dequantize_rows, weight_matmul
+from kazeia.backends.qmatmul import WeightSet, dequantize_rows
 from kazeia.backends.weights import WeightCache
 from kazeia.errors import UnsupportedError
 from kazeia.gguf.quants import BlockFormat, dequantize
@@ -104,6 +104,7 @@ class CpuBackend(NumpyBackend):
         self._fused: dict[int, _Member] = {}
         self._pending: dict[tuple, list] = {}  # group -> [fused product of this graph run, members still to store]
         self._mirrors: dict[int, tuple[Tensor, int, np.ndarray]] = {}  # id(root) -> (root, version, float32)
+        self._sets: dict[tuple, tuple[tuple, WeightSet]] = {}  # weight ids -> (their places, GEMV descriptors)
 
     def begin_graph(self, graph: Graph) -> None:
         super().begin_graph(graph)
@@ -168,16 +169,25 @@ class CpuBackend(NumpyBackend):
         return dequantize_rows(rows(t)[0, 0], t.type, t.ne[0])
 
     def weight_matmul(self, t: Tensor, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        return weight_matmul(rows(t)[0, 0], t.type, t.ne[0], y, out)
+        return self._weight_set((t,)).matmul(y, out)
 
     def _fused_product(self, ws: tuple[Tensor, ...], y: np.ndarray) -> np.ndarray:
         """y @ [W1; W2; ...]^T as one (M, sum N) array, each weight's product written into its columns."""
-        out = np.empty((y.shape[0], sum(w.ne[1] for w in ws)), dtype=np.float32)
-        c = 0
-        for w in ws:
-            self.weight_matmul(w, y, out[:, c:c + w.ne[1]])
-            c += w.ne[1]
-        return out
+        return self._weight_set(ws).matmul(y)
+
+    def _weight_set(self, ws: tuple[Tensor, ...]) -> WeightSet:
+        """The qmatmul.WeightSet of these weights, kept while every weight stays where it was (the check
+        `array()` makes for its views)."""
+        key = tuple(map(id, ws))
+        places = tuple((w.buffer, w.offset, w.type, w.ne, w.nb) for w in ws)
+        hit = self._sets.get(key)
+        if hit is not None and all(a[0] is b[0] and a[1:] == b[1:] for a, b in zip(hit[0], places)):
+            return hit[1]
+        if len(self._sets) > 4096:
+            self._sets.clear()
+        s = WeightSet([(rows(w)[0, 0], w.type, w.ne[0]) for w in ws])
+        self._sets[key] = (places, s)
+        return s
 
 
 @dataclass(frozen=True)

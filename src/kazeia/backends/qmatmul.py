@@ -1,4 +1,4 @@
-"""Weight matmuls of the `cpu` backend on the quantized bytes (numba kernels; no float copy of any weight).
+"""Weight matmuls of the `cpu` backend on the quantized bytes (no float copy of any weight).
 
 `weight_matmul(raw, qtype, k, x)` computes y (M, N) = x (M, K) @ W^T for a 2-D weight given by its raw rows
 (N, row_bytes), typically a view of the memory-mapped GGUF:
@@ -7,42 +7,57 @@
   The activations are quantized first, as ggml does with its vec_dot_type, but to int16 per 32-element block
   with one float32 scale d = amax/32767 (ggml: int8, fp16 scale): the conversion error is ~1e-9 NMSE, far
   below test-backend-ops' 5e-4 and the 1e-5 the whole-model tests allow. Per block the dot of the 4/8-bit
-  codes with the int16 activations is an exact int32 in 16 lanes, scaled by d_w * d_x into 16 float32 lanes
-  summed at the end of the row. Every row's reduction is sequential, so results do not depend on the thread
-  count or scheduling.
-- otherwise: TILE rows of the weight at a time are dequantized (numba, exact: the values gguf-py gives) into a
-  cache-sized float32 scratch that numpy's BLAS multiplies. The K reduction is BLAS's, per output element, for
-  a fixed tile shape: deterministic at a fixed thread count.
-- F32 weights are multiplied in place (BLAS on the mapped rows); F16 / BF16 and the other block formats are
-  converted per tile (numpy) and multiplied the same way.
+  codes with the int16 activations is an exact int32, scaled by d_w * d_x into float32 accumulators. Each
+  output is computed by one thread in one fixed order, so results do not depend on the thread count.
+- otherwise: tiles of weight rows are dequantized (exact: the values gguf-py gives) into a cache-sized
+  float32 scratch that numpy's BLAS multiplies. The K reduction is BLAS's, per output element, for a fixed
+  tile shape: deterministic at a fixed thread count.
+- F32 weights are multiplied in place (BLAS on the mapped rows); F16 / BF16 are converted per tile like the
+  block formats, the other block formats per tile by numpy (gguf.quants.dequantize).
 
-The numba kernels (qkernels.py) are compiled once and cached on disk; numba is imported lazily (jit.py).
+Kernels: the AVX2 ones (simd_cpu.py, compiled by native.py) when the host has AVX2/FMA/F16C and
+KAZEIA_SIMD is not 0, else the portable numba ones (qkernels.py). Both are tested against the same oracles.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kazeia.backends import jit
+from kazeia.backends import jit, native
 from kazeia.engine.threads import single_blas_thread
 from kazeia.gguf.quants import dequantize
 
 T = GGMLQuantizationType
-GEMV_MAX_M = 2           # rows of x up to which the int8 GEMV beats dequantize + BLAS (measured, bench/README)
+GEMV_MAX_M = 8           # rows of x up to which the GEMV beats dequantize + BLAS (measured, bench/README)
+PORTABLE_GEMV_MAX_M = 2  # the same for the numba kernels
+GEMV_MAX_K = 1 << 16     # the native GEMV quantizes x on the thread's stack: at most 4 x 64K int16 (512 KiB)
 TILE_BYTES = 4 << 20     # float32 scratch per dequantized tile (about L3 / 8: BLAS packs it anyway)
-ROW_CHUNK = 32           # GEMV rows per parallel task: their bytes stay in L2 while every x row passes
 QK = 32
 SMALL_GEMM_M = 16    # x rows up to which the tiled path's GEMMs run on one BLAS thread
 GEMV_TYPES = (T.Q4_0, T.Q4_1, T.Q8_0)
+NATIVE_DEQUANT = {T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q8_0: "q8_0", T.F16: "f16", T.BF16: "bf16"}
+GEMV_CHUNK = 64      # weight rows per claimed chunk of the parallel GEMV (a multiple of 8: 8-row groups)
+PARALLEL_MIN_BYTES = 1 << 20  # weights below this are multiplied on one thread (a hand-off costs ~10-30 us)
 
 _F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)  # fp16 bits -> value
+_scratch = threading.local()
 
 
 def _k():
     return jit.kernels("kazeia.backends.qkernels")
+
+
+def _lib():
+    """The AVX2 kernels, or None on a host (or with KAZEIA_SIMD=0) where the portable ones run."""
+    return native.library("kazeia.backends.simd_cpu") if native.available() else None
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
 
 
 def tile_rows(k: int) -> int:
@@ -66,8 +81,58 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     xq = np.empty((m, k // QK, QK), dtype=np.int16)
     xd = np.empty((m, k // QK), dtype=np.float32)
     xs = np.empty((m, k // QK), dtype=np.int32)
-    _k().quantize_x(np.ascontiguousarray(x, dtype=np.float32).reshape(m, k // QK, QK), xq, xd, xs)
+    xc = np.ascontiguousarray(x, dtype=np.float32)
+    lib = _lib()
+    if lib is not None:
+        lib["quantize_x"](_ptr(xc), _ptr(xq), _ptr(xd), _ptr(xs), m * (k // QK))
+    else:
+        _k().quantize_x(xc.reshape(m, k // QK, QK), xq, xd, xs)
     return xq, xd, xs
+
+
+class WeightSet:
+    """Weights multiplied by the same x (Q/K/V, gate/up, or one weight), each product written into its own
+    columns of one (M, sum N) output: `WeightSet([(raw, qtype, k), ...]).matmul(x)`. Built once per group (the
+    GEMV descriptors: addresses of the mapped rows, strides, row counts, first columns) and kept by the
+    backend, so a decode step costs one native call per group. The rows (`raw`) are referenced, not copied."""
+
+    def __init__(self, weights: list[tuple[np.ndarray, T, int]]) -> None:
+        self.weights = [(raw, T(qt), int(k)) for raw, qt, k in weights]
+        self.k = self.weights[0][2]
+        self.cols = np.cumsum([0] + [raw.shape[0] for raw, _, _ in self.weights])
+        self.n = int(self.cols[-1])
+        qts = {qt for _, qt, _ in self.weights}
+        self.kind = None  # one native GEMV for all (same block type, same K)
+        if len(qts) == 1 and (qt := qts.pop()) in GEMV_TYPES and self.k <= GEMV_MAX_K and all(
+                k == self.k and raw.strides[1] == 1 for raw, _, k in self.weights):
+            self.kind = NATIVE_DEQUANT[qt]
+            self.desc = np.array([(_ptr(raw), raw.strides[0], raw.shape[0], c0)
+                                  for (raw, _, _), c0 in zip(self.weights, self.cols)], dtype=np.int64)
+            self.parallel = sum(raw.nbytes for raw, _, _ in self.weights) >= PARALLEL_MIN_BYTES
+
+    def matmul(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        m = x.shape[0]
+        if out is None:
+            out = np.empty((m, self.n), dtype=np.float32)
+        lib = _lib() if self.kind is not None and m <= GEMV_MAX_M else None
+        if lib is None:
+            for (raw, qt, k), c0, c1 in zip(self.weights, self.cols[:-1], self.cols[1:]):
+                weight_matmul(raw, qt, k, x, out[:, c0:c1])
+            return out
+        if x.strides[1] != 4:
+            x = np.ascontiguousarray(x)
+        y = out if out.strides[1] == 4 else np.empty(out.shape, dtype=np.float32)
+        xp, yp, xs, ys = _ptr(x), _ptr(y), x.strides[0] // 4, y.strides[0] // 4
+        nw, parallel = len(self.weights), self.parallel and native.threads() > 1
+        for m0 in range(0, m, 4):
+            ctr = np.zeros(nw, dtype=np.int64)
+            args = (_ptr(self.desc), nw, self.k // QK, xp + 4 * xs * m0, xs, yp + 4 * ys * m0, ys, _ptr(ctr),
+                    GEMV_CHUNK if parallel else 1 << 40)
+            native.run(lib[f"matvec_{self.kind}_m{min(4, m - m0)}"], args, parallel)
+        if y is not out:
+            out[...] = y
+        return out
 
 
 def weight_matmul(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -83,8 +148,12 @@ def weight_matmul(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndar
         w = raw.view(np.float32)  # (N, K), mapped
         np.matmul(x, w.T, out=out)
         return out
-    if qtype in GEMV_TYPES and m <= GEMV_MAX_M:
-        _gemv(raw, qtype, k, x, out)
+    lib = _lib()
+    if qtype in GEMV_TYPES and m <= (GEMV_MAX_M if lib is not None and k <= GEMV_MAX_K else PORTABLE_GEMV_MAX_M):
+        if lib is not None:
+            WeightSet([(raw, qtype, k)]).matmul(x, out)
+        else:
+            _gemv(raw, qtype, k, x, out)
         return out
     _tiled(raw, qtype, k, x, out)
     return out
@@ -109,7 +178,16 @@ def dequantize_rows(raw: np.ndarray, qtype: T, k: int, scratch: np.ndarray | Non
     """Rows (R, row_bytes) -> float32 (R, K), the values `gguf.quants.dequantize` gives (bitwise)."""
     r = raw.shape[0]
     dst = scratch[:r] if scratch is not None else np.empty((r, k), dtype=np.float32)
-    if qtype in GEMV_TYPES:
+    lib = _lib()
+    name = NATIVE_DEQUANT.get(qtype)
+    if lib is not None and name is not None and k % QK == 0 and raw.strides[1] == 1 and dst.flags.c_contiguous:
+        args = (_ptr(raw), raw.strides[0], k // QK, _ptr(dst), k)
+        if raw.nbytes >= PARALLEL_MIN_BYTES and native.threads() > 1:
+            ctr = np.zeros(1, dtype=np.int64)
+            native.run(lib[f"dequant_{name}_par"], (*args, _ptr(ctr), r, max(8, r // 16)))
+        else:
+            lib[f"dequant_{name}"](*args, 0, r)
+    elif qtype in GEMV_TYPES:
         b8, b16 = _blocks(raw, qtype, k)
         d3 = dst.reshape(r, k // QK, QK)
         kern = _k()
@@ -126,10 +204,19 @@ def dequantize_rows(raw: np.ndarray, qtype: T, k: int, scratch: np.ndarray | Non
     return dst
 
 
+def _tile_scratch(rows: int, k: int) -> np.ndarray:
+    """A reused float32 (rows, k) scratch (fresh 4 MiB buffers would be page-faulted in on every call)."""
+    need = rows * k
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < need:
+        buf = _scratch.buf = np.empty(need, dtype=np.float32)
+    return buf[:need].reshape(rows, k)
+
+
 def _tiled(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndarray) -> None:
     n = raw.shape[0]
     tr = min(n, tile_rows(k))
-    scratch = np.empty((tr, k), dtype=np.float32)
+    scratch = _tile_scratch(tr, k)
     x = np.ascontiguousarray(x)
     # a few rows of x make tiny GEMMs: two BLAS threads gain nothing there and, when another process holds the
     # second core, every call waits for a descheduled worker (measured: 110 ms instead of 1 ms at M=5)
