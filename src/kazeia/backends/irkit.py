@@ -52,14 +52,15 @@ def f32(v: float) -> ir.Constant:
 class Kernel:
     """One function being built: `Kernel(module, name, [("w", ptr(I8)), ("n", I64), ...])`, arguments by name
     (`k.a.w`), the builder `k.b`, loops (`with k.loop(start, stop) as i:`), intrinsics (`k.call("llvm.x86...",
-    ret, *args)`). Every pointer argument is noalias (the callers pass distinct buffers)."""
+    ret, *args)`). Pointer arguments are noalias (the callers pass distinct buffers) unless `noalias=False`."""
 
-    def __init__(self, module: ir.Module, name: str, args: list[tuple[str, ir.Type]], ret: ir.Type = VOID):
+    def __init__(self, module: ir.Module, name: str, args: list[tuple[str, ir.Type]], ret: ir.Type = VOID,
+                 noalias: bool = True):
         self.module = module
         self.fn = ir.Function(module, ir.FunctionType(ret, [t for _, t in args]), name=name)
         for arg, (an, t) in zip(self.fn.args, args):
             arg.name = an
-            if isinstance(t, ir.PointerType):
+            if noalias and isinstance(t, ir.PointerType):
                 arg.add_attribute("noalias")
         self.a = _Args({an: arg for arg, (an, _) in zip(self.fn.args, args)})
         self._entry = self.fn.append_basic_block("entry")

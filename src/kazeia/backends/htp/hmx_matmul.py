@@ -21,11 +21,10 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from kazeia.backends.htp.fast import round_hw, shuffled_fp16
 from kazeia.backends.htp.fp16 import (
-    f32_to_f16_shuffled,
     fp16_bits,
     from_fp16_bits,
-    round_fp16_hw,
 )
 from kazeia.backends.htp.repack import RepackedWeight
 
@@ -142,7 +141,7 @@ def stage_activations(x: np.ndarray, arch: int | None = None, prev: np.ndarray |
     m, k = x.shape
     if k % TILE:
         raise ValueError(f"K={k} must be a multiple of 32")
-    a16 = f32_to_f16_shuffled(x, arch)
+    a16 = shuffled_fp16(x, arch)
     img = activation_to_tiles(a16)
     if prev is not None and m % TILE:
         old = np.asarray(prev, dtype=np.uint8).reshape(-1)
@@ -173,7 +172,7 @@ def hmx_matmul(a16: np.ndarray, w16: np.ndarray) -> np.ndarray:
     if a.shape[1] != w.shape[1]:
         raise ValueError(f"K mismatch: {a.shape} vs {w.shape}")
     with np.errstate(all="ignore"):
-        return round_fp16_hw(a @ w.T)
+        return round_hw(a @ w.T)
 
 
 TILE_WEIGHT_BYTES = 16 << 20  # float32 of one tile of fp16 weight rows
@@ -205,11 +204,11 @@ def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: flo
             if patch is not None:
                 t = patch(r0, t)
             p = a @ t.T
-            y[:, r0:r1] = round_fp16_hw(p if scale == 1.0 else p * np.float32(scale))
+            y[:, r0:r1] = round_hw(p if scale == 1.0 else p * np.float32(scale))
     return y
 
 
 def hmx_mul_mat(w: RepackedWeight, x: np.ndarray, arch: int | None = None) -> np.ndarray:
     """Convenience: the HMX MUL_MAT of weight `w` and f32 src1 rows `x` (M, K) -> (M, N) float32."""
-    a16 = f32_to_f16_shuffled(np.asarray(x, dtype=np.float32), arch)
+    a16 = shuffled_fp16(np.asarray(x, dtype=np.float32), arch)
     return hmx_matmul_weight(a16, w)

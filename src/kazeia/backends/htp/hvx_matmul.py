@@ -26,11 +26,19 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from kazeia.backends.htp import fast
 from kazeia.backends.htp.fp16 import (
     round_fp16_hw,
 )
-from kazeia.backends.htp.hvx_quant import _round_up, parse_f16, parse_q8_1x4x2, parse_q8x4x2
-from kazeia.backends.htp.repack import F16_LUT, IQ4_NL_VALUES, KIND, QK, RepackedWeight, htp_kernels
+from kazeia.backends.htp.hvx_quant import (
+    _image_rows,
+    _round_up,
+    activation_row_size,
+    parse_f16,
+    parse_q8_1x4x2,
+    parse_q8x4x2,
+)
+from kazeia.backends.htp.repack import F16_LUT, IQ4_NL_VALUES, QK, RepackedWeight
 
 GGMLType = GGMLQuantizationType
 
@@ -81,22 +89,15 @@ def hvx_matmul(w: RepackedWeight, q8_image: np.ndarray, M: int) -> np.ndarray:
 
     `q8_image` holds M rows of `activation_row_size(K, w.qtype)` bytes (q8_1x4x2 for Q4_1, q8x4x2 else)
     exactly as in VTCM; it may contain arbitrary bytes (garbage in -> deterministic garbage out). The weight
-    codes and scales are read from its ggml rows by the numba kernel (`kernels.hvx_dot`), row by row.
+    codes and scales are read from its ggml rows by the kernel (`fast.hvx_dot`), row by row.
     """
     m = M
     if w.qtype == GGMLType.F16:
         return hvx_matmul_f16(w, q8_image, m)
-    k, n = w.k, w.n
-    if w.qtype == GGMLType.Q4_1:
-        aq, ad, asum = parse_q8_1x4x2(q8_image, k, m)
-    else:
-        aq, ad = parse_q8x4x2(q8_image, k, m)
-        asum = ad
+    parse = parse_q8_1x4x2 if w.qtype == GGMLType.Q4_1 else parse_q8x4x2
+    img = _image_rows(q8_image, m, activation_row_size(w.k, w.qtype))
     b8, b16 = w.blocks()
-    y = np.empty((m, n), dtype=np.float32)
-    htp_kernels().hvx_dot(b8, b16, KIND[w.qtype], IQ4_NL_VALUES, F16_LUT, np.ascontiguousarray(aq),
-                      np.ascontiguousarray(ad, dtype=np.float32), np.ascontiguousarray(asum, dtype=np.float32), y)
-    return y
+    return fast.hvx_dot(b8, b16, w.qtype, img, m, w.k, parse, IQ4_NL_VALUES, F16_LUT)
 
 
 # --- F16 weights ------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from kazeia.backends.htp import cost, pipeline
 from kazeia.backends.htp import vtcm as V
 from kazeia.backends.htp.deep_loads import bank_crossings
 from kazeia.backends.htp.dsp import Dsp, DspFault, OpContext, OpRecord
-from kazeia.backends.htp.fp16 import f32_to_f16_shuffled, round_fp16_hw
+from kazeia.backends.htp.fast import round_hw, shuffled_fp16
 from kazeia.backends.htp.hmx_matmul import (
     hmx_matmul_weight,
     output_to_tiles,
@@ -160,7 +160,7 @@ class MatmulUnit:
         else:
             xs = self._src1_rows_assumed_contiguous(x, M, K)
         rw = self.weights.get(w)
-        a16 = f32_to_f16_shuffled(xs, self.settings.arch)  # below v79 a -inf activation stages as NaN
+        a16 = shuffled_fp16(xs, self.settings.arch)  # below v79 a -inf activation stages as NaN
         faults = self.settings.faults
         patch = self._unretired_scatter(dsp, node, plan, K) if "scatter-unretired" in faults else None
         scale = dsp.hmx_scale if "hmx-bias-stale" in faults else 1.0
@@ -197,9 +197,9 @@ class MatmulUnit:
         xv = np.asarray(array(x), dtype=np.float32)  # (b3, b2, M, K)
         r2, r3 = x.ne[2] // w.ne[2], x.ne[3] // w.ne[3]
         wv = np.repeat(np.repeat(wv, r2, axis=1), r3, axis=0)
-        a16 = f32_to_f16_shuffled(xv, None)
+        a16 = shuffled_fp16(xv, None)
         with np.errstate(all="ignore"):
-            return round_fp16_hw(np.matmul(a16, wv.swapaxes(-1, -2)))
+            return round_hw(np.matmul(a16, wv.swapaxes(-1, -2)))
 
     def _leave_hmx_bytes(self, dsp: Dsp, plan: MatmulPlan, rw: RepackedWeight, xs: np.ndarray,
                          a16: np.ndarray, y: np.ndarray) -> None:

@@ -288,13 +288,15 @@ class RepackedWeight:
 
     def w16_rows(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         """(R, k) float32 of fp16 values: rows r0..r1 of the matrix the HMX path multiplies (what its dequant
-        tasks scatter into weight tiles; see hmx_matmul.py), computed from the ggml blocks by numba."""
+        tasks scatter into weight tiles; see hmx_matmul.py), computed from the ggml blocks (htp/fast.py)."""
         r1 = self.n if r1 is None else r1
         if self.qtype == GGMLType.F16:
             return from_fp16_bits(np.ascontiguousarray(self.ggml[r0:r1]).view(np.uint16))
+        from kazeia.backends.htp import fast
+
         b8, b16 = self.blocks(r0, r1)
         out = np.empty((b8.shape[0], self.nsub, QK), dtype=np.float32)
-        htp_kernels().hmx_weight_rows(b8, b16, KIND[self.qtype], IQ4_NL_VALUES, F16_LUT, out)
+        fast.hmx_weight_rows(b8, b16, self.qtype, out, IQ4_NL_VALUES, F16_LUT)
         return out.reshape(b8.shape[0], self.k)
 
     @property

@@ -1,0 +1,117 @@
+"""Entry points of the HTP numerics kernels: the AVX2 ones (simd_htp.py, through native.py) when the host has
+them, else the portable numba ones (kernels.py) and numpy. Both give the same bits (tests/test_htp_simd.py).
+
+- `round_hw(x)`: round_fp16_hw of a float32 array (the HMX read-out), `shuffled_fp16(x, arch)`: the
+  staging converter f32_to_f16_shuffled;
+- `hmx_weight_rows(blocks, dbits, qtype, out)`: the HMX fp16 weight values of rows of ggml blocks;
+- `hvx_dot(b8, b16, qtype, image, m, k, y)`: the HVX vec_dot of ggml rows with an activation image.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from kazeia.backends import jit, native
+from kazeia.backends.htp.fp16 import check_arch, round_fp16_hw
+
+GGMLType = GGMLQuantizationType
+NAMES = {GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q8_0: "q8_0", GGMLType.IQ4_NL: "iq4_nl"}
+ROUND_ROW = 1024                 # elements per row of the native rounding kernel
+PARALLEL_MIN_ELEMS = 1 << 18     # arrays (and weight row ranges) below this run on one thread
+HVX_CHUNK = 16                   # weight rows per claimed chunk of the HVX dot
+
+
+def lib():
+    """The AVX2 HTP kernels, or None where the portable ones run."""
+    return native.library("kazeia.backends.htp.simd_htp") if native.available() else None
+
+
+def numba_kernels():
+    return jit.kernels("kazeia.backends.htp.kernels")
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _run(fn, args: tuple, n: int, chunk: int, parallel: bool) -> None:
+    """A row-range kernel on rows [0, n): whole on this thread, or in chunks on the kernel threads."""
+    if parallel and native.threads() > 1 and n > chunk:
+        ctr = np.zeros(1, dtype=np.int64)
+        native.run(fn[1], (*args, _ptr(ctr), n, chunk))
+    else:
+        fn[0](*args, 0, n)
+
+
+def _pair(k, name: str):
+    return k[name], k[name + "_par"]
+
+
+def round_hw(x: np.ndarray) -> np.ndarray:
+    """round_fp16_hw(x) (RNE to fp16, |x| > 65504 -> +-inf, NaN kept) as a new float32 array."""
+    k = lib()
+    x = np.asarray(x)
+    if k is None or x.dtype != np.float32 or x.size < ROUND_ROW:
+        return round_fp16_hw(x)
+    xc = np.ascontiguousarray(x)
+    y = np.empty_like(xc)
+    flat_x, flat_y = xc.reshape(-1), y.reshape(-1)
+    rows = xc.size // ROUND_ROW
+    _run(_pair(k, "round_f16_hw"), (_ptr(xc), _ptr(y)), rows, 64, xc.size >= PARALLEL_MIN_ELEMS)
+    tail = rows * ROUND_ROW
+    if tail < xc.size:
+        flat_y[tail:] = round_fp16_hw(flat_x[tail:])
+    return y
+
+
+def shuffled_fp16(x: np.ndarray, arch: int | None = None) -> np.ndarray:
+    """fp16.f32_to_f16_shuffled (the HMX activation staging converter), rounding with `round_hw`."""
+    check_arch(arch)
+    x = np.asarray(x, dtype=np.float32)
+    y = round_hw(x)
+    if arch is not None and arch < 79:
+        y[np.isneginf(x)] = np.nan
+    return y
+
+
+def hmx_weight_rows(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, out: np.ndarray, iq4: np.ndarray,
+                    lut: np.ndarray) -> None:
+    """out (R, nb, 32) float32 = the HMX fp16 weight values of the ggml rows b8 (R, nb, type_size) (b16: the
+    same bytes as uint16)."""
+    k = lib()
+    r, nb = b8.shape[0], b8.shape[1]
+    if k is None or not out.flags.c_contiguous or b8.strides[2] != 1:
+        from kazeia.backends.htp.repack import KIND
+
+        numba_kernels().hmx_weight_rows(b8, b16, KIND[qtype], iq4, lut, out)
+        return
+    args = (_ptr(b8), b8.strides[0], nb, _ptr(out), nb * 32)
+    _run(_pair(k, f"hmx_weight_{NAMES[qtype]}"), args, r, 16, out.size >= PARALLEL_MIN_ELEMS)
+
+
+def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray, m: int, k: int,
+            parse, iq4: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """y (M, N) float32 = the HVX MUL_MAT of the ggml rows b8 (N, nb, type_size) with the M rows of the
+    activation image (q8_1x4x2 for Q4_1, q8x4x2 else; `parse(image, k, m)` reads it for the portable
+    kernel)."""
+    n, nb = b8.shape[0], b8.shape[1]
+    y = np.empty((m, n), dtype=np.float32)
+    lk = lib()
+    img = np.asarray(image, dtype=np.uint8)
+    if lk is None or b8.strides[2] != 1 or img.ndim != 2 or img.strides[1] != 1 or m == 0:
+        from kazeia.backends.htp.repack import KIND
+
+        parsed = parse(image, k, m)
+        aq, ad = parsed[0], parsed[1]
+        asum = parsed[2] if len(parsed) > 2 else ad
+        numba_kernels().hvx_dot(b8, b16, KIND[qtype], iq4, lut, np.ascontiguousarray(aq),
+                                np.ascontiguousarray(ad, dtype=np.float32),
+                                np.ascontiguousarray(asum, dtype=np.float32), y)
+        return y
+    npad = -(-nb // 8) * 8
+    x16 = np.zeros((m, npad * 32), dtype=np.int16)  # the int8 quants widened once (zero past K)
+    x16[:, :k] = img[:m, :k].view(np.int8)
+    args = (_ptr(b8), b8.strides[0], nb, _ptr(x16), _ptr(img), img.strides[0], k, m, _ptr(y), n, n)
+    _run(_pair(lk, f"hvx_dot_{NAMES[qtype]}"), args, n, HVX_CHUNK, n * nb * 32 * m >= PARALLEL_MIN_ELEMS)
+    return y

@@ -1,0 +1,258 @@
+"""AVX2 kernels of the HTP numerics, emitted as LLVM IR (irkit) and compiled by native.py. Each computes
+bitwise what its portable numba twin in kernels.py computes (tests/test_htp_simd.py), from the ggml blocks.
+
+- `round_f16_hw`: float32 -> float32 holding its fp16 RNE rounding (vcvtps2ph, F16C), every |x| > 65504 ->
+  +-inf (the HVX/HMX converters' saturation: a compare and a blend), NaN stays NaN.
+- `hmx_weight_<kind>`: rows of ggml blocks -> the fp16 weight values the HMX dequant tasks write, as float32:
+  fp16(q*d) (exact float32 product, one hw rounding); Q4_1 fp16(fp16(q*d) + m) with the sum exact in
+  float64 and one hw rounding from there (see `_q4_1_sum`).
+- `hvx_dot_<kind>`: the HVX vec_dot. Lane L of the 32 fp32 accumulators owns sub-block L of every 1024-element
+  chunk, exactly as on the DSP: the 32 exact int32 sub-block dots of a chunk are computed as vectors (codes
+  widened to int16, pmaddwd, then a phaddd transposition tree puts sub-block b in lane b % 8: integer sums are
+  exact in any order), multiplied by the fp32 d_w*d_x of their sub-block, added lane-wise in fp32 (Q4_1: plus
+  the rounded m_w*s_x first, no FMA anywhere), then reduced by the far or the adjacent tree.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from kazeia.backends.irkit import (
+    F16,
+    F32,
+    F64,
+    I8,
+    I16,
+    I32,
+    I64,
+    V8F32,
+    V8I32,
+    V16I8,
+    V16I16,
+    Kernel,
+    chunked,
+    f32,
+    i64,
+    lanes,
+    ptr,
+    splat,
+    vec,
+)
+
+QK = 32
+BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "iq4_nl": 18}
+CODE_OFFSET = {"q4_0": 2, "q4_1": 4, "q8_0": 2, "iq4_nl": 2}
+IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
+V8I16, V4F64 = vec(I16, 8), vec(F64, 4)
+
+
+def _hw16(k: Kernel, v: ir.Value) -> ir.Value:
+    """<8 x float> -> the float32 of its fp16 RNE rounding, |x| > 65504 -> +-inf, NaN kept."""
+    b = k.b
+    h = k.call("llvm.x86.vcvtps2ph.256", V8I16, v, ir.Constant(I32, 0))  # imm 0: round to nearest even
+    r = b.fpext(b.bitcast(h, vec(F16, 8)), V8F32)
+    bits = b.bitcast(v, V8I32)
+    mag = b.bitcast(b.and_(bits, splat(V8I32, 0x7FFFFFFF)), V8F32)
+    big = b.fcmp_ordered(">", mag, splat(V8F32, 65504.0))  # false for NaN
+    inf = b.bitcast(b.or_(b.and_(bits, splat(V8I32, -0x80000000)), splat(V8I32, 0x7F800000)), V8F32)
+    return b.select(big, inf, r)
+
+
+def _round_kernel(module: ir.Module) -> str:
+    """round_f16_hw(x, y, r0, r1): y[i] = hw16(x[i]) for i in [1024*r0, 1024*r1) (x == y allowed); the caller
+    passes a whole number of 1024-element rows and rounds the tail with numpy."""
+    k = Kernel(module, "round_f16_hw", [("x", ptr(F32)), ("y", ptr(F32)), ("r0", I64), ("r1", I64)], noalias=False)
+    b = k.b
+    with k.loop(b.mul(k.a.r0, i64(128)), b.mul(k.a.r1, i64(128)), name="i") as i:
+        o = b.mul(i, i64(8))
+        k.store_vec(_hw16(k, k.load_vec(k.a.x, V8F32, o)), k.a.y, o)
+    k.ret()
+    return "round_f16_hw"
+
+
+# --- HMX weight tiles --------------------------------------------------------------------------------------
+
+def _codes_i8(k: Kernel, kind: str, base: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Block codes as the operand the hardware sees, two <16 x i8> (elements 0..15, 16..31): Q4_0 q-8,
+    Q4_1 q, Q8_0 q, IQ4_NL the table value."""
+    b = k.b
+    if kind == "q8_0":
+        return k.load_vec(base, V16I8, 2), k.load_vec(base, V16I8, 18)
+    q = k.load_vec(base, V16I8, CODE_OFFSET[kind])
+    lo, hi = b.and_(q, splat(V16I8, 15)), b.lshr(q, splat(V16I8, 4))
+    if kind == "q4_0":
+        return b.sub(lo, splat(V16I8, 8)), b.sub(hi, splat(V16I8, 8))
+    if kind == "iq4_nl":
+        table = lanes(V16I8, IQ4_NL)
+        return (k.call("llvm.x86.ssse3.pshuf.b.128", V16I8, table, lo),
+                k.call("llvm.x86.ssse3.pshuf.b.128", V16I8, table, hi))
+    return lo, hi
+
+
+def _eighths(k: Kernel, v16: ir.Value) -> list[ir.Value]:
+    """<16 x i8> -> two <8 x float> (elements 0..7, 8..15)."""
+    b = k.b
+    return [b.sitofp(b.sext(k.shuffle(v16, None, list(range(j, j + 8))), V8I32), V8F32) for j in (0, 8)]
+
+
+def _q4_1_sum(k: Kernel, a16: ir.Value, m: ir.Value) -> ir.Value:
+    """hw16(a16 + m) with the sum of the two fp16 values taken exactly (float64) and rounded once: the
+    overflow test is made on the exact sum; below it, rounding the float32 of the sum is the same as rounding
+    the sum (when float32 cannot hold it, the smaller term is under a quarter of an fp16 ulp of the larger)."""
+    b = k.b
+    halves = []
+    for j in (0, 4):
+        s = b.fadd(b.fpext(k.shuffle(a16, None, list(range(j, j + 4))), V4F64),
+                   b.fpext(k.shuffle(m, None, list(range(j, j + 4))), V4F64))
+        halves.append(s)
+    s64 = k.shuffle(halves[0], halves[1], list(range(8)))
+    s32 = b.fptrunc(s64, V8F32)
+    r = _hw16(k, s32)
+    mag = k.call("llvm.fabs.v8f64", vec(F64, 8), s64)
+    big = b.fcmp_ordered(">", mag, ir.Constant(vec(F64, 8), [65504.0] * 8))
+    bits = b.bitcast(s32, V8I32)
+    inf = b.bitcast(b.or_(b.and_(bits, splat(V8I32, -0x80000000)), splat(V8I32, 0x7F800000)), V8F32)
+    return b.select(big, inf, r)
+
+
+def _hmx_weight(module: ir.Module, kind: str) -> str:
+    """hmx_weight_<kind>(w, wstride, nb, out, ostride, r0, r1): out[r, 32*b + j] = the HMX fp16 weight value."""
+    name = f"hmx_weight_{kind}"
+    k = Kernel(module, name, [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("out", ptr(F32)), ("ostride", I64),
+                              ("r0", I64), ("r1", I64)])
+    b, a = k.b, k.a
+    with k.loop(a.r0, a.r1, name="row") as r:
+        rowp = k.gep(a.w, b.mul(r, a.wstride))
+        outp = k.gep(a.out, b.mul(r, a.ostride))
+        with k.loop(0, a.nb, name="blk") as blk:
+            base = k.gep(rowp, b.mul(blk, i64(BLOCK_BYTES[kind])))
+            d = k.broadcast(k.half_to_f32(k.load_as(base, I16, 0)), 8)
+            mv = k.broadcast(k.half_to_f32(k.load_as(base, I16, 2)), 8) if kind == "q4_1" else None
+            lo, hi = _codes_i8(k, kind, base)
+            parts = _eighths(k, lo) + _eighths(k, hi)
+            o = b.mul(blk, i64(QK))
+            for j, p in enumerate(parts):
+                v = _hw16(k, b.fmul(p, d))  # the product is exact in float32
+                if mv is not None:
+                    v = _q4_1_sum(k, v, mv)
+                k.store_vec(v, outp, b.add(o, i64(8 * j)))
+    k.ret()
+    return name
+
+
+# --- HVX vec_dot ---------------------------------------------------------------------------------------------
+
+HVX_ARGS = [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("x16", ptr(I16)), ("img", ptr(I8)), ("imgstride", I64),
+            ("kq", I64), ("m", I64), ("y", ptr(F32)), ("ystride", I64), ("ntotal", I64), ("r0", I64), ("r1", I64)]
+HVX_SIG = "v:piippiiipiiii"
+
+
+def _tree8(k: Kernel, ps: list[ir.Value]) -> ir.Value:
+    """8 x <8 x i32> -> <8 x i32>, lane j = the sum of the lanes of ps[j] (integers: exact in any order)."""
+    b = k.b
+    hadd = lambda u, v: k.call("llvm.x86.avx2.phadd.d", V8I32, u, v)  # noqa: E731
+    h01, h23, h45, h67 = hadd(ps[0], ps[1]), hadd(ps[2], ps[3]), hadd(ps[4], ps[5]), hadd(ps[6], ps[7])
+    lo, hi = hadd(h01, h23), hadd(h45, h67)
+    return b.add(k.shuffle(lo, hi, [0, 1, 2, 3, 8, 9, 10, 11]), k.shuffle(lo, hi, [4, 5, 6, 7, 12, 13, 14, 15]))
+
+
+def _reduce32(k: Kernel, acc: list[ir.Value], adjacent: ir.Value) -> ir.Value:
+    """32 lanes (4 x <8 x float>) -> float by the far tree (v[i] += v[i+h], h = 16, 8, 4, 2, 1) or, when
+    `adjacent`, the adjacent one (v[i] += v[i+d], d = 1, 2, 4, 8, 16): hvx_matmul.reduce_far / _adjacent."""
+    b = k.b
+    e = [b.extract_element(acc[i // 8], ir.Constant(I32, i % 8)) for i in range(32)]
+    far = list(e)
+    h = 16
+    while h >= 1:
+        far = [b.fadd(far[i], far[i + h]) for i in range(h)]
+        h //= 2
+    adj = list(e)
+    d = 1
+    while d < 32:
+        adj = [b.fadd(adj[i], adj[i + d]) if i % (2 * d) == 0 else adj[i] for i in range(32)]
+        d *= 2
+    return b.select(adjacent, adj[0], far[0])
+
+
+def _hvx_dot(module: ir.Module, kind: str) -> str:
+    """hvx_dot_<kind>(w, wstride, nb, x16, img, imgstride, kq, m, y, ystride, ntotal, r0, r1): y[i, n] for the
+    weight rows n in [r0, r1) and the m activation rows i: x16 (m, (nb+8)*32) int16 = the image's int8 quants
+    widened, zero past nb*32; the fp16 scales (Q4_1: (d, s) pairs) are read from the image rows (img, stride
+    imgstride) at byte kq. Each weight row's codes and scales are decoded once onto the stack."""
+    name = f"hvx_dot_{kind}"
+    k = Kernel(module, name, HVX_ARGS)
+    b, a = k.b, k.a
+    q41 = kind == "q4_1"
+    ngroups = b.sdiv(b.add(a.nb, i64(7)), i64(8))
+    npad = b.mul(ngroups, i64(8))
+    wq = b.alloca(I16, size=b.mul(npad, i64(QK)))   # the row's codes (int16), zero past nb
+    dw = b.alloca(F32, size=npad)                    # its d's, zero past nb
+    mw = b.alloca(F32, size=npad) if q41 else None
+    zero8 = ir.Constant(V8F32, [0.0] * 8)
+    with k.loop(a.nb, npad, name="pad") as p:
+        k.store(f32(0.0), dw, p)
+        if q41:
+            k.store(f32(0.0), mw, p)
+        for j in range(4):
+            k.store_vec(ir.Constant(V8I16, [0] * 8), wq, b.add(b.mul(p, i64(QK)), i64(8 * j)))
+    with k.loop(a.r0, a.r1, name="row") as n:
+        rowp = k.gep(a.w, b.mul(n, a.wstride))
+        with k.loop(0, a.nb, name="dec") as blk:
+            base = k.gep(rowp, b.mul(blk, i64(BLOCK_BYTES[kind])))
+            lo, hi = _codes_i8(k, kind, base)
+            o = b.mul(blk, i64(QK))
+            k.store_vec(b.sext(lo, V16I16), wq, o)
+            k.store_vec(b.sext(hi, V16I16), wq, b.add(o, i64(16)))
+            k.store(k.half_to_f32(k.load_as(base, I16, 0)), dw, blk)
+            if q41:
+                k.store(k.half_to_f32(k.load_as(base, I16, 2)), mw, blk)
+        last = b.and_(b.icmp_signed("==", b.srem(a.ntotal, i64(2)), i64(1)),
+                      b.icmp_signed("==", n, b.sub(a.ntotal, i64(1))))
+        with k.loop(0, a.m, name="act") as mi:
+            xrow = k.gep(a.x16, b.mul(mi, b.mul(npad, i64(QK))))
+            irow = k.gep(a.img, b.add(b.mul(mi, a.imgstride), a.kq))
+            acc = [k.var(V8F32, zero8, name=f"acc{j}") for j in range(4)]
+            with k.loop(0, ngroups, name="grp") as g:
+                ps = []
+                for j in range(8):
+                    o = b.mul(b.add(b.mul(g, i64(8)), i64(j)), i64(QK))
+                    ps.append(b.add(
+                        k.call("llvm.x86.avx2.pmadd.wd", V8I32, k.load_vec(wq, V16I16, o), k.load_vec(xrow, V16I16, o)),
+                        k.call("llvm.x86.avx2.pmadd.wd", V8I32, k.load_vec(wq, V16I16, b.add(o, i64(16))),
+                               k.load_vec(xrow, V16I16, b.add(o, i64(16))))))
+                ia = b.sitofp(_tree8(k, ps), V8F32)
+                b0 = b.mul(g, i64(8))
+                if q41:  # (d, s) pairs: 16 halves
+                    pairs = b.fpext(b.bitcast(k.load_vec(irow, vec(I16, 16), b.mul(b0, i64(4))), vec(F16, 16)),
+                                    vec(F32, 16))
+                    ad = k.shuffle(pairs, None, list(range(0, 16, 2)))
+                    asum = k.shuffle(pairs, None, list(range(1, 16, 2)))
+                else:
+                    ad = b.fpext(b.bitcast(k.load_vec(irow, V8I16, b.mul(b0, i64(2))), vec(F16, 8)), V8F32)
+                v = b.fmul(ia, b.fmul(ad, k.load_vec(dw, V8F32, b0)))  # d_w*d_x exact; one rounding each
+                if q41:
+                    v = b.fadd(v, b.fmul(asum, k.load_vec(mw, V8F32, b0)))
+                # sub-blocks past nb are masked (their lanes do not change): their scales may be garbage
+                live = b.icmp_signed("<", b.add(k.broadcast(b.trunc(b0, I32), 8), lanes(V8I32, range(8))),
+                                     k.broadcast(b.trunc(a.nb, I32), 8))
+                v = b.select(live, v, zero8)
+                slot = b.and_(g, i64(3))
+                for j in range(4):
+                    with k.if_(b.icmp_signed("==", slot, i64(j))):
+                        b.store(b.fadd(b.load(acc[j]), v), acc[j])
+            s = _reduce32(k, [b.load(x) for x in acc], last)
+            k.store(s, a.y, b.add(b.mul(mi, a.ystride), n))
+    k.ret()
+    return name
+
+
+def build() -> tuple[ir.Module, dict[str, str]]:
+    module = ir.Module(name="kazeia_simd_htp")
+    sigs = {}
+    for name, sig in ((_round_kernel(module), "v:ppii"),
+                      *((_hmx_weight(module, kind), "v:piipiii") for kind in BLOCK_BYTES),
+                      *((_hvx_dot(module, kind), HVX_SIG) for kind in BLOCK_BYTES)):
+        sigs[name] = sig
+        chunked(module, module.globals[name], name + "_par")  # the chunked twin, for the thread pool
+        sigs[name + "_par"] = sig[:-2] + "pii"
+    return module, sigs
