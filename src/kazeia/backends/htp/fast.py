@@ -16,6 +16,8 @@ from kazeia.backends import jit, native
 from kazeia.backends.htp.fp16 import check_arch, round_fp16_hw
 
 GGMLType = GGMLQuantizationType
+KIND = {GGMLType.Q4_0: 0, GGMLType.Q4_1: 1, GGMLType.Q8_0: 2, GGMLType.IQ4_NL: 3}  # type codes of htp/kernels.py
+
 NAMES = {GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q8_0: "q8_0", GGMLType.IQ4_NL: "iq4_nl"}
 ROUND_ROW = 1024                 # elements per row of the native rounding kernel
 PARALLEL_MIN_ELEMS = 1 << 18     # arrays (and weight row ranges) below this run on one thread
@@ -82,8 +84,6 @@ def hmx_weight_rows(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, out: np.nd
     k = lib()
     r, nb = b8.shape[0], b8.shape[1]
     if k is None or not out.flags.c_contiguous or b8.strides[2] != 1:
-        from kazeia.backends.htp.repack import KIND
-
         numba_kernels().hmx_weight_rows(b8, b16, KIND[qtype], iq4, lut, out)
         return
     args = (_ptr(b8), b8.strides[0], nb, _ptr(out), nb * 32)
@@ -100,8 +100,6 @@ def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray,
     lk = lib()
     img = np.asarray(image, dtype=np.uint8)
     if lk is None or b8.strides[2] != 1 or img.ndim != 2 or img.strides[1] != 1 or m == 0:
-        from kazeia.backends.htp.repack import KIND
-
         parsed = parse(image, k, m)
         aq, ad = parsed[0], parsed[1]
         asum = parsed[2] if len(parsed) > 2 else ad

@@ -21,6 +21,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kazeia.backends import jit
+from kazeia.backends.htp import fast
 from kazeia.backends.htp.fp16 import from_fp16_bits
 
 GGMLType = GGMLQuantizationType
@@ -34,7 +35,6 @@ WEIGHT_QTYPES = REPACK_QTYPES + (GGMLType.F16,)
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
 
 _Q4_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.IQ4_NL)
-KIND = {GGMLType.Q4_0: 0, GGMLType.Q4_1: 1, GGMLType.Q8_0: 2, GGMLType.IQ4_NL: 3}  # type codes of htp/kernels.py
 F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)  # fp16 bits -> value
 
 
@@ -292,8 +292,6 @@ class RepackedWeight:
         r1 = self.n if r1 is None else r1
         if self.qtype == GGMLType.F16:
             return from_fp16_bits(np.ascontiguousarray(self.ggml[r0:r1]).view(np.uint16))
-        from kazeia.backends.htp import fast
-
         b8, b16 = self.blocks(r0, r1)
         out = np.empty((b8.shape[0], self.nsub, QK), dtype=np.float32)
         fast.hmx_weight_rows(b8, b16, self.qtype, out, IQ4_NL_VALUES, F16_LUT)
