@@ -21,11 +21,13 @@ On a synchronous backend enqueue and start are the same moment.
 
 On disk (format FORMAT, version VERSION), DIR holds `index.json`, one directory per capture with a
 `manifest.json` (JSON only), and `blobs/<sha256>.npy|.npz`: content-addressed arrays (weights are stored once
-however many dumps use them). Loading verifies the format, the version and every content hash, and never
-executes anything from the files (JSON, and numpy files with allow_pickle=False): a corrupt, truncated or
-foreign dump is a `DumpFileError`.
+however many dumps use them). Loading verifies the format, the version, every field against the schema (types,
+ranges, sizes within the CLI's limits, before anything is allocated) and every blob's content hash (the batch
+context's too, which only --with-context reads), and never executes anything from the files (JSON, and numpy
+files with allow_pickle=False): a corrupt, truncated, forged or foreign dump is a `DumpFileError`.
 
-The parts: `format` (names, versions, tensor and settings descriptions, manifests), `blobs` (the blob store),
+The parts: `format` (names, versions, tensor and settings descriptions, manifests), `schema` (the checks of
+every field), `blobs` (the blob store),
 `hook` (DumpHook and the --dump flags), `context` (the batch context), `load` (loading and validation) and
 `diff` (enqueue-time against completion-time captures).
 """

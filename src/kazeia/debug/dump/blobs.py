@@ -4,14 +4,31 @@ dumps use it, verified against its hash when loaded (numpy files only, with allo
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from kazeia.errors import DumpFileError
+
+MAX_BLOB_BYTES = 1 << 32  # the dump schema's largest tensor (debug/dump/schema.py MAX_TENSOR_BYTES)
+
+
+def _check_npz_header(path: Path, dtype: np.dtype, shape: tuple[int, ...], where: str) -> None:
+    """The array header inside a compressed blob must be the one the manifest names (a small file could
+    otherwise decompress into any size)."""
+    with zipfile.ZipFile(path) as z, z.open("a.npy") as f:
+        version = np.lib.format.read_magic(f)
+        hdr = np.lib.format.read_array_header_1_0(f) if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0(f)
+    got_shape, fortran, got_dtype = hdr
+    if tuple(got_shape) != tuple(shape) or got_dtype != dtype or fortran:
+        raise DumpFileError(f"{where}: blob {path.name} holds {got_dtype}{list(got_shape)}, the manifest says "
+                            f"{dtype}{list(shape)}")
 
 
 def array_digest(a: np.ndarray) -> str:
@@ -71,12 +88,18 @@ class BlobStore:
         path = self.root / rel
         if not path.is_file():
             raise DumpFileError(f"{where}: missing blob {path}")
+        if dtype.hasobject or dtype.itemsize * math.prod(shape) > MAX_BLOB_BYTES:
+            raise DumpFileError(f"{where}: blob {path.name} would hold {dtype}{list(shape)}, over the limit of "
+                                f"{MAX_BLOB_BYTES} bytes")
         try:
             if rel.endswith(".npz"):
+                _check_npz_header(path, dtype, shape, where)  # before decompressing anything
                 with np.load(path, allow_pickle=False) as z:
                     a = z["a"]
             else:  # memory-mapped: a dump of many weights need not sit in RAM
                 a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except DumpFileError:
+            raise
         except Exception as e:  # numpy raises ValueError/OSError/EOFError/zipfile errors on bad files
             raise DumpFileError(f"{where}: blob {path.name} is corrupt or truncated ({type(e).__name__})") from None
         if a.dtype != dtype or a.shape != shape:
@@ -85,6 +108,11 @@ class BlobStore:
         if array_digest(a) != digest:
             raise DumpFileError(f"{where}: blob {path.name} does not match its content hash (corrupt)")
         return a
+
+    def verify(self, ref: dict, where: str) -> None:
+        """Existence, size and content hash of a blob loaded later (memory-mapped: nothing stays in RAM)."""
+        self.check_present(ref, where)
+        self.get(ref, where)
 
     def check_present(self, ref: dict, where: str) -> None:
         """Cheap check (existence and size) for blobs loaded later."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from kazeia.debug.dump import schema
 from kazeia.debug.dump.blobs import BlobStore
 from kazeia.debug.dump.format import CAPTURES, FORMAT, VERSION, manifest_digest
 from kazeia.errors import DumpFileError, KazeiaError
@@ -155,8 +156,8 @@ def _read_json(path: Path, what: str) -> dict:
         raise DumpFileError(f"{path}: cannot read the {what}: {e.strerror}") from None
     try:
         obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise DumpFileError(f"{path}: the {what} is not valid JSON (corrupt or truncated)") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise DumpFileError(f"{path}: the {what} is not valid JSON (corrupt, truncated or nested too deep)") from None
     if not isinstance(obj, dict):
         raise DumpFileError(f"{path}: the {what} is not a JSON object (foreign file)")
     return obj
@@ -179,6 +180,7 @@ def _check_format(obj: dict, path: Path) -> None:
 def _entry_dirs(root: Path) -> list[Path]:
     idx = _read_json(root / "index.json", "dump index")
     _check_format(idx, root / "index.json")
+    schema.validate(schema.index, idx, root / "index.json")
     entries = idx.get("entries")
     if not isinstance(entries, list):
         raise DumpFileError(f"{root / 'index.json'}: the dump index has no entry list")
@@ -238,8 +240,16 @@ def _load_entry(root: Path, entry: Path) -> Dump:
         raise DumpFileError(f"{entry}: missing manifest.json")
     m = _read_json(man_path, "dump manifest")
     _check_format(m, man_path)
-    if m.get("digest") != manifest_digest(m):
+    try:
+        digest = manifest_digest(m)
+    except ValueError:  # NaN or infinity in the JSON
+        raise DumpFileError(f"{man_path}: the manifest holds a non-finite number") from None
+    if m.get("digest") != digest:
         raise DumpFileError(f"{man_path}: the manifest does not match its digest (corrupt or edited)")
+    # every field against the schema (types, ranges, sizes) before anything is allocated from it
+    schema.validate(schema.manifest, m, man_path)
+    if m.get("output") and not schema.same_tensor(m["node"], m["output"]):
+        raise DumpFileError(f"{man_path}: the output record describes another tensor than the node")
     for k in ("id", "capture", "node", "device", "sources"):
         if k not in m:
             raise DumpFileError(f"{man_path}: the manifest lacks {k!r}")
@@ -257,8 +267,8 @@ def _load_entry(root: Path, entry: Path) -> Dump:
             refs = [ctx["vtcm"], *ctx["memory"]]
         except (KeyError, TypeError):
             raise DumpFileError(f"{man_path}: malformed batch context") from None
-        for r in refs:
-            store.check_present(r, f"{where} context")
+        for r in refs:  # verified now: a plain replay reads none of them, and must still notice a damaged one
+            store.verify(r, f"{where} context")
     return Dump(entry, root, m, srcs, out, before, store)
 
 

@@ -80,7 +80,8 @@ def run_watched(backend: Backend, target: Tensor, ex: Execution, run) -> np.ndar
         ex.error = str(e)
     except KazeiaError as e:
         ex.error = str(e)
-    except (ArithmeticError, IndexError, ValueError, TypeError) as e:  # a kernel refusing its inputs
+    except (ArithmeticError, LookupError, ValueError, TypeError, AttributeError, MemoryError) as e:
+        # a kernel refusing its inputs (a dump's params and shapes are only what the file says)
         ex.error = f"{type(e).__name__}: {e}"
     finally:
         backend.hooks.remove(watch)
@@ -102,13 +103,21 @@ def run_watched(backend: Backend, target: Tensor, ex: Execution, run) -> np.ndar
     return _output_of(backend, target)
 
 
+def _supports(backend: Backend, node: Tensor) -> bool:
+    """backend.supports, False for a node it cannot even inspect (a dump whose sources do not fit its op)."""
+    try:
+        return backend.supports(node)
+    except (LookupError, ValueError, TypeError, AttributeError):
+        return False
+
+
 def run_alone(dump: Dump, device: str, settings: Any, mode: str = "alone") -> Execution:
     """Run the dumped op on `device` in a fresh backend, judged later; `mode` names the execution."""
     node = materialize(dump)
     backend = make_backend(device, settings)
     ex = Execution(mode, backend.name, getattr(settings, "profile", None) if backend.name == "HTP0" else None)
     backend.node_index = {id(node): dump.graph_index}
-    if not backend.supports(node):
+    if not _supports(backend, node):
         ex.error = f"{backend.name} does not support this op ({dump.desc} {dump.node['type']}{dump.node['ne']})"
         backend.close()
         return ex
@@ -128,7 +137,7 @@ def reference_run(dump: Dump) -> tuple[Execution, float | None]:
     be = RefBackend()
     ex = Execution("reference", "REF")
     be.node_index = {id(node): dump.graph_index}
-    if not be.supports(node):
+    if not _supports(be, node):
         ex.error = f"REF does not support this op ({dump.desc})"
         return ex, None
 

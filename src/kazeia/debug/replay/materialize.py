@@ -1,6 +1,7 @@
-"""Rebuilding dumped tensors: at their original buffer offsets, in buffers with the original addresses (so in-place
-aliasing and the HTP's descriptor de-duplication are what they were), each buffer only as large as the bytes
-used."""
+"""Rebuilding dumped tensors: at their original data addresses (so in-place aliasing and the HTP's descriptor
+de-duplication are what they were), each buffer holding only the bytes used: a buffer starts at the lowest byte
+its tensors touch (its address moved up by as much, every offset down), so a tensor far into a large buffer (a
+late layer's KV cache view, or a forged offset) costs only its own bytes."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from kazeia.errors import DumpFileError
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor
 
 
-def tensor_from_meta(meta: dict, buf: Buffer) -> Tensor:
+def tensor_from_meta(meta: dict, buf: Buffer, start: int = 0) -> Tensor:
+    """The described tensor in `buf`, a buffer holding the recorded one's bytes from `start` on."""
     return Tensor(type=GGMLType[meta["type"].upper()], ne=tuple(meta["ne"]), nb=tuple(meta["nb"]),
                   name=meta["name"], op=meta.get("op", "NONE"), params=dict(meta.get("params") or {}),
                   flags=int(meta.get("flags", 0)), weight_name=meta.get("weight_name"), layer=meta.get("layer"),
-                  buffer=buf, offset=int(meta["offset"]))
+                  buffer=buf, offset=int(meta["offset"]) - start)
 
 
 def extent_end(meta: dict) -> int:
@@ -25,10 +27,23 @@ def extent_end(meta: dict) -> int:
     return int(meta["offset"]) + read_bytes(t)
 
 
-def make_buffer(meta: dict, size: int) -> Buffer:
+def make_buffer(meta: dict, size: int, start: int = 0) -> Buffer:
+    """The recorded buffer's bytes [start, start + size)."""
     b = Buffer(meta["name"], np.zeros(max(size, 1), dtype=np.uint8), BufferUsage[meta["usage"]])
-    b.base_addr = int(meta["base_addr"])  # the original address: descriptor de-duplication keys on it
+    b.base_addr = int(meta["base_addr"]) + start  # data addresses as recorded: descriptor de-duplication keys on them
     return b
+
+
+class _Extents:
+    """The bytes [lo, hi) used in each buffer."""
+
+    def __init__(self) -> None:
+        self.lo: dict = {}
+        self.hi: dict = {}
+
+    def add(self, key, start: int, end: int) -> None:
+        self.lo[key] = min(self.lo.get(key, start), start)
+        self.hi[key] = max(self.hi.get(key, end), end)
 
 
 def _write_values(t: Tensor, values: np.ndarray) -> None:
@@ -43,20 +58,20 @@ def materialize(dump: Dump, use_output_before: bool = True) -> Tensor:
     with the original addresses (each buffer only as large as the bytes used)."""
     records: list[TensorRecord] = [s for s in dump.sources if s is not None]
     metas = [dump.node] + [r.meta for r in records]
-    sizes: dict[int, int] = {}
+    used = _Extents()
     bmeta: dict[int, dict] = {}
     for m in metas:
         addr = int(m["buffer"]["base_addr"])
         bmeta[addr] = m["buffer"]
-        sizes[addr] = max(sizes.get(addr, 0), extent_end(m))
+        used.add(addr, int(m["offset"]), extent_end(m))
     for r in records:
         if r.span is not None:
-            addr = int(r.meta["buffer"]["base_addr"])
-            sizes[addr] = max(sizes[addr], r.span_start + r.span.size)
-    bufs = {addr: make_buffer(bmeta[addr], size) for addr, size in sizes.items()}
+            used.add(int(r.meta["buffer"]["base_addr"]), r.span_start, r.span_start + r.span.nbytes)
+    bufs = {addr: make_buffer(bmeta[addr], used.hi[addr] - lo, lo) for addr, lo in used.lo.items()}
 
     def tensor(m: dict) -> Tensor:
-        return tensor_from_meta(m, bufs[int(m["buffer"]["base_addr"])])
+        addr = int(m["buffer"]["base_addr"])
+        return tensor_from_meta(m, bufs[addr], used.lo[addr])
 
     node = tensor(dump.node)
     before = dump.output_before
@@ -69,7 +84,9 @@ def materialize(dump: Dump, use_output_before: bool = True) -> Tensor:
             continue
         t = tensor(rec.meta)
         if rec.span is not None:  # gap bytes first, then the logical values (the same bytes, read via ne/nb)
-            t.buffer.data[rec.span_start:rec.span_start + rec.span.size] = rec.span.reshape(-1).view(np.uint8)
+            s = rec.span_start - used.lo[int(rec.meta["buffer"]["base_addr"])]
+            raw = np.ascontiguousarray(rec.span).reshape(-1).view(np.uint8)
+            t.buffer.data[s:s + raw.size] = raw
         if rec.values is not None:
             _write_values(t, rec.values)
         srcs.append(t)
@@ -80,19 +97,21 @@ def materialize(dump: Dump, use_output_before: bool = True) -> Tensor:
 def context_tensors(dump: Dump, ctx: dict) -> tuple[dict[int, Tensor], list[Buffer]]:
     """The batch context's tensors (by key) in its buffers, which hold the memory the batch read at its start."""
     bufs_meta = ctx["buffers"]
-    sizes = [0] * len(bufs_meta)
+    used = _Extents()
     for t in ctx["tensors"]:
-        bi = int(t["buffer_index"])
-        sizes[bi] = max(sizes[bi], extent_end(t))
+        used.add(int(t["buffer_index"]), int(t["offset"]), extent_end(t))
     blobs = []
     for r in ctx["memory"]:
         a = dump.load_blob(r, f"context memory @{r.get('offset')}")
         raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         bi = int(r["buffer"])
-        sizes[bi] = max(sizes[bi], int(r["offset"]) + raw.size)
+        used.add(bi, int(r["offset"]), int(r["offset"]) + raw.size)
         blobs.append((bi, int(r["offset"]), raw))
-    bufs = [make_buffer(m, s) for m, s in zip(bufs_meta, sizes)]
+    bufs = [make_buffer(m, used.hi.get(bi, 0) - used.lo.get(bi, 0), used.lo.get(bi, 0))
+            for bi, m in enumerate(bufs_meta)]
     for bi, off, raw in blobs:
-        bufs[bi].data[off:off + raw.size] = raw
-    tensors = {int(t["key"]): tensor_from_meta(t, bufs[int(t["buffer_index"])]) for t in ctx["tensors"]}
+        s = off - used.lo[bi]
+        bufs[bi].data[s:s + raw.size] = raw
+    tensors = {int(t["key"]): tensor_from_meta(t, bufs[int(t["buffer_index"])], used.lo[int(t["buffer_index"])])
+               for t in ctx["tensors"]}
     return tensors, bufs

@@ -51,6 +51,7 @@ def _recorded_settings(dump: Dump, rec: dict) -> Any:
     kw["faults"] = tuple(kw.get("faults") or ())
     kw["farf"] = False
     kw["verbose"] = 0
+    kw["dump"] = None  # a replay writes no GGML_HEXAGON_DUMP captures (nor anywhere a dump file names)
     try:
         return HtpSettings(**kw)
     except TypeError as e:
