@@ -145,3 +145,30 @@ def test_ngl_puts_the_last_layers_on_the_device(tiny_qwen3_q4):
     assert one["ffn_out-1"] == one["Qcur-1"] == "HTP0" and one["result_norm"] == "CPU"  # output layer: N > 2 only
     assert _placements(tiny_qwen3_q4, 2)["result_norm"] == "CPU" and _placements(tiny_qwen3_q4, 3) == full
     assert set(_placements(tiny_qwen3_q4, 0).values()) == {"CPU"}
+
+
+def _dump_o_proj_0(model: str, tmp, seed: int | None) -> np.ndarray:
+    d = tmp / f"dump{seed}"
+    e = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_DUMP": r"weight=blk\.0\.attn_output", "KAZEIA_HTP_DUMP_DIR": str(d)}
+    if seed is not None:
+        e["KAZEIA_HTP_RACE_SEED"] = str(seed)
+    with redirect_stderr(io.StringIO()):
+        res = run(RunSpec(model=model, n_prompt=38, device="HTP0", htp_profile="2026-05", env=e))
+    assert res.death and res.death["faulting"] == "ffn_out-0"
+    return np.fromfile(d / "kz_act.bin", dtype=np.float32)
+
+
+@pytest.mark.slow
+def test_the_seed_dump_is_the_kq_mask_or_the_finished_output(q4b2, tmp_path):
+    """The seed's o_proj (layer 0, 38 tokens): an enqueue-time dump holds the F32 KQ mask's 38 x 256 values (741
+    zeros, 8987 -inf) in a field of zeros (94.2 %), unless the attention had finished by then; the timing decides
+    which, never a third thing."""
+    mask_run, fresh_run = _dump_o_proj_0(q4b2, tmp_path, 0), _dump_o_proj_0(q4b2, tmp_path, 29)  # (seeds that race so)
+    assert mask_run.size == 4096 * 38
+    assert int((mask_run == 0).sum()) == 146661 and int(np.isneginf(mask_run).sum()) == 8987
+    assert round(float((mask_run == 0).mean()) * 100, 1) == 94.2
+    head = mask_run[:256 * 38].reshape(38, 256)  # the mask's rows: token t sees cells 0..t
+    assert all((head[t, : t + 1] == 0).all() and np.isneginf(head[t, t + 1:]).all() for t in range(38))
+    assert np.isfinite(fresh_run).all() and (fresh_run != 0).mean() > 0.99  # the attention output
+    unpinned = _dump_o_proj_0(q4b2, tmp_path, None)
+    assert np.array_equal(unpinned, mask_run) or np.array_equal(unpinned, fresh_run)

@@ -52,6 +52,12 @@ class FactsHook(Hook):
         self.ops: dict[str, OpFacts] = {}
         self.order: list[str] = []
         self.fault: OpFacts | None = None
+        self.described: dict[str, str] = {}  # every enqueued node (run or not): "MUL_MAT of blk.1.attn_output.weight"
+
+    def on_enqueue(self, node: Tensor, info: OpInfo) -> None:
+        w = node.src[0] if node.op == "MUL_MAT" else None
+        self.described[node.name] = f"{node.desc()} of {w.weight_name}" if w is not None and w.weight_name \
+            else node.desc()
 
     def _facts(self, node: Tensor, info: OpInfo) -> OpFacts:
         f = self.ops.get(node.name)

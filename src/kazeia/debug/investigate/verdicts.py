@@ -50,7 +50,9 @@ def death_verdict(cx: Context) -> None:
     name = f.faulting or "an unidentified op"
     part = f"The faulting op is {name}" + (f" ({fo.shape()})" if fo is not None and fo.m is not None else "")
     if f.last_enqueued_team and f.last_enqueued_team != name:
-        part += f", not {f.last_enqueued_team} (which the OPBATCH=1 log pointed at)"
+        blamed = f.facts.described.get(f.last_enqueued_team) if f.facts is not None else None
+        part += (f", not {f.last_enqueued_team}, the {blamed}, which the OPBATCH=1 log pointed at" if blamed else
+                 f", not {f.last_enqueued_team} (which the OPBATCH=1 log pointed at)")
     parts = [part + "."]
     if f.plan is not None and dies(f.plan):
         cx.inv.mechanism = mechanism(cx)
