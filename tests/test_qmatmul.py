@@ -108,6 +108,28 @@ def test_gemv_int16_activations_are_nearly_exact(qtype, k, m, kernels):
 
 
 @pytest.mark.skipif(not HAVE_SIMD, reason="no AVX2/FMA/F16C on this host")
+@pytest.mark.parametrize("qtype", Q.GEMV_TYPES, ids=lambda t: t.name)
+def test_native_gemm_every_m_and_partial_panels(qtype, monkeypatch):
+    """The native GEMM (M > GEMV_MAX_M) for every M up to 20 (its 3-row micro-kernel and the 1-row tail),
+    N = 16k + 1..15 (partial panels), K = 800 (not a multiple of 256), a strided x and a column view of the
+    output: nearly exact against float64, and bitwise the rows of the same product computed by row subsets."""
+    k = 800
+    for n in (13, 16, 45):
+        raw, wv = weight_rows(qtype, n, k, seed=n)
+        xt = (np.random.default_rng(n).standard_normal((k, 20)) * np.linspace(0.1, 20, k)[:, None]).astype(np.float32)
+        x = xt.T  # (20, K), not contiguous
+        for m in range(Q.GEMV_MAX_M + 1, 21):
+            out = np.full((m, n + 9), np.nan, dtype=np.float32)
+            Q.weight_matmul(raw, qtype, k, x[:m], out[:, 4:4 + n])
+            assert nmse(out[:, 4:4 + n], x[:m].astype(np.float64) @ wv.T) <= 1e-7, (n, m)
+            assert np.isnan(out[:, :4]).all() and np.isnan(out[:, 4 + n:]).all()
+            if m >= 2 * (Q.GEMV_MAX_M + 1):  # an output row does not depend on which rows share its call
+                half = m // 2
+                parts = [Q.weight_matmul(raw, qtype, k, x[a:b]) for a, b in ((0, half), (half, m))]
+                assert np.array_equal(np.concatenate(parts), out[:, 4:4 + n])
+
+
+@pytest.mark.skipif(not HAVE_SIMD, reason="no AVX2/FMA/F16C on this host")
 def test_native_activation_codes_are_the_portable_ones(monkeypatch):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((3, 800)) * np.linspace(0.01, 30, 800)).astype(np.float32)
@@ -142,14 +164,16 @@ def test_bitwise_deterministic(qtype, kernels, monkeypatch):
     x1, x64 = rng.standard_normal((1, 2560)).astype(np.float32), rng.standard_normal((64, 2560)).astype(np.float32)
     x5 = rng.standard_normal((5, 2560)).astype(np.float32)
     try:
-        for x in (x1, x5):
+        for x in (x1, x5, x64):  # the GEMV, and the native GEMM from M = 5
             set_threads(1)
             one = Q.weight_matmul(raw, qtype, 2560, x)
             set_threads(2)
             two = Q.weight_matmul(raw, qtype, 2560, x)
             monkeypatch.setattr(Q, "GEMV_CHUNK", 8)
+            monkeypatch.setattr(Q, "GEMM_CHUNK", 16)
             small_chunks = Q.weight_matmul(raw, qtype, 2560, x)
             monkeypatch.setattr(Q, "GEMV_CHUNK", 64)
+            monkeypatch.setattr(Q, "GEMM_CHUNK", 32)
             assert np.array_equal(one, two)  # each output: one thread, one order
             assert np.array_equal(one, small_chunks)
         assert np.array_equal(Q.weight_matmul(raw, qtype, 2560, x64), Q.weight_matmul(raw, qtype, 2560, x64))

@@ -9,6 +9,11 @@
   below test-backend-ops' 5e-4 and the 1e-5 the whole-model tests allow. Per block the dot of the 4/8-bit
   codes with the int16 activations is an exact int32, scaled by d_w * d_x into float32 accumulators. Each
   output is computed by one thread in one fixed order, so results do not depend on the thread count.
+- larger M on Q4_0 / Q4_1 / Q8_0 (prefill): the AVX2 GEMM (simd_gemm.py) on the same int16 activations, per
+  panel of 16 weight rows unpacked once into int16 pairs and multiplied by pmaddwd (16 multiply-adds per
+  instruction where an fp32 FMA does 8): exact int32 block dots, each output's blocks summed in order by one
+  thread, so the same at any thread count. Its threads claim panels from an atomic counter, where BLAS's
+  threads wait for each other (a descheduled BLAS thread on this shared 2-core machine costs 5-10x).
 - otherwise: tiles of weight rows are dequantized (exact: the values gguf-py gives) into a cache-sized
   float32 scratch that numpy's BLAS multiplies. The K reduction is BLAS's, per output element, for a fixed
   tile shape: deterministic at a fixed thread count.
@@ -32,7 +37,7 @@ from kazeia.engine.threads import single_blas_thread
 from kazeia.gguf.quants import dequantize
 
 T = GGMLQuantizationType
-GEMV_MAX_M = 8           # rows of x up to which the GEMV beats dequantize + BLAS (measured, bench/README)
+GEMV_MAX_M = 4           # rows of x up to which the GEMV beats the native GEMM (measured, bench/README)
 PORTABLE_GEMV_MAX_M = 2  # the same for the numba kernels
 GEMV_MAX_K = 1 << 16     # the native GEMV quantizes x on the thread's stack: at most 4 x 64K int16 (512 KiB)
 TILE_BYTES = 4 << 20     # float32 scratch per dequantized tile (about L3 / 8: BLAS packs it anyway)
@@ -41,6 +46,7 @@ SMALL_GEMM_M = 16    # x rows up to which the tiled path's GEMMs run on one BLAS
 GEMV_TYPES = (T.Q4_0, T.Q4_1, T.Q8_0)
 NATIVE_DEQUANT = {T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q8_0: "q8_0", T.F16: "f16", T.BF16: "bf16"}
 GEMV_CHUNK = 64      # weight rows per claimed chunk of the parallel GEMV (a multiple of 8: 8-row groups)
+GEMM_CHUNK = 32      # weight rows per claimed chunk of the parallel GEMM (a multiple of its 16-row panels)
 PARALLEL_MIN_BYTES = 1 << 20  # weights below this are multiplied on one thread (a hand-off costs ~10-30 us)
 
 _F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)  # fp16 bits -> value
@@ -54,6 +60,10 @@ def _k():
 def _lib():
     """The AVX2 kernels, or None on a host (or with KAZEIA_SIMD=0) where the portable ones run."""
     return native.library("kazeia.backends.simd_cpu") if native.available() else None
+
+
+def _gemm_lib():
+    return native.library("kazeia.backends.simd_gemm") if native.available() else None
 
 
 def _ptr(a: np.ndarray) -> int:
@@ -115,7 +125,10 @@ class WeightSet:
         m = x.shape[0]
         if out is None:
             out = np.empty((m, self.n), dtype=np.float32)
-        lib = _lib() if self.kind is not None and m <= GEMV_MAX_M else None
+        if self.kind is not None and m > GEMV_MAX_M and (glib := _gemm_lib()) is not None:
+            self._gemm(glib, x, out)
+            return out
+        lib = _lib() if self.kind is not None else None
         if lib is None:
             for (raw, qt, k), c0, c1 in zip(self.weights, self.cols[:-1], self.cols[1:]):
                 weight_matmul(raw, qt, k, x, out[:, c0:c1])
@@ -134,6 +147,22 @@ class WeightSet:
             out[...] = y
         return out
 
+    def _gemm(self, lib, x: np.ndarray, out: np.ndarray) -> None:
+        """out = x @ W^T by the native GEMM, one parallel call per weight into its columns."""
+        m = x.shape[0]
+        xq, xd, xs = quantize_activations(x)
+        y = out if out.strides[1] == 4 else np.empty(out.shape, dtype=np.float32)
+        fn = lib[f"gemm_{self.kind}_par"]
+        parallel = native.threads() > 1
+        for (raw, _, _), c0 in zip(self.weights, self.cols):
+            n = raw.shape[0]
+            ctr = np.zeros(1, dtype=np.int64)
+            args = (_ptr(raw), raw.strides[0], self.k // QK, _ptr(xq), _ptr(xd), _ptr(xs), m,
+                    _ptr(y) + 4 * int(c0), y.strides[0] // 4, _ptr(ctr), n, GEMM_CHUNK)
+            native.run(fn, args, parallel and m * raw.nbytes >= 4 * PARALLEL_MIN_BYTES)
+        if y is not out:
+            out[...] = y
+
 
 def weight_matmul(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """y (M, N) = x (M, K) @ W^T for the weight rows `raw` (N, row_bytes) of type `qtype`; `out` may be a
@@ -149,11 +178,11 @@ def weight_matmul(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndar
         np.matmul(x, w.T, out=out)
         return out
     lib = _lib()
-    if qtype in GEMV_TYPES and m <= (GEMV_MAX_M if lib is not None and k <= GEMV_MAX_K else PORTABLE_GEMV_MAX_M):
-        if lib is not None:
-            WeightSet([(raw, qtype, k)]).matmul(x, out)
-        else:
-            _gemv(raw, qtype, k, x, out)
+    if qtype in GEMV_TYPES and lib is not None and (ws := WeightSet([(raw, qtype, k)])).kind is not None:
+        ws.matmul(x, out)
+        return out
+    if qtype in GEMV_TYPES and lib is None and m <= PORTABLE_GEMV_MAX_M:
+        _gemv(raw, qtype, k, x, out)
         return out
     _tiled(raw, qtype, k, x, out)
     return out
