@@ -5,12 +5,9 @@ Same results up to float32 rounding order; each falls back to the plain kernel o
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, rope_angles
-from kazeia.backends.qmatmul import SMALL_GEMM_M
 from kazeia.engine.threads import single_blas_thread
 from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
 from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
@@ -62,9 +59,10 @@ def _flash_attn_ext(be: NumpyOps, n: Tensor) -> None:
     mask = array(mt)[:, :, :T, : kt.ne[1]]  # (S|1, 1, T, n_kv), -inf where a row must not look
     seen = ~np.isneginf(mask).all(axis=(0, 1))  # (T, n_kv): a cell some row of the batch sees
     out = np.empty((S, T, H, vt.ne[0]), dtype=be.ft)
-    # decode-sized products are tiny GEMMs per KV head: one BLAS thread (two wait on each other, and on a shared
-    # machine for a descheduled worker, at every call)
-    with single_blas_thread() if T <= SMALL_GEMM_M else contextlib.nullcontext():
+    # one BLAS thread: the products are small GEMMs per KV head (T x D x n_kv), where two threads wait on each
+    # other at every call, and on a shared machine for a descheduled worker (measured at pp128 of the 4B
+    # model: 175 ms of CPU per layer with two threads)
+    with single_blas_thread():
         _fa_blocks(be, kt, vt, qs, mask, seen, out, S, Hkv, g, T, D, H)
     be.store(n, out)
 
