@@ -218,3 +218,13 @@ def _finiteness(a: np.ndarray) -> dict:
 def _death_reason(e: DeviceDeathError) -> str:
     cause = f" ({e.cause})" if e.cause else ""
     return f"{e}{cause}"
+
+
+def run_case_on(case: Case, backend: Backend, seed: int = 0, caches: Caches | None = None) -> Tensor:
+    """Build the case with its seeded inputs and compute it on `backend` (an existing device, whose state it
+    then leaves behind: the forensic experiments run it before the op they study); returns the case's output."""
+    built = build_case(case)
+    _Data(case, seed, caches or Caches()).materialize(built)
+    with np.errstate(all="ignore"):
+        _run_side(built, backend)
+    return built.out
