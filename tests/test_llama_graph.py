@@ -105,3 +105,29 @@ def test_names_pick_one_node(tiny):
     assert g.node("norm").src[0].name == f"l_out-{a.n_layer - 1}" and g.node("result_norm").src[0].name == "norm"
     # the last layer's FFN sees only the output row
     assert g.node(f"ffn_out-{a.n_layer - 1}").ne[1] == 1 and g.node("ffn_out-0").ne[1] == 10
+
+
+VIEW_OPS = {"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}  # no computation: the trace has no line for them
+
+
+def test_trace_of_a_run_is_that_list(tiny):
+    """What `kazeia trace` records for the same prompt, op by op, is llama-eval-callback's list without the views
+    (and plus the May graph's mask cast): the same names (kazeia's `#k` suffix taken off), ops and shapes, in the
+    same order. Unnamed llama.cpp nodes match by op and shape."""
+    import io
+
+    from kazeia.debug.runner import RunSpec, run
+    from kazeia.debug.trace import TraceHook
+
+    arch, model = tiny
+    want = [(r[0], r[2], r[7]) for r in parse(os.path.join(DATA, f"eval_callback_{arch}_tiny_f32.txt"))
+            if r[2] not in VIEW_OPS]
+    hook = TraceHook(None, io.StringIO())
+    res = run(RunSpec(model=model.path, prompt="Once upon a time there was a small model that"), hooks=(hook,))
+    assert res.ok
+    got = [(re.sub(r"#\d+$", "", r["name"]), r["op"], re.sub(r"^\w+\[|\]$", "", r["dst"]).replace(",", ", "))
+           for r in hook.records]
+    cast = [i for i, g in enumerate(got) if g[1] == "CPY"]
+    assert len(cast) == 1 and got[cast[0]][0] == "attn_inp_kq_mask (copy)" and got[cast[0]][2] == "256, 10, 1, 1"
+    del got[cast[0]]
+    assert [_unnamed(g) for g in got] == [_unnamed(w) for w in want]
