@@ -172,3 +172,19 @@ def test_the_seed_dump_is_the_kq_mask_or_the_finished_output(q4b2, tmp_path):
     assert np.isfinite(fresh_run).all() and (fresh_run != 0).mean() > 0.99  # the attention output
     unpinned = _dump_o_proj_0(q4b2, tmp_path, None)
     assert np.array_equal(unpinned, mask_run) or np.array_equal(unpinned, fresh_run)
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"KAZEIA_HTP_RACE_SEED": "-5"}, "KAZEIA_HTP_RACE_SEED=-5 must be"),
+    ({"KAZEIA_HTP_RACE_SEED": str(1 << 64)}, "must be an integer in 0 .. 2**64-1"),
+    ({"KAZEIA_HTP_RACE_SEED": "abc"}, "is not an integer"),
+    ({"GGML_HEXAGON_OPLOG": "3"}, "must be 0, 1"),
+    ({"GGML_HEXAGON_DUMP": "("}, "is not a valid regex"),
+    ({"KAZEIA_HTP_DUMP_LIMIT": "0"}, "must be >= 1"),
+])
+def test_bad_switches_are_one_line_errors(env, says):
+    from kazeia.backends.htp.settings import HtpSettings
+
+    with pytest.raises(KazeiaError, match=re.escape(says)):
+        HtpSettings.from_env(env=env)
+    assert HtpSettings.from_env(env={"KAZEIA_HTP_RACE_SEED": str((1 << 64) - 1)}).race_seed == (1 << 64) - 1

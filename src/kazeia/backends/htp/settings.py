@@ -92,6 +92,9 @@ class HtpSettings:
         dump_limit = _int(merged, "KAZEIA_HTP_DUMP_LIMIT", 16)
         if dump_limit < 1:
             raise KazeiaError("KAZEIA_HTP_DUMP_LIMIT must be >= 1")
+        race_seed = _int(merged, "KAZEIA_HTP_RACE_SEED", 0) if merged.get("KAZEIA_HTP_RACE_SEED") else None
+        if race_seed is not None and not 0 <= race_seed < 1 << 64:
+            raise KazeiaError(f"KAZEIA_HTP_RACE_SEED={race_seed} must be an integer in 0 .. 2**64-1")
         arch_raw = merged.get("GGML_HEXAGON_ARCH", "79").lstrip("vV")
         try:
             arch = int(arch_raw)
@@ -109,7 +112,7 @@ class HtpSettings:
             profile=profile or merged.get("KAZEIA_HTP_PROFILE") or "robust",
             faults=tuple(dict.fromkeys(fault_list)),
             farf=_int(merged, "GGML_HEXAGON_FARF", 0) != 0,
-            race_seed=_int(merged, "KAZEIA_HTP_RACE_SEED", -1) if merged.get("KAZEIA_HTP_RACE_SEED") else None,
+            race_seed=race_seed,
             oplog=oplog,
             dump=dump_pattern,
             dump_dir=merged.get("KAZEIA_HTP_DUMP_DIR") or ".",
