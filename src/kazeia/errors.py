@@ -51,7 +51,8 @@ class DeviceDeathError(KazeiaError):
     def to_dict(self) -> dict:
         """The death as a JSON-ready dict; `kind` is the fault class where the emulator set one."""
         return {"message": str(self), "code": self.code, "last_enqueued": self.last_enqueued,
-                "faulting": self.faulting, "cause": self.cause, "kind": getattr(self, "kind", None)}
+                "faulting": self.faulting, "cause": self.cause, "kind": getattr(self, "kind", None),
+                "detail": getattr(self, "detail", None), "crash_record": getattr(self, "crash_record", None)}
 
 
 class DeviceOpError(KazeiaError):

@@ -12,7 +12,7 @@ from kazeia import __version__
 from kazeia.errors import DeviceDeathError, KazeiaError
 
 SUBCOMMANDS = ["run", "make_model", "bench", "htp", "trace", "replay", "compare", "bisect", "determinism",
-               "oracle", "investigate"]
+               "oracle", "investigate", "crashlog"]
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     except DeviceDeathError as e:
         print(str(e), file=sys.stderr)
         print(death_attribution(e), file=sys.stderr)
+        record = getattr(e, "crash_record", None)
+        if record:  # on a device this is in logcat (adb logcat -s adsprpc), not on the terminal
+            print("kazeia: the cDSP crash record a device writes to logcat (adb logcat -s adsprpc):", file=sys.stderr)
+            print("\n".join(record), file=sys.stderr)
         if getattr(args, "verbose", False):
             traceback.print_exc()
         return e.exit_code

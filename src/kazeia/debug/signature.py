@@ -134,7 +134,7 @@ def _scale_fit(out: np.ndarray, ref: np.ndarray) -> tuple[float, float] | None:
     return c, res
 
 
-def _name_constant(c: float) -> str:
+def name_constant(c: float) -> str:
     """A constant, and the simple form it has when it has one (powers of two, 1/sqrt(d) of a head size)."""
     if c == 0:
         return "0"
@@ -232,7 +232,7 @@ def classify(out: np.ndarray, ref: np.ndarray, *, priors: dict[str, np.ndarray] 
     if fit is not None and "zeros" not in sig.names():
         c, res = fit
         if res < 5e-3 and abs(c - 1) > 5e-3:
-            classes.append(SigClass("scaled", f"exactly scaled by one constant c = {_name_constant(c)}",
+            classes.append(SigClass("scaled", f"exactly scaled by one constant c = {name_constant(c)}",
                                     [f"least-squares c = {c:.6g}; residual |out - c*ref|/|ref| = {res:.2g}"],
                                     MECHANISMS["scaled"], value=c))
     nf = ~np.isfinite(o) & np.isfinite(r)

@@ -24,10 +24,11 @@ from kazeia.backends.htp.settings import HtpSettings
 class DspFault(Exception):
     """Something that kills the DSP user process (PD): the emulated equivalent of an exception or abort."""
 
-    def __init__(self, kind: str, cause: str):
+    def __init__(self, kind: str, cause: str, detail: dict | None = None):
         super().__init__(cause)
         self.kind = kind  # "stack-overflow" | "bus-error" | "abort"
         self.cause = cause
+        self.detail = dict(detail or {})  # what the crash record shows: vtcm_offset (Bad VA), stack_used, the load
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Death:
     op_index: int  # index in its batch
     batch_seq: int
     graph_index: int
+    detail: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +95,7 @@ class Dsp:
         self.dma_stale_pop = False  # a DMA descriptor left outstanding by the previous op (fault injection)
         # timing races (fault injections only) come from here: run-dependent unless KAZEIA_HTP_RACE_SEED is set
         self.race = np.random.default_rng(settings.race_seed)
+        self.injector = None  # test deaths (engine/recovery.py: DeathInjector): tick() before each op
 
     def snapshot(self) -> DeviceState:
         return DeviceState(self.vtcm.mem.copy(), self.hmx_scale, self.dma_stale_pop,
@@ -135,9 +138,14 @@ class Dsp:
             if self.on_op_start:
                 self.on_op_start(op, batch)
             try:
+                injected = self.injector.tick() if self.injector is not None else None
+                if injected:
+                    raise DspFault("abort", injected)
                 rec = self.executor.execute(self, self.octx, op, batch)
             except DspFault as f:
-                self.death = Death(f.kind, f.cause, op.node.name, op.index, batch.seq, op.graph_index)
+                if f.kind == "stack-overflow":
+                    f.detail.setdefault("stack_used", self.octx.stack_used)
+                self.death = Death(f.kind, f.cause, op.node.name, op.index, batch.seq, op.graph_index, f.detail)
                 self.farf("ERROR", f"process exception: {f.kind}: {f.cause} (op #{op.index} {op.node.desc()})")
                 if self.on_op_fault:
                     self.on_op_fault(op, batch, f)

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kazeia.backends.htp.crash_record import crash_record
 from kazeia.backends.htp.oplog import OpDump, kzop_line
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
@@ -278,6 +279,8 @@ class HostSession:
                 faulting=d.op_name, cause=d.cause)
             err.batch_seq = batch.seq
             err.kind = d.kind
+            err.detail = d.detail
+            err.crash_record = crash_record(d.kind, d.detail)  # what logcat shows on a device
             err.batch_ops = [op.node.name for op in batch.ops]  # what the host sent in the failed batch
             self.dead = err
             raise err

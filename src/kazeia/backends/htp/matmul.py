@@ -17,7 +17,7 @@ import numpy as np
 
 from kazeia.backends.htp import cost, pipeline
 from kazeia.backends.htp import vtcm as V
-from kazeia.backends.htp.deep_loads import bank_crossings
+from kazeia.backends.htp.deep_loads import BANK_BYTES, bank_crossings
 from kazeia.backends.htp.dsp import Dsp, DspFault, OpContext, OpRecord
 from kazeia.backends.htp.fast import round_hw, shuffled_fp16
 from kazeia.backends.htp.hmx_matmul import (
@@ -128,8 +128,10 @@ class MatmulUnit:
             crossing = bank_crossings(plan)
             if crossing:
                 c = crossing[0]
+                boundary = (c.offset // BANK_BYTES + 1) * BANK_BYTES
                 raise DspFault("bus-error", f"precise bus error 0x2601: HMX {c.kind} load run 0x{c.offset:06x}-"
-                                            f"0x{c.end - 1:06x} crosses a 4 MiB VTCM bank ({node.name})")
+                                            f"0x{c.end - 1:06x} crosses a 4 MiB VTCM bank ({node.name})",
+                               {"vtcm_offset": boundary, **c.to_dict()})
         if batched or not (w.ne[2] == w.ne[3] == 1):
             y = self._hmx_batched_f16(node)
         else:
