@@ -20,20 +20,15 @@ from kazeia.debug.oracle.run import run_case
 from kazeia.debug.oracle.verdicts import DEATH
 
 # a record in the layout public reports quote, with the other line prefix and this test's own values
-PASTED = """\
-11-04 16:53:41.367  2780  2902 V adsprpc : adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: ###### Process on cDSP CRASHED!!!!!!! ######
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: --------------------- Crash Details are furnished below -----------
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: Process "/frpc/f0123450 llama-cli" crashed in thread "hmx-worker" due to precise exception occurrence
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: Crashed Shared Object "./libggml-htp-v73.so" load address : 0x30020000
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: Fault PC   :    0x30031234
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: LR         :    0x30030010
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: SP         :    0xA12340
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: Bad VA     :    0xD8400040
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: SSR        :    0x1970601
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: Error code :    0x2601
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: Call trace :
-adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: [<30031234>] some_kernel+0x34:     (./libggml-htp-v73.so)
-"""
+_PREFIX = "adsprpc:dsp: CDSP:platform_qdi_driver.c:792:0x191:1: "
+PASTED = "11-04 16:53:41.367  2780  2902 V adsprpc : " + "\n".join(_PREFIX + s for s in [
+    "###### Process on cDSP CRASHED!!!!!!! ######",
+    "--------------------- Crash Details are furnished below -----------",
+    'Process "/frpc/f0123450 llama-cli" crashed in thread "hmx-worker" due to precise exception occurrence',
+    'Crashed Shared Object "./libggml-htp-v73.so" load address : 0x30020000',
+    "Fault PC   :    0x30031234", "LR         :    0x30030010", "SP         :    0xA12340",
+    "Bad VA     :    0xD8400040", "SSR        :    0x1970601", "Error code :    0x2601", "Call trace :",
+    "[<30031234>] some_kernel+0x34:     (./libggml-htp-v73.so)"])
 
 
 def test_pasted_record_is_parsed_with_any_prefix():
