@@ -41,6 +41,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--strict", action="store_true",
                    help="no allowance for ggml's own activation conversion in MUL_MAT thresholds")
     g.add_argument("--problems-only", action="store_true", help="print only the rows that are not OK")
+    g.add_argument("--against", metavar="LOG", default=None,
+                   help="judge a device's llama-eval-callback log instead of running a device: the first tensor "
+                        "departing from the float64 reference beyond the device's numerics, with its signature")
+    g.add_argument("--tolerance", type=float, default=2e-2, metavar="REL",
+                   help="with --against: the device numerics allowed, relative to each tensor's rms (default 0.02)")
     add_common(p)
     p.set_defaults(func=main)
     return p
@@ -66,6 +71,10 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
 
 def main(args: argparse.Namespace) -> int:
     set_threads(args.threads)
+    if args.against:
+        from kazeia.cli.compare_against import main as against
+
+        return against(args)
     spec = spec_from_args(args)
     if args.prompt is not None and args.n_prompt is None:
         from kazeia.debug.runner import load_model, prompt_ids

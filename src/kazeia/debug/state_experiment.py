@@ -189,9 +189,9 @@ def _conclude(name: str, trials: list[Trial]) -> StateExperiment:
     scale_follows = all(t.scale is not None and abs(t.scale - t.registers.get("hmx_scale", np.nan))
                         <= 2e-3 * max(abs(t.scale), 1e-3) for t in [reset, *prev])
     if by_prev and scale_follows:
-        ev.append("in every trial the output is the clean output times the HMX output scale held before the op: "
-                  + ", ".join(f"{name_constant(t.registers['hmx_scale'])} -> x{t.scale:.6g}"
-                              for t in [reset, *prev]))
+        ev.append("in every trial the output is the clean output times the HMX output scale the device held "
+                  "before the op: " + "; ".join(f"{t.label}: scale register {name_constant(t.registers['hmx_scale'])}"
+                                                f", output x{t.scale:.6g}" for t in [reset, *prev]))
         return StateExperiment(name, trials, "state", "HMX output scale", ev)
     dma = [t for t in [reset, *prev] if t.registers.get("dma_stale_pop")]
     if by_prev and dma and all(t in by_prev for t in dma) and not by_vtcm and not by_race:

@@ -22,16 +22,18 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kazeia.debug.investigate.address import ADDRESS_GATE, CRASH
 from kazeia.debug.investigate.determinism import determinism_step
 from kazeia.debug.investigate.dumps import DUMP_FAULTING, DUMP_FIRST_BAD, REPLAY
 from kazeia.debug.investigate.findings import Findings, RoutingTrial
-from kazeia.debug.investigate.gate import DEATH_GATE, NUMERIC_GATE
+from kazeia.debug.investigate.gate import DEATH_GATE
 from kazeia.debug.investigate.hypotheses import DEATH_HYPOTHESES, NUMERIC_HYPOTHESES, Judged
 from kazeia.debug.investigate.localise import LOCALISE, MISATTRIBUTION
+from kazeia.debug.investigate.mechanism import MECHANISM_GATE, RACE, SIGNATURE, STATE
 from kazeia.debug.investigate.numbers import COMPARE
 from kazeia.debug.investigate.report import Hypothesis, Investigation, Step, write_report
 from kazeia.debug.investigate.reproduce import REPRODUCE
-from kazeia.debug.investigate.routing import ROUTE_CLASSES, ROUTE_FIRST_BAD
+from kazeia.debug.investigate.routing import ROUTE_CLASSES
 from kazeia.debug.investigate.rows import ROWS
 from kazeia.debug.investigate.table import Context, Progress, StepDef, run_table
 from kazeia.debug.investigate.trace import TRACE
@@ -51,9 +53,10 @@ class Branch:
 
 
 DEATH = Branch("device death", (LOCALISE, MISATTRIBUTION, TRACE, determinism_step(2), DUMP_FAULTING, REPLAY,
-                                ROUTE_CLASSES, PLAN, THRESHOLD, ROWS, DEATH_GATE), DEATH_HYPOTHESES, death_verdict)
-NUMERIC = Branch("wrong numbers", (COMPARE, TRACE, determinism_step(3), DUMP_FIRST_BAD, ROUTE_FIRST_BAD, NUMERIC_GATE),
-                 NUMERIC_HYPOTHESES, numeric_verdict)
+                                ROUTE_CLASSES, PLAN, CRASH, THRESHOLD, ROWS, ADDRESS_GATE, DEATH_GATE),
+               DEATH_HYPOTHESES, death_verdict)
+NUMERIC = Branch("wrong numbers", (COMPARE, TRACE, determinism_step(3), DUMP_FIRST_BAD, SIGNATURE, STATE, RACE,
+                                   MECHANISM_GATE), NUMERIC_HYPOTHESES, numeric_verdict)
 HEALTHY = Branch("no fault", (determinism_step(2),), (), healthy_verdict)
 
 

@@ -88,6 +88,7 @@ class Findings:
     plan: MatmulPlan | None = None
     plan_robust: MatmulPlan | None = None
     dsp_log: list[str] | None = None
+    crash: Any = None  # kazeia.debug.crashmap.Placement: the crash record's Bad VA on the plan map
     # failing prompt lengths
     predicted_ranges: list[tuple[int, int]] | None = None
     m_limit: int | None = None  # the largest M the prediction looked at
@@ -98,6 +99,10 @@ class Findings:
     # wrong numbers
     compare: Any = None  # kazeia.debug.compare.CompareReport
     first_bad: str | None = None
+    # mechanism (wrong numbers)
+    signature: Any = None  # kazeia.debug.signature.Signature of the first bad op's dumped output vs float64
+    state_exp: Any = None  # kazeia.debug.state_experiment.StateExperiment
+    race: Any = None  # kazeia.debug.race.RaceReport
 
     def trial(self, kind: str) -> RoutingTrial | None:
         """The routing trial of `kind`, if it was run."""

@@ -38,6 +38,8 @@ def overflow_groups(cx: Context) -> list[tuple[str, list[str], list[tuple[int, i
 
 def death_gate(cx: Context) -> tuple[str, str]:
     f = cx.findings
+    if cx.inv.gate.get("validated"):  # a narrower gate (by address) already validated
+        return f"kept the validated gate: {cx.inv.gate['description'].split('. ')[0]}", cx.inv.gate.get("flags", "")
     if f.plan is not None and dies(f.plan):
         groups = overflow_groups(cx)
         by_range: dict[str, list[str]] = {}

@@ -58,6 +58,9 @@ def death_verdict(cx: Context) -> None:
         cx.inv.mechanism = mechanism(cx)
         parts.append(f"Mechanism: {cx.inv.mechanism}.")
         cx.fact("mechanism", cx.inv.mechanism)
+    elif cx.inv.mechanism:  # set by the address step from the crash record
+        parts.append(f"Mechanism: {cx.inv.mechanism}.")
+        cx.fact("mechanism", cx.inv.mechanism)
     if f.failing_range:
         lo, hi = f.failing_range
         others = [r for r in f.predicted_ranges or [] if r != f.failing_range]
@@ -80,7 +83,9 @@ def numeric_verdict(cx: Context) -> None:
     if f.determinism is not None:
         parts.append("The run is deterministic." if f.determinism.deterministic else
                      f"The run is NOT deterministic: {f.determinism.message}.")
-    if f.replay is not None and f.replay.diagnosis():
+    if cx.inv.mechanism:
+        parts.append(f"Mechanism: {cx.inv.mechanism}.")
+    elif f.replay is not None and f.replay.diagnosis():
         parts.append(f"Replay: {f.replay.diagnosis()}.")
     cx.inv.verdict = _with_gate(cx, parts)
 

@@ -1,0 +1,36 @@
+"""kazeia compare --against LOG: a device's llama-eval-callback log judged against kazeia's float64 reference
+of the same model and prompt (the token ids the log lists, else -p / --n-prompt)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from kazeia.debug.runner import RunSpec
+from kazeia.errors import KazeiaError
+
+MAX_LOG_BYTES = 256 << 20
+
+
+def read_log(path: str) -> str:
+    if not os.path.isfile(path):
+        raise KazeiaError(f"{path}: not a regular file")
+    if os.path.getsize(path) > MAX_LOG_BYTES:
+        raise KazeiaError(f"{path}: larger than {MAX_LOG_BYTES >> 20} MiB")
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", errors="replace")
+
+
+def main(args: argparse.Namespace) -> int:
+    from kazeia.debug.evalcb import AgainstReport, compare_log, parse_log, reference_nodes
+
+    log, tokens = parse_log(read_log(args.against))
+    if not log:
+        raise KazeiaError(f"{args.against}: no llama-eval-callback tensor lines ('name = (type) OP(...) = {{ne}}')")
+    if tokens is None and args.prompt is None and args.n_prompt is None:
+        raise KazeiaError(f"{args.against} lists no token ids: give -p PROMPT or --n-prompt N")
+    spec = RunSpec(model=args.model, prompt=args.prompt, n_prompt=args.n_prompt, tokens=tokens, device="REF",
+                   ubatch=args.ubatch_size, ctx=args.ctx_size, flash_attn=args.flash_attn != "off")
+    rep = AgainstReport(compare_log(log, reference_nodes(spec), rel=args.tolerance), len(tokens or []))
+    print("\n".join(rep.lines()))
+    return 1 if rep.first_departure is not None else 0
