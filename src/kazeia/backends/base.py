@@ -109,5 +109,19 @@ class Backend:
         for h in self.hooks:
             h.on_complete(node, info)
 
+    # --- device sessions (engine/recovery.py) ---
+    @property
+    def dead(self) -> Exception | None:
+        """The error that ended this backend's session, or None (synchronous backends never die)."""
+        return None
+
+    def new_session(self, sync: bool = False) -> Backend:
+        """A fresh session of the same device with the same settings (`sync`: one op per batch, waited on)."""
+        return self
+
+    def set_death_injector(self, injector) -> bool:
+        """Let `injector.tick()` (called before each op the device starts) kill the session; False: no device."""
+        return False
+
     def close(self) -> None:
         """Release resources (device sessions)."""

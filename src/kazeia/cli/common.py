@@ -85,6 +85,9 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--stop-on-nonfinite", action="store_true",
                    help="stop at the first op whose output holds NaN, or an infinity none of its sources held "
                         "(a mask's -inf copied on is not one), and name it")
+    from kazeia.cli.routing import add_routing_args
+
+    add_routing_args(p)
     from kazeia.debug.dump import add_dump_args
 
     add_dump_args(p)
@@ -109,6 +112,7 @@ class Session:
     tok: GGUFTokenizer
     ctx: Context
     scheduler: Scheduler
+    injector: object | None = None  # --inject-death-*: engine/recovery.py DeathInjector
 
 
 def model_path(args: argparse.Namespace) -> str:
@@ -139,7 +143,11 @@ def open_session(args: argparse.Namespace, model: Model | None = None, device: s
     types = {"f16": GGMLType.F16, "f32": GGMLType.F32}
     ctx = Context(model, sched, n_ctx=n_ctx, n_ubatch=args.ubatch_size, flash_attn=args.flash_attn != "off",
                   type_k=types[args.cache_type_k], type_v=types[args.cache_type_v])
-    return Session(model, tok, ctx, sched)
+    session = Session(model, tok, ctx, sched)
+    from kazeia.cli.routing import install_routing
+
+    install_routing(args, session, model.path)
+    return session
 
 
 def prompt_tokens(args: argparse.Namespace, s: Session) -> list[int]:

@@ -12,7 +12,7 @@ from kazeia import __version__
 from kazeia.errors import DeviceDeathError, KazeiaError
 
 SUBCOMMANDS = ["run", "make_model", "bench", "htp", "trace", "replay", "compare", "bisect", "determinism",
-               "oracle", "investigate", "crashlog"]
+               "oracle", "investigate", "crashlog", "gate"]
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -104,6 +104,8 @@ class Context:
         self._graphs: dict[tuple[int, int, int], _BuiltGraph] = {}
         self.last_graph: Graph | None = None
         self.on_ubatch = None  # optional callback(ubatch_index, n_tokens) for progress
+        self.recovery = None  # engine/recovery.py: Recovery, to survive device deaths (None: a death ends the run)
+        self.policy = None  # engine/policy.py: Policy whose split rules cut micro-batches (its routing is a gate)
         self.reserve()
 
     def reserve(self) -> None:
@@ -167,14 +169,26 @@ class Context:
         if tokens.min() < 0 or tokens.max() >= self.args.n_vocab:
             raise KazeiaError(f"token id out of range [0, {self.args.n_vocab})")
         logits = None
-        for i, start in enumerate(range(0, tokens.size, self.n_ubatch)):
-            chunk = tokens[start:start + self.n_ubatch]
-            last = start + self.n_ubatch >= tokens.size
-            want_all = all_logits and last
-            logits = self._decode_ubatch(chunk, want_all, compute_logits=last)
+        pieces = [tokens[s:s + self.n_ubatch] for s in range(0, tokens.size, self.n_ubatch)]
+        if self.policy is not None:  # split rules: sizes whose graphs hold no node in a range to avoid
+            pieces = [c[o:o + n] for c in pieces for o, n in zip(*self._split(c.size))]
+        for i, chunk in enumerate(pieces):
+            last = i == len(pieces) - 1
+            logits = self._decode_ubatch(chunk, all_logits and last, compute_logits=last)
             if self.on_ubatch:
                 self.on_ubatch(i, chunk.size)
         return logits
+
+    def _split(self, n: int) -> tuple[list[int], list[int]]:
+        """(offsets, sizes) of the pieces the policy's split rules cut a micro-batch of n tokens into."""
+        from kazeia.engine.policy import split_sizes
+
+        def nodes_for(t: int) -> list[Tensor]:
+            return [x for x in self._build(t, self._n_kv(self.n_past + t), 1).graph.nodes if x.is_computed]
+
+        sizes = split_sizes(n, nodes_for, self.policy)
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        return offsets, sizes
 
     def _decode_ubatch(self, tokens: np.ndarray, all_logits: bool, compute_logits: bool = True) -> np.ndarray:
         T = tokens.size
@@ -184,7 +198,18 @@ class Context:
         bg = self._graph_for(T, n_kv, n_out)
         self._write_inputs(bg.inputs, tokens, p0, n_kv, all_logits)
         self.last_graph = bg.graph
-        self.scheduler.compute(bg.graph)
+        if self.recovery is None:
+            self.scheduler.compute(bg.graph)
+        else:  # a re-run after a device death starts from the same inputs and recurrent state
+            state = self.rs.buffer.data.copy() if self.rs is not None else None
+
+            def prepare() -> None:
+                if state is not None:
+                    self.rs.buffer.data[:] = state
+                    self.rs.buffer.version += 1
+                self._write_inputs(bg.inputs, tokens, p0, n_kv, all_logits)
+
+            self.recovery.compute(bg.graph, prepare, f"micro-batch of {T} tokens at position {p0}")
         self.kv.n_past = p0 + T
         out = array(bg.logits)[0, 0]  # (n_out, n_vocab)
         return np.array(out, dtype=np.float32)

@@ -64,6 +64,9 @@ class Router:
             return self.fallback, f"--cpu-node-range {format_node_ranges(self.cpu_node_ranges)}"
         for gate in self.gates:
             target = gate(node)
+            if target is not None and not isinstance(target, str):  # a Route (engine/policy.py): the rule's
+                node.route_path, node.route_rule = target.path, target.rule  # path, read by the device
+                return target.target or "", target.reason
             if target:
                 return target, getattr(gate, "reason", "gate")
         return None
@@ -128,12 +131,14 @@ class Scheduler:
                 b.hooks.remove(hook)
 
     def place(self, node: Tensor, index: int | None = None) -> tuple[Backend, str]:
+        node.route_path = node.route_rule = None  # a rule decides again at every placement
         forced = self.router.forced(node, index)
         if forced is not None:
             name, reason = forced
-            b = self.by_name.get(name)
+            b = self.by_name.get(name) if name else self.backends[0]  # "": the device (first backend)
             if b is not None and b.supports(node):
                 return b, reason
+            node.route_path = node.route_rule = None
         for b in self.backends:
             if b.supports(node):
                 return b, "supported" if b is self.backends[0] else f"not supported by {self.backends[0].name}"
@@ -200,4 +205,15 @@ class Scheduler:
     def synchronize(self) -> None:
         for b in self.backends:
             b.synchronize()
+
+    def replace_backend(self, old: Backend, new: Backend) -> None:
+        """Put `new` (a new session of a dead device) where `old` was, with the same hooks; nothing it wrote is
+        waited for any more."""
+        self.backends = [new if b is old else b for b in self.backends]
+        self.by_name = {b.name: b for b in self.backends}
+        for h in self.hooks:
+            if h not in new.hooks:
+                new.hooks.append(h)
+        self._last_writer = {a: b for a, b in self._last_writer.items() if b is not old}
+        self._plans.clear()
 

@@ -125,6 +125,10 @@ class Tensor:
     flags: int = 0
     weight_name: str | None = None  # GGUF name for weights ("blk.0.ffn_down.weight")
     layer: int | None = None
+    # set by the scheduler at each placement from a routing rule (engine/policy.py): the path on the device
+    # ("hvx": HMX off for this node, "cpu": on the host), and the rule's name; None: no rule decided
+    route_path: str | None = None
+    route_rule: str | None = None
 
     # ----- shape helpers -----
     @property

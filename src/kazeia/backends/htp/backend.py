@@ -7,6 +7,7 @@ dsp.py, the op kernels in executor.py and matmul.py, the VTCM arena in vtcm.py a
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 
@@ -45,6 +46,7 @@ class HtpBackend(Backend):
         self._graph_runs: dict[int, tuple[Graph, int]] = {}  # graphs run since the last fold, with counts
         self._modeled_done = 0.0
         self._op_seconds: dict[int, tuple[Tensor, float]] = {}  # modeled DSP time per node, for the timing model
+        self._batched_settings: HtpSettings | None = None  # a synchronous session's settings before --sync
 
     @classmethod
     def from_options(cls, opts, cpu_fallback=None) -> HtpBackend:
@@ -77,6 +79,60 @@ class HtpBackend(Backend):
 
     def end_graph(self) -> None:
         self.synchronize()
+
+    # --- sessions (engine/recovery.py) ---
+    @property
+    def dead(self) -> Exception | None:
+        return self.host.dead
+
+    def new_session(self, sync: bool = False) -> HtpBackend:
+        """A new session (FastRPC session, DSP process, VTCM, op queue) with the same settings, hooks, REPACK
+        buffer and death injector; `sync`: GGML_HEXAGON_OPBATCH=1 GGML_HEXAGON_OPQUEUE=1."""
+        settings = self.settings
+        if sync:
+            settings = dataclasses.replace(settings, opbatch=1, opqueue=1)
+        elif self._batched_settings is not None:
+            settings = self._batched_settings
+        new = HtpBackend(settings, self.host.log, self.executor.matmul.weights)
+        new._batched_settings = self._batched_settings or (self.settings if sync else None)
+        new.hooks = list(self.hooks)
+        new.set_death_injector(self.dsp.injector)
+        return new
+
+    def set_death_injector(self, injector) -> bool:
+        self.dsp.injector = injector
+        return True
+
+    def path_seconds(self, node: Tensor, path: str | None) -> float:
+        """Modeled seconds of `node` on `path` (None: its default, "hvx": HMX off, "cpu": the phone's CPU)."""
+        from kazeia.backends.htp.cost import op_seconds
+
+        saved = node.route_path
+        node.route_path = path
+        try:
+            return op_seconds(node, self.settings).seconds
+        finally:
+            node.route_path = saved
+
+    def same_plan_m_range(self, node: Tensor, limit: int = 1024) -> tuple[int, int]:
+        """The M range around a MUL_MAT's own M whose plans match its own (path, chunking, outcome): the class a
+        rule about this node should cover. Other ops: their M only."""
+        from kazeia.backends.htp.plan import plan_for_node
+
+        m = node.src[1].ne[1] if node.op == "MUL_MAT" else node.ne[1]
+        if node.op != "MUL_MAT":
+            return m, m
+
+        def key(mm: int):
+            p = plan_for_node(node, self.settings, m=mm)
+            return p.path, p.status, p.outcome, p.mc, p.nc
+
+        k0, lo, hi = key(m), m, m
+        while lo > 1 and key(lo - 1) == k0:
+            lo -= 1
+        while hi < limit and key(hi + 1) == k0:
+            hi += 1
+        return lo, hi
 
     # --- DSP callbacks ---
     def _op_done(self, op: OpDesc, batch: OpBatch, rec: OpRecord) -> None:

@@ -11,7 +11,13 @@ The model is deliberately simple and documented term by term:
 - Other HVX ops: bytes moved / an effective HVX streaming bandwidth, plus a per-op cost.
 - Flash attention: its two matmuls at the HMX (or HVX) MAC rate plus the softmax streaming.
 - Per batch: a dspqueue round trip.
-- Ops the HTP refuses run on the phone's CPU: FLOPs / a CPU rate.
+- GATED_DELTA_NET: about 3 S_v^2 fp32 MACs per token and V head on HVX (decay, S^T k and the rank-1 update,
+  S^T q), plus for decode one DMA of the state in and out; SSM_CONV: d_conv MACs per output (scalar on decode,
+  one MAC per cycle per thread; HVX from 32 tokens, plus the transposes into VTCM, about 2x the input bytes).
+- Ops the HTP refuses, or a routing rule sends to the host, run on the phone's CPU (`PhoneCpu`: cores, GFLOP/s
+  per core and memory bandwidth as stated parameters, never this machine's clock): a matmul costs
+  max(FLOPs / (cores * per-core rate), weight bytes / bandwidth) plus one hand-over; other ops their bytes /
+  bandwidth.
 
 Constants are CALIBRATED, not derived: the HMX MAC rate, the HVX dot-product rate, the dequant rate and the
 HVX streaming bandwidth were chosen so that a 256-token prefill of the real Qwen3-4B Q4_0 graph (36 layers,
@@ -43,10 +49,39 @@ class CostModel:
     op_overhead_s: float = 6e-6  # per op on the DSP (dispatch, worker pool wake-up)
     hmx_setup_s: float = 25e-6  # HMX lock, queue, bias load per matmul
     batch_overhead_s: float = 120e-6  # dspqueue write + read round trip per batch
-    cpu_flops_per_s: float = 60e9  # phone CPU (4 big cores) for ops the HTP refuses
+    cpu_flops_per_s: float = 60e9  # phone CPU (PhoneCpu: 4 cores x 15 GFLOP/s) for ops the HTP refuses
+    hvx_f32_macs_per_s: float = 4.0e10  # fp32 MACs on HVX (a quarter of the int8 dot rate): GATED_DELTA_NET
+    dsp_scalar_macs_per_s: float = 6 * 1.0e9  # scalar loop: one MAC per cycle per thread, 6 threads at ~1 GHz
+
+
+@dataclass(frozen=True)
+class PhoneCpu:
+    """The phone's host CPU as the gate selection prices it (stated parameters, not a measurement): `cores` big
+    cores at `gflops_per_core` fp32 GFLOP/s each (NEON dot products on Q4_0), `bandwidth` bytes/s of DRAM for
+    the weight stream, `handover_s` per op that leaves the device (a graph split: sync and cache maintenance)."""
+
+    cores: int = 4
+    gflops_per_core: float = 15.0
+    bandwidth: float = 30e9
+    handover_s: float = 150e-6
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.cores * self.gflops_per_core * 1e9
+
+    def matmul_seconds(self, m: int, k: int, n: int, wtype: GGMLType) -> float:
+        wbytes = n * (row_size(wtype, k) if is_quantized(wtype) or wtype == GGMLType.F16 else 4 * k)
+        return max(2.0 * m * k * n / self.flops_per_s, wbytes / self.bandwidth) + self.handover_s
+
+    def op_seconds(self, node: Tensor) -> float:
+        if node.op == "MUL_MAT":
+            w, x = node.src[0], node.src[1]
+            return self.matmul_seconds(x.nrows, w.ne[0], w.ne[1], w.type)
+        return node.nbytes * 2 / self.bandwidth + self.handover_s
 
 
 DEFAULT = CostModel()
+PHONE_CPU = PhoneCpu()
 
 
 def matmul_macs(m: int, k: int, n: int) -> int:
@@ -87,6 +122,25 @@ def elementwise_seconds(node: Tensor, c: CostModel = DEFAULT) -> float:
     return nbytes / c.hvx_stream_bytes_per_s + c.op_overhead_s
 
 
+def gated_delta_net_seconds(node: Tensor, c: CostModel = DEFAULT) -> float:
+    """3 S_v^2 fp32 MACs per token and V head (node.src[2].ne = S_v, H, n_tokens, n_seqs) on HVX; decode also
+    moves the state in and out by DMA."""
+    S, H, T, n_seqs = node.src[2].ne
+    macs = 3 * S * S * H * T * n_seqs
+    dma = 2 * S * S * 4 * H * n_seqs / c.dma_bytes_per_s if T == 1 else 0.0
+    return macs / c.hvx_f32_macs_per_s + dma + c.op_overhead_s
+
+
+def ssm_conv_seconds(node: Tensor, c: CostModel = DEFAULT) -> float:
+    """d_conv MACs per output (node.src[1].ne[0] = d_conv, node.ne = d_inner, n_t, n_s): the scalar loop below 32
+    tokens, HVX from 32 with the transposes into VTCM (about twice the input bytes)."""
+    d_inner, n_t, n_s = node.ne[0], node.ne[1], node.ne[2]
+    macs = d_inner * n_t * n_s * node.src[1].ne[0]
+    if n_t < 32:
+        return macs / c.dsp_scalar_macs_per_s + c.op_overhead_s
+    return macs / c.hvx_f32_macs_per_s + 2 * node.src[0].nbytes / c.hvx_stream_bytes_per_s + c.op_overhead_s
+
+
 def cpu_op_seconds(node: Tensor, c: CostModel = DEFAULT) -> float:
     if node.op == "MUL_MAT":
         w, x = node.src[0], node.src[1]
@@ -108,7 +162,10 @@ class OpCost:
 
 
 def op_seconds(node: Tensor, settings: HtpSettings, c: CostModel = DEFAULT) -> OpCost:
-    """Modeled time of one node as the HTP backend (with these settings) would place and run it."""
+    """Modeled time of one node as the HTP backend (with these settings) would place and run it; a node a routing
+    rule sends to the host (`route_path` "cpu") is priced on the phone's CPU (PHONE_CPU)."""
+    if node.route_path == "cpu":
+        return OpCost(node.name, node.desc(), "CPU", PHONE_CPU.op_seconds(node))
     if not supports_op(node, settings):
         return OpCost(node.name, node.desc(), "CPU", cpu_op_seconds(node, c))
     if node.op == "MUL_MAT":
@@ -123,6 +180,10 @@ def op_seconds(node: Tensor, settings: HtpSettings, c: CostModel = DEFAULT) -> O
         hmx = op_scratch(node, settings).info.get("path") == "hmx"  # the executor's own choice
         return OpCost(node.name, node.op, "HTP0/" + ("hmx" if hmx else "hvx"),
                       flash_attn_seconds(q.ne[2], q.ne[1], k.ne[1], q.ne[0], hmx, c))
+    if node.op == "GATED_DELTA_NET":
+        return OpCost(node.name, node.op, "HTP0/hvx", gated_delta_net_seconds(node, c))
+    if node.op == "SSM_CONV":
+        return OpCost(node.name, node.op, "HTP0/hvx", ssm_conv_seconds(node, c))
     return OpCost(node.name, node.desc(), "HTP0/hvx", elementwise_seconds(node, c))
 
 

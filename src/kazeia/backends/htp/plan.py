@@ -391,7 +391,9 @@ def plan_for_node(node: Tensor, settings: HtpSettings, m: int | None = None) -> 
     gates and the forensic tools get it, so they can never disagree. It reads what op_matmul reads: the shapes
     (M = src1 rows, K, N), the weight type, src1's layout (batched, permuted, its row stride for the F16 kernel),
     the arch (HMX is built for some arches only), GGML_HEXAGON_USE_HMX, the profile, the VTCM size and NHVX.
-    `m`: the plan the same node would get with another number of activation rows (a scan over prompt lengths)."""
+    `m`: the plan the same node would get with another number of activation rows (a scan over prompt lengths).
+    A routing rule's path on the node (`route_path` "hvx", engine/policy.py) turns HMX off for this node only,
+    as GGML_HEXAGON_USE_HMX=0 does for all."""
     if node.op != "MUL_MAT":
         raise KazeiaError(f"{node.name}: a MUL_MAT plan needs a MUL_MAT node, not {node.op}")
     w, x = node.src[0], node.src[1]
@@ -400,5 +402,6 @@ def plan_for_node(node: Tensor, settings: HtpSettings, m: int | None = None) -> 
     if w.type == GGMLType.F16 and x.type in (GGMLType.F32, GGMLType.F16):
         act_stride = x.nb[1] // (4 if x.type == GGMLType.F32 else 2)  # src1 row stride in elements
     return plan_matmul(x.ne[1] if m is None else m, w.ne[0], w.ne[1], w.type, vtcm_size=settings.vtcm_bytes,
-                       profile=settings.profile, n_threads=settings.nhvx, hmx_enabled=settings.use_hmx,
+                       profile=settings.profile, n_threads=settings.nhvx,
+                       hmx_enabled=settings.use_hmx and node.route_path != "hvx",
                        hmx_built=settings.arch in HMX_ARCHS, batched=batched, permuted=permuted, act_stride=act_stride)

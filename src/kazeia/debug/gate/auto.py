@@ -1,0 +1,257 @@
+"""`kazeia gate --auto`: validate the model's op classes on the device model, write the policy that routes only the
+failing ones away, pick each alternative by modeled time, cache the result.
+
+Per class (classes.py) the device's default path is run at the class's smallest and largest M in a child
+process against REF; a failing class then has its alternatives validated the same way: `hvx` (the device with
+HMX off for it) and `cpu` (the host backend), and `split` (cut the micro-batch so M avoids the class's range)
+is valid when every piece size falls in classes that passed. Among the valid alternatives the one with the
+best modeled prefill time of a micro-batch at the class's largest M wins: the HTP cost model for device time,
+the stated phone-CPU model (cost.PhoneCpu) for the host. The policy is cached under the key (model file hash,
+profile, VTCM size, fault set, kazeia version, plus the micro-batch limit and the HMX/arch/NHVX switches that
+change plans).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from kazeia import __version__
+from kazeia.backends.htp.cost import PHONE_CPU, graph_seconds, hmx_matmul_seconds, hvx_matmul_seconds
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.debug.gate.classes import OpClass, enumerate_classes
+from kazeia.engine.context import Model
+from kazeia.engine.policy import Policy, Rule
+from kazeia.graph.tensor import GGMLType
+from kazeia.models.shapes import shape_caches, ubatch_graph
+
+CHILD_TIMEOUT_S = 300.0
+
+
+@dataclass
+class AutoResult:
+    policy: Policy
+    cache_path: str
+    cached: bool
+    child_runs: int = 0
+    cases: int = 0
+    seconds: float = 0.0
+    classes: int = 0
+    failing: list[str] = field(default_factory=list)
+
+
+def model_hash(path: str) -> str:
+    """sha256 of the file, memoized beside the cache by (real path, size, mtime) so a second run reads nothing."""
+    st = os.stat(path)
+    memo = os.path.join(cache_dir(), "hashes.json")
+    key = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        with open(memo) as f:
+            known = json.load(f)
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return known[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    known[key] = h.hexdigest()
+    os.makedirs(os.path.dirname(memo), exist_ok=True)
+    with open(memo, "w") as f:
+        json.dump(known, f)
+    return known[key]
+
+
+def cache_dir() -> str:
+    return os.environ.get("KAZEIA_GATE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kazeia", "gates")
+
+
+def source_of(model_path: str, settings: HtpSettings, ubatch: int) -> dict:
+    return {"model": os.path.basename(model_path), "model_sha256": model_hash(model_path),
+            "profile": settings.profile, "vtcm": settings.vtcm_bytes, "faults": sorted(settings.faults),
+            "kazeia": __version__, "ubatch": ubatch, "use_hmx": settings.use_hmx, "arch": settings.arch,
+            "nhvx": settings.nhvx}
+
+
+def cache_path_for(source: dict) -> str:
+    key = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:24]
+    return os.path.join(cache_dir(), f"{key}.toml")
+
+
+def auto_policy(model_path: str, settings: HtpSettings, ubatch: int = 512, jobs: int = 2,
+                progress: Callable[[int, int, str], None] | None = None, use_cache: bool = True) -> AutoResult:
+    """The cached policy for this (model, settings), or a new one validated now."""
+    t0 = time.perf_counter()
+    source = source_of(model_path, settings, ubatch)
+    path = cache_path_for(source)
+    if use_cache and os.path.exists(path):
+        pol = Policy.load(path)
+        return AutoResult(pol, path, True, seconds=time.perf_counter() - t0, classes=-1)
+    model = Model.load(model_path)
+    classes, _ = enumerate_classes(model, settings, ubatch)
+    res = AutoResult(Policy(source=source, path=path), path, False, classes=len(classes))
+    verdicts = _validate(model_path, classes, settings, {c.key: [None] for c in classes}, jobs, progress, res)
+    failing = [c for c in classes if not all(v["ok"] for v in verdicts[c.key])]
+    passing_ms = {m for c in classes if c not in failing for m in c.ms}
+    if failing:
+        alts = _validate(model_path, failing, settings, {c.key: ["hvx", "cpu"] if c.path == "hmx" else ["cpu"]
+                                                         for c in failing}, jobs, progress, res)
+        for c in failing:
+            res.failing.append(c.key)
+            res.policy.rules.append(_rule_for(model, settings, c, verdicts[c.key], alts[c.key], passing_ms))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    res.policy.save(path)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _validate(model_path: str, classes: list[OpClass], settings: HtpSettings, paths: dict[str, list],
+              jobs: int, progress, res: AutoResult) -> dict[str, list[dict]]:
+    """Every class's cases, one child per weight shape (the model is loaded once per child)."""
+    groups: dict[tuple, list[OpClass]] = {}
+    for c in classes:
+        groups.setdefault((c.wtype, c.k, c.n), []).append(c)
+    todo = []
+    for cs in groups.values():
+        cases = sorted({(m, p or "default") for c in cs for p in paths[c.key] for m in c.representatives()})
+        todo.append((cs, cases))
+    out: dict[str, list[dict]] = {}
+    done, total = 0, len(todo)
+
+    def one(item):
+        cs, cases = item
+        return cs, {(d["m"], d["path"]): d for d in _run_child(model_path, cs[0].weights[0], cases, settings)}
+
+    if progress:
+        progress(0, total, "starting")
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for cs, got in pool.map(one, todo):
+            for c in cs:
+                out[c.key] = [got[(m, p or "default")] for p in paths[c.key] for m in c.representatives()]
+            done += 1
+            res.child_runs += 1
+            res.cases += len(got)
+            if progress:
+                progress(done, total, f"MUL_MAT {cs[0].wtype} K={cs[0].k} N={cs[0].n}: {len(got)} cases")
+    return out
+
+
+def _run_child(model_path: str, weight: str, cases: list[tuple[int, str]], settings: HtpSettings) -> list[dict]:
+    env = {"GGML_HEXAGON_USE_HMX": str(int(settings.use_hmx)), "GGML_HEXAGON_NHVX": str(settings.nhvx),
+           "GGML_HEXAGON_ARCH": str(settings.arch)}
+    job = {"model": model_path, "weight": weight, "cases": [[m, p] for m, p in cases],
+           "settings": {"profile": settings.profile, "vtcm": settings.vtcm_bytes, "faults": list(settings.faults),
+                        "env": env}}
+    with tempfile.TemporaryDirectory(prefix="kazeia-gate-") as tmp:
+        jp = os.path.join(tmp, "job.json")
+        with open(jp, "w") as f:
+            json.dump(job, f)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "kazeia.debug.gate.child", jp], capture_output=True,
+                                  text=True, timeout=CHILD_TIMEOUT_S)
+            stdout, why = proc.stdout, f"child exited with status {proc.returncode}"
+        except subprocess.TimeoutExpired as e:
+            stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            why = f"child timed out after {CHILD_TIMEOUT_S:.0f} s (hang)"
+    got: dict[tuple, dict] = {}
+    running = None
+    for line in stdout.splitlines():
+        d = json.loads(line)
+        if "start" in d:
+            running = tuple(d["start"])
+        elif "m" in d:
+            got[(d["m"], d["path"])] = d
+            running = None
+    out = []
+    for m, p in cases:
+        d = got.get((m, p))
+        if d is None:  # the child died or hung in (or before) this case
+            tail = "" if running == (m, p) else " (not reached)"
+            d = {"m": m, "path": p, "ok": False, "evidence": why + tail}
+        out.append(d)
+    return out
+
+
+def _graph_s(model: Model, settings: HtpSettings, t: int, route: dict[str, str] | None = None) -> float:
+    g = ubatch_graph(model.args, model.weights, shape_caches(model.args, t + 256), t, 256)
+    for n in g.nodes:
+        if route and n.op == "MUL_MAT" and n.src[0].weight_name in route:
+            n.route_path = route[n.src[0].weight_name]
+    return graph_seconds(g.nodes, settings)[0]
+
+
+def _rule_for(model: Model, settings: HtpSettings, c: OpClass, default: list[dict], alts: list[dict],
+              passing_ms: set[int]) -> Rule:
+    m_hi = c.ms[-1]
+    wtype = GGMLType[c.wtype.upper()]
+    ok = {p: all(v["ok"] for v in alts if v["path"] == p) for p in ("hvx", "cpu")}
+    options: dict[str, float] = {}
+    for p in ("hvx", "cpu"):
+        if ok.get(p) and any(v["path"] == p for v in alts):
+            options[p] = _graph_s(model, settings, m_hi, {w: p for w in c.weights})
+    lo = c.ms[0]
+    if lo >= 2 and len(c.ranges()) == 1:
+        pieces = [lo - 1] * (m_hi // (lo - 1)) + ([m_hi % (lo - 1)] if m_hi % (lo - 1) else [])
+        if all(p in passing_ms for p in pieces):
+            options["split"] = sum(_graph_s(model, settings, p) for p in pieces)
+    ev = [f"M={v['m']} {v['path']}: {'ok' if v['ok'] else 'FAILED'}: {v['evidence']}" for v in default + alts]
+    if not options:
+        return Rule(f"{c.rule_name}-cpu", "cpu", "MUL_MAT", c.wtype, (c.k, c.k), (c.n, c.n), (lo, m_hi),
+                    why=f"{c.describe()} fails and no alternative validated; the host is the last resort",
+                    evidence=ev)
+    best = min(options, key=options.get)
+    # the cost model prices a failing HMX plan as the HVX it would need: put the HMX time back for "all-HMX"
+    all_hmx = _graph_s(model, settings, m_hi) + c.nodes_per_ubatch * (
+        hmx_matmul_seconds(m_hi, c.k, c.n, wtype, c.plan[3] or 32) - hvx_matmul_seconds(m_hi, c.k, c.n, wtype))
+    ev.append("modeled prefill of a micro-batch of " + f"{m_hi} tokens: " + ", ".join(
+        f"{p} {m_hi / s:.1f} tok/s" for p, s in sorted(options.items(), key=lambda kv: kv[1]))
+        + f"; all-HMX (had it not failed) {m_hi / all_hmx:.1f} tok/s")
+    per_node = {"hvx": hvx_matmul_seconds(m_hi, c.k, c.n, wtype),
+                "cpu": PHONE_CPU.matmul_seconds(m_hi, c.k, c.n, wtype)}.get(best)
+    return Rule(f"{c.rule_name}-{best}", best, "MUL_MAT", c.wtype, (c.k, c.k), (c.n, c.n), (lo, m_hi),
+                why=f"{c.describe()}: the default path fails ({_first_failure(default)}); {best} is the fastest "
+                    f"alternative that validates",
+                evidence=ev, modeled_s=per_node)
+
+
+def _first_failure(verdicts: list[dict]) -> str:
+    v = next((v for v in verdicts if not v["ok"]), None)
+    return f"M={v['m']}: {v['evidence']}" if v else "?"
+
+
+def explain(policy: Policy) -> str:
+    """Every rule, why it exists (its failing cases with their evidence) and its modeled cost."""
+    lines = [f"policy {policy.path}: {len(policy.rules)} rule(s)"]
+    src = policy.source
+    if src:
+        lines.append(f"  for {src.get('model')} (sha256 {str(src.get('model_sha256', ''))[:12]}), profile "
+                     f"{src.get('profile')}, VTCM {src.get('vtcm')} B, faults {src.get('faults') or 'none'}, "
+                     f"kazeia {src.get('kazeia')}, M 1..{src.get('ubatch')}")
+    if not policy.rules:
+        lines.append("  no rule: every op class validated on its default path")
+    for r in policy.rules:
+        match = " ".join(f"{k}={_fmt(getattr(r, k))}" for k in ("op", "type", "k", "n", "m", "node")
+                         if getattr(r, k) is not None)
+        lines.append(f"rule {r.name}: {match} -> {r.action}")
+        if r.why:
+            lines.append(f"  why: {r.why}")
+        for e in r.evidence:
+            lines.append(f"  - {e}")
+        if r.modeled_s is not None:
+            lines.append(f"  modeled: {r.modeled_s * 1e6:.1f} us per node under this rule")
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, tuple):
+        return str(v[0]) if v[0] == v[1] else f"{v[0]}..{v[1]}"
+    return str(v)

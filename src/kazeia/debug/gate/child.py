@@ -1,0 +1,75 @@
+"""Child process of `kazeia gate --auto`: `python -m kazeia.debug.gate.child JOB.json`.
+
+Runs one MUL_MAT class's cases (M, path) with the model's own weight (memory-mapped) and seeded random
+activations on a fresh HTP session with the job's settings, and on REF (float64), and judges the output with
+the forensic tools' judge. One JSON line per case on stdout as soon as it is done, so the parent keeps what was
+judged if the process dies afterwards (a death of the process is the failure of the case it was running).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from kazeia.backends.cpu import CpuBackend
+from kazeia.backends.htp.backend import HtpBackend
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.ref import RefBackend
+from kazeia.debug.judge import judge, op_threshold
+from kazeia.engine.context import Model
+from kazeia.errors import DeviceDeathError, DeviceOpError, KazeiaError
+from kazeia.graph import builder as gb
+from kazeia.graph.builder import Graph
+from kazeia.graph.tensor import Buffer, GGMLType, array, make_tensor
+
+
+def _case(model: Model, weight: str, m: int, path: str, settings: HtpSettings, seed: int) -> dict:
+    w = model.weights[weight]
+    x = make_tensor(GGMLType.F32, (w.ne[0], m), name="gate_x")
+    x.buffer, x.offset = Buffer.zeros("gate_x", x.nbytes), 0
+    array(x)[...] = np.random.default_rng(seed + m).standard_normal((m, w.ne[0])).astype(np.float32)
+    node = gb.mul_mat(w, x, "gate_case")
+    node.buffer, node.offset = Buffer.zeros("gate_out", node.nbytes), 0
+    g = Graph()
+    g.expand(node)
+    ref = RefBackend()
+    ref.begin_graph(g)
+    ref.compute(node)
+    want = np.array(ref.value(node), dtype=np.float64)
+    backend = CpuBackend() if path == "cpu" else HtpBackend(settings)
+    node.route_path = "hvx" if path == "hvx" else None
+    out = {"m": m, "path": path}
+    try:
+        backend.begin_graph(g)
+        backend.compute(node)
+        backend.end_graph()
+    except DeviceDeathError as e:
+        return {**out, "ok": False, "evidence": f"device died: {e.kind if hasattr(e, 'kind') else ''} {e.cause}"}
+    except DeviceOpError as e:
+        return {**out, "ok": False, "evidence": f"op failed: {e}"}
+    got = np.array(array(node), dtype=np.float64)
+    v = judge(got, want, op_threshold("MUL_MAT"), op="MUL_MAT", name_a=path)
+    return {**out, "ok": v.ok, "nmse": v.nmse, "evidence": v.short()}
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[0]) as f:
+        job = json.load(f)
+    try:
+        model = Model.load(job["model"])
+        s = job["settings"]
+        settings = HtpSettings.from_env(env={}, profile=s["profile"], vtcm_bytes=s["vtcm"], faults=s["faults"],
+                                        overrides=s.get("env", {}))
+    except KazeiaError as e:
+        print(json.dumps({"error": str(e)}), flush=True)
+        return 2
+    for m, path in job["cases"]:
+        print(json.dumps({"start": [m, path]}), flush=True)
+        print(json.dumps(_case(model, job["weight"], m, path, settings, job.get("seed", 0))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

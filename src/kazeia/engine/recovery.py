@@ -1,0 +1,174 @@
+"""Recovery from a device death in the middle of a generation, and injected deaths to test it.
+
+When the device session dies while a micro-batch runs (the host learns at its next blocking read, as 0x2e):
+1. a new session is opened (the old one's buffers are gone; the weights are mapped again) and the micro-batch is
+   run again on the same paths: a transient death costs one re-run and nothing else;
+2. if it dies again at the same place (same batch, same ops), the micro-batch is run once in a synchronous
+   session (one op per batch, waited on: the host then knows the op, as the team's GGML_HEXAGON_OPBATCH=1
+   GGML_HEXAGON_OPQUEUE=1 runs showed), and a rule routing that op's class away is added to the policy: the
+   cheapest alternative by the device's modeled time that has not died yet; the micro-batch runs again;
+3. after `max_attempts` deaths in one micro-batch a clear error names the op.
+The context re-writes the micro-batch's inputs and restores the recurrent state before every re-run, and only
+moves n_past once a run completed, so the KV cache and the recurrent state stay consistent and no token is lost
+or duplicated. Every step prints one warning line.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kazeia.engine.policy import Policy, PolicyGate, Rule, node_m
+from kazeia.engine.scheduler import Scheduler
+from kazeia.errors import DeviceDeathError, KazeiaError
+from kazeia.graph.builder import Graph
+from kazeia.graph.tensor import Tensor, type_name
+
+ALTERNATIVES = ("hvx", "cpu")  # where a failing device op can go (hvx: HMX off for it; cpu: the host)
+
+
+class DeathInjector:
+    """Transient deaths for testing: at the `at`-th op the device starts (0-based, counted over the whole run,
+    re-runs included), once; and/or at each started op with probability `rate`, drawn from a generator seeded
+    by `seed`, at most `limit` times. The device calls `tick()` before every op it starts."""
+
+    def __init__(self, at: int | None = None, rate: float = 0.0, seed: int = 0, limit: int | None = None) -> None:
+        if at is not None and at < 0:
+            raise KazeiaError(f"--inject-death-at {at}: the op index must be >= 0")
+        if not 0.0 <= rate <= 1.0:
+            raise KazeiaError(f"--inject-death-rate {rate}: a probability in [0, 1]")
+        self.at, self.rate, self.limit = at, rate, limit
+        self.rng = np.random.default_rng(seed)
+        self.ops = 0
+        self.deaths = 0
+
+    def tick(self) -> str | None:
+        i = self.ops
+        self.ops += 1
+        if self.limit is not None and self.deaths >= self.limit:
+            return None
+        if i == self.at or (self.rate > 0 and self.rng.random() < self.rate):
+            self.deaths += 1
+            return f"injected transient death at device op {i} (death {self.deaths})"
+        return None
+
+
+@dataclass
+class Recovery:
+    scheduler: Scheduler
+    policy: Policy = field(default_factory=lambda: Policy(path="recovery"))
+    max_attempts: int = 6
+    warn: Callable[[str], None] = lambda s: print(f"kazeia: warning: {s}", file=sys.stderr, flush=True)
+    deaths: int = 0  # over the whole run
+    recoveries: int = 0  # micro-batches that needed at least one re-run
+    rules_added: list[Rule] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # the rules recovery adds come first: they exist because the device died on what came before
+        self.scheduler.router.gates.insert(0, PolicyGate(self.policy))
+
+    def compute(self, graph: Graph, prepare: Callable[[], None], label: str = "micro-batch") -> None:
+        """Run `graph`, surviving device deaths; `prepare()` puts its inputs and state back before a re-run."""
+        last_place, tried, died_here = None, {}, 0
+        while True:
+            try:
+                self.scheduler.compute(graph)
+                return
+            except DeviceDeathError as e:
+                died_here += 1
+                self.deaths += 1
+                if died_here == 1:
+                    self.recoveries += 1
+                dead = self._dead_backend()
+                if dead is None:
+                    raise
+                if died_here >= self.max_attempts:
+                    raise DeviceDeathError(
+                        f"{label}: the device died {died_here} times (last in batch {getattr(e, 'batch_seq', '?')}, "
+                        f"last enqueued {e.last_enqueued}); giving up: {e}", e.code, e.last_enqueued, e.faulting,
+                        e.cause) from None
+                place = (getattr(e, "batch_seq", None), tuple(getattr(e, "batch_ops", None) or ()))
+                if place != last_place:
+                    last_place = place
+                    self.warn(f"{label}: device died ({e}) in batch {place[0]} (last enqueued {e.last_enqueued}): "
+                              f"new session, running the {label} again")
+                    self._reopen(dead)
+                elif self._localize_and_route(graph, prepare, dead, label, tried):
+                    return  # the synchronous run completed the micro-batch
+                else:
+                    last_place = None
+                prepare()
+
+    def _dead_backend(self):
+        return next((b for b in self.scheduler.backends if getattr(b, "dead", None) is not None), None)
+
+    def _reopen(self, dead, sync: bool = False):
+        new = dead.new_session(sync=sync)
+        self.scheduler.replace_backend(dead, new)
+        return new
+
+    def _localize_and_route(self, graph: Graph, prepare, dead, label: str, tried: dict) -> bool:
+        """Second death at the same place: find the op with a synchronous session, then route its class away.
+        True: the synchronous run completed the micro-batch instead."""
+        self.warn(f"{label}: died again at the same place: running it once with one op per batch to find the op")
+        sync = self._reopen(dead, sync=True)
+        prepare()
+        try:
+            self.scheduler.compute(graph)
+        except DeviceDeathError as e:
+            self.deaths += 1
+            ops = getattr(e, "batch_ops", None) or []
+            node = _node_named(graph, ops[-1]) if ops else None
+            if node is None:
+                raise
+            self._add_rule(node, sync, label, tried)
+            self._reopen(sync)
+            return False
+        # the synchronous run completed: its outputs stand; later micro-batches go back to a batched session
+        self.warn(f"{label}: completed with one op per batch (the death depends on the batching); "
+                  f"back to a batched session")
+        self.scheduler.replace_backend(sync, sync.new_session(sync=False))
+        return True
+
+    def _add_rule(self, node: Tensor, device, label: str, tried: dict) -> None:
+        key = _class_key(node)
+        done = tried.setdefault(key, set())
+        options = [a for a in ALTERNATIVES if a not in done]
+        if node.route_path is not None:
+            done.add(node.route_path)
+            options = [a for a in options if a != node.route_path]
+        if not options:
+            raise DeviceDeathError(f"{label}: {node.name} ({node.desc()}) kills the device on every path "
+                                   f"({', '.join(sorted(done))}); no alternative left", 0x2E, None, node.name)
+        cost = getattr(device, "path_seconds", None)
+        if cost is not None:
+            options.sort(key=lambda a: cost(node, a))
+        action = options[0]
+        done.add(action)
+        lo, hi = device.same_plan_m_range(node) if hasattr(device, "same_plan_m_range") else (node_m(node),) * 2
+        w = node.src[0] if node.src else None
+        weighted = w is not None and w.weight_name is not None
+        name = f"recovered-{node.op.lower()}-{len(self.rules_added) + 1}"
+        rule = Rule(name, action, op=node.op, type=type_name(w.type).lower() if weighted else None,
+                    k=(w.ne[0], w.ne[0]) if weighted else None, n=(w.ne[1], w.ne[1]) if weighted else None,
+                    m=(lo, hi), node=None if weighted else f"^{re.escape(node.name)}$",
+                    why=f"added by recovery: {node.name} killed the device twice in a row at M={node_m(node)}",
+                    evidence=[f"{label}: {node.name} ({node.desc()}) died in a one-op batch"])
+        self.policy.rules.insert(0, rule)
+        self.rules_added.append(rule)
+        self.warn(f"{label}: {node.name} ({node.desc()}) kills the device: added rule {name} routing "
+                  f"{node.op} {rule.type or ''} K={rule.k[0] if rule.k else '*'} N={rule.n[0] if rule.n else '*'} "
+                  f"M={lo}..{hi} to {action}; running the {label} again")
+
+
+def _node_named(graph: Graph, name: str) -> Tensor | None:
+    return next((n for n in graph.nodes if n.name == name), None)
+
+
+def _class_key(node: Tensor) -> tuple:
+    w = node.src[0] if node.src else None
+    return (node.desc(), w.type if w is not None else None, w.ne[:2] if w is not None else None)
