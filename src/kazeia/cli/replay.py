@@ -39,6 +39,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="judge a weight MUL_MAT by its bare threshold, without the allowance for ggml's own "
                         "activation conversion")
+    p.add_argument("--experiment", action="store_true",
+                   help="state vs value: replay each op on the HTP from reset, after ops that leave other unit state, "
+                        "with VTCM patterns and another timing; says which state (if any) its output follows")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_common(p)
     p.set_defaults(func=main)
@@ -62,6 +65,8 @@ def _select(dumps: list[Dump], op: str | None, capture: str) -> list[Dump]:
 def main(args: argparse.Namespace) -> int:
     dumps = load_dumps(args.dir)
     chosen = _select(dumps, args.op, args.capture)
+    if args.experiment:
+        return _experiment(chosen, args)
     faults = None
     if args.fault is not None:
         faults = [f for f in args.fault if f.lower() != "none"]
@@ -99,3 +104,26 @@ def main(args: argparse.Namespace) -> int:
                 for line in e["captures"].describe():
                     print("  " + line)
     return 1 if failed else 0
+
+
+def _experiment(chosen: list[Dump], args: argparse.Namespace) -> int:
+    """--experiment: the state-versus-value experiment on each HTP dump (kazeia.debug.state_experiment)."""
+    from kazeia.debug.replay import htp_settings_for
+    from kazeia.debug.state_experiment import state_experiment
+
+    faulty = False
+    out = []
+    for d in chosen:
+        if d.htp_settings is None:
+            raise KazeiaError(f"{d.id}: --experiment replays on the HTP model; this dump is from {d.backend}")
+        faults = None if args.fault is None else [f for f in args.fault if f.lower() != "none"]
+        ex = state_experiment(d, htp_settings_for(d, args.htp_profile, args.vtcm, faults))
+        faulty |= ex.mechanism_class != "none"
+        out.append(ex)
+    if args.json:
+        json.dump({"dir": args.dir, "experiments": [e.to_dict() for e in out]}, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        for e in out:
+            print("\n".join(e.lines()))
+    return 1 if faulty else 0

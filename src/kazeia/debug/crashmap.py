@@ -23,6 +23,8 @@ class Placement:
     area_range: tuple[int, int] | None = None
     boundary: str | None = None
     loads: list[dict] = field(default_factory=list)  # deep-load runs holding or crossing the address
+    error_code: int | None = None  # from the crash record, when placed from one
+    reason: str | None = None  # the record's "crashed ... due to ..." words
 
     def lines(self) -> list[str]:
         if self.offset is None:

@@ -47,6 +47,7 @@ class RunSpec:
     cpu_nodes: str | None = None
     cpu_node_range: str | None = None  # graph node indices forced to the CPU ("A:B,C,D:"; all nodes counted)
     gates: list[str] = field(default_factory=list)  # routing gates (engine/gates.py: "vtcm-plan", ...)
+    policy: str | None = None  # a gate policy file (docs/gate_policy.md; kazeia run --gates FILE)
     ubatch: int = 512
     ctx: int = 4096
     flash_attn: bool = True
@@ -98,6 +99,8 @@ class RunSpec:
             a += ["--cpu-node-range", self.cpu_node_range]
         for g in self.gates:
             a += ["--gate", g]
+        if self.policy:
+            a += ["--gates", self.policy]
         if self.ubatch != 512:
             a += ["-ub", str(self.ubatch)]
         if self.ctx != 4096:
@@ -174,10 +177,18 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
     backends = make_backends(spec.device, spec.device_options(), cache if cache is not None else shared_cache())
     router = Router.from_args(spec.cpu_ops, spec.cpu_nodes, spec.cpu_node_range)
     router.gates += gates_for(spec.gates, backends)
+    policy = None
+    if spec.policy:
+        from kazeia.engine.policy import Policy, PolicyGate
+
+        policy = Policy.load(spec.policy)
+        router.gates.append(PolicyGate(policy))
     sched = Scheduler(backends, router)
     n_ctx = min(spec.ctx, model.args.n_ctx_train)
-    return Context(model, sched, n_ctx=n_ctx, n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
-                   type_k=GGMLType.F16, type_v=GGMLType.F16)
+    ctx = Context(model, sched, n_ctx=n_ctx, n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
+                  type_k=GGMLType.F16, type_v=GGMLType.F16)
+    ctx.policy = policy  # its split rules cut micro-batches
+    return ctx
 
 
 def close_backends(ctx: Context) -> None:

@@ -226,7 +226,8 @@ def classify(out: np.ndarray, ref: np.ndarray, *, priors: dict[str, np.ndarray] 
         whole = bad.mean() > 0.99 or not np.any(o[~bad] != 0)
         classes.append(SigClass("zeros", f"{'all outputs are' if bad.all() or whole else 'the wrong outputs are'} "
                                          f"exactly 0 where the reference is not",
-                                [f"{int(zero_bad.sum())} of {bad.size} outputs are 0.0 (reference rms "
+                                [f"{int((o == 0).sum())} of {bad.size} outputs are 0.0, {int(zero_bad.sum())} of "
+                                 f"them where the reference is beyond rounding from 0 (reference rms "
                                  f"{float(np.sqrt(np.nanmean(r ** 2))):.4g})"], MECHANISMS["zeros"], value=0.0))
     fit = _scale_fit(o, r)
     if fit is not None and "zeros" not in sig.names():

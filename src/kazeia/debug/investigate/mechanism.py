@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kazeia.debug.investigate.common import cpu_nodes_spec
 from kazeia.debug.investigate.gate import validate
+from kazeia.debug.investigate.policy_gate import hmx_class_rule, validate_rules
 from kazeia.debug.investigate.table import Context, StepDef
 
 HVX_ENV = {"GGML_HEXAGON_USE_HMX": "0"}
@@ -92,8 +93,14 @@ def mechanism_gate(cx: Context) -> tuple[str, str]:
     cx.fact("mechanism class", cls + (f" ({what})" if what else ""))
     path = next((r.path for r in f.compare.rows.get("isolated", []) if r.name == f.first_bad), None)
     if cls in ("state", "race") and path == "hmx":
+        rule = hmx_class_rule(cx, cls, what)
+        desc = (f"Keep the HMX matmul class (rule {rule.name}: MUL_MAT with M >= 32, the ones the HTP sends to HMX) "
+                f"on the device with HMX off (action hvx); the {cls} fault lives in the HMX path ({what}), which "
+                f"HVX does not use")
+        if validate_rules(cx, [rule], desc):
+            return f"gate policy {rule.name}: validated", cx.inv.gate["flags"]
         spec = cx.spec.with_(env={**cx.spec.env, **HVX_ENV})
-        desc = (f"Route the HMX class ({f.first_bad} and every op the HTP would run on HMX) to HVX: "
+        desc = (f"Route everything the HTP runs on HMX ({f.first_bad} included) to HVX: "
                 f"GGML_HEXAGON_USE_HMX=0, the host-side switch upstream reads; the {cls} fault lives in the HMX path "
                 f"({what}), which HVX does not use")
         if validate(cx, spec, desc):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,7 @@ class Execution:
     extra: dict = field(default_factory=dict)
     output: np.ndarray | None = field(default=None, repr=False)
     inputs_seen: list | None = field(default=None, repr=False)  # the op's inputs as it started (replay side)
+    signature: Any = None  # kazeia.debug.signature.Signature of a wrong output against float64
 
     @property
     def ok(self) -> bool:
@@ -80,6 +82,7 @@ class Execution:
                 "same_death_as_recorded": self.same_death_as_recorded,
                 "inputs_reproduced": self.inputs_reproduced, "input_mismatch": self.input_mismatch,
                 "descriptors_reproduced": self.descriptors_reproduced, "notes": self.notes,
+                "signature": self.signature.to_dict() if self.signature is not None else None,
                 "extra": {k: v for k, v in self.extra.items() if isinstance(v, (bool, int, float, str, type(None)))}}
 
 
@@ -98,6 +101,7 @@ class ReplayResult:
     recorded_fault: dict | None = None
     reference_error: str | None = None
     notes: list[str] = field(default_factory=list)
+    recorded_signature: Any = None  # the recorded output's error signature against float64, when it is wrong
     base_threshold: float | None = None  # the op's threshold before the MUL_MAT allowance
     quant_allowance: float | None = None  # NMSE of ggml's activation conversion on these inputs (MUL_MAT)
 
@@ -161,10 +165,14 @@ def format_result(r: ReplayResult, dump: Dump | None = None) -> list[str]:
         c = r.recorded_vs_ref
         state = "UNKNOWN" if c.reference_invalid else "OK" if c.ok else "WRONG"
         lines.append(f"  recorded output vs ref: {state} ({c.short()})")
+        if r.recorded_signature is not None and r.recorded_signature.classes:
+            lines += ["    " + x for x in r.recorded_signature.lines()]
     for ex in (r.alone, r.context):
         if ex is None:
             continue
         lines.append(f"  {ex.mode}: {ex.verdict()}" + (f" [path {ex.path}]" if ex.path else ""))
+        if ex.signature is not None and ex.signature.classes:
+            lines.append(f"    {ex.signature.lines()[0]}")
         if ex.descriptors_reproduced is not None:
             lines.append(f"    context rebuilt: descriptor indexes "
                          f"{'as recorded' if ex.descriptors_reproduced else 'DIFFERENT from the recording'}; "

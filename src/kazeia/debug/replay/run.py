@@ -79,6 +79,20 @@ def _overridden(base: Any, profile: str | None, vtcm: int | None, faults: list[s
     return base
 
 
+def _signature(out: np.ndarray, ref: np.ndarray, dump: Dump):
+    """The error signature of a wrong output, with the output buffer's previous contents as a prior."""
+    from kazeia.debug.signature import classify
+
+    priors = {}
+    before = dump.output_before.floats() if dump.output_before is not None else None
+    if before is not None and before.size == np.asarray(out).size:
+        priors["the output buffer (its previous contents)"] = before
+    try:
+        return classify(out, ref, priors=priors)
+    except ValueError:  # shapes the classifier cannot pair (it says why): no signature
+        return None
+
+
 def replay(dump: Dump | str | os.PathLike, device: str | None = None, htp_profile: str | None = None,
            vtcm: int | None = None, faults: list[str] | None = None, env: dict[str, str] | None = None,
            with_context: bool = False, spec: Any = None, strict: bool = False) -> ReplayResult:
@@ -123,10 +137,14 @@ def replay(dump: Dump | str | os.PathLike, device: str | None = None, htp_profil
         recorded = recorded.astype(np.float64)
     if recorded is not None and ref.output is not None:
         res.recorded_vs_ref = judge(recorded, ref.output, thr, name_a="recorded")
+        if not res.recorded_vs_ref.ok:
+            res.recorded_signature = _signature(recorded, ref.output, dump)
 
     def judged(ex: Execution) -> Execution:
         if ex.output is not None and ref.output is not None:
             ex.vs_ref = judge(ex.output, ref.output, thr, name_a=dev)
+            if not ex.vs_ref.ok:
+                ex.signature = _signature(ex.output, ref.output, dump)
         if ex.output is not None and recorded is not None:
             ex.vs_recorded = judge(ex.output, recorded, thr, name_a=dev, name_b="recorded")
         if ex.died is not None and dump.fault:
