@@ -82,3 +82,12 @@ def test_no_fault_equals_clean_everywhere(tiny_qwen3_q4, tmp_path):
 def test_race_report_names_no_race_when_runs_agree(tiny_qwen3_q4, n):
     rep = localise_race(_spec(tiny_qwen3_q4, [], n=n), "Qcur-0")
     assert not rep.differ and rep.runs and not rep.runs[0].signature.classes
+
+
+def test_compare_names_the_signature_of_the_first_bad_op(tiny_qwen3_q4):
+    from kazeia.debug.compare import compare, summary_lines
+
+    rep = compare(_spec(tiny_qwen3_q4, ["hmx-bias-stale"]), mode="isolated")
+    first = rep.first_failure
+    assert first.name == "Qcur-0" and first.extra["signature"].startswith("all outputs are exactly 0")
+    assert any(line.startswith("isolated: error signature of Qcur-0: ") for line in summary_lines(rep))

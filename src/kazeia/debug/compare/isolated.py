@@ -18,6 +18,7 @@ from kazeia.debug.compare.rows import (
     make_row,
     reference_for,
     row_threshold,
+    signature_line,
 )
 from kazeia.debug.compare.verdict import DEATH, FAIL
 from kazeia.debug.runner import RunSpec, build_context, close_backends, run
@@ -103,8 +104,11 @@ class _IsolatedScheduler(Scheduler):
             return
         info = self.info_hook.info or OpInfo(backend.name, getattr(backend, "path_name", "?"), index=i)
         v, _ = compare_output(node, ref, threshold, info.backend)
-        self.rows.append(make_row("isolated", self.ubatch, node, info, backend, threshold, v.status, index=i,
-                                  reason=v.reason, nmse=v.nmse, max_abs=v.max_abs, max_rel=v.max_rel, **tinfo))
+        row = make_row("isolated", self.ubatch, node, info, backend, threshold, v.status, index=i,
+                       reason=v.reason, nmse=v.nmse, max_abs=v.max_abs, max_rel=v.max_rel, **tinfo)
+        if row.failed:
+            row.extra["signature"] = signature_line(node, ref)
+        self.rows.append(row)
 
     def _not_run_after(self, i: int) -> int:
         """Computed nodes after node i in this micro-batch, plus those of the micro-batches not reached."""

@@ -138,6 +138,8 @@ def summary_lines(report: CompareReport) -> list[str]:
             out.append(f"{m}: {n_fail} op(s) out of tolerance; first: {f.label()}: {f.reason}"
                        + (f" [minimum required tolerance {_fmt(f.min_tolerance).strip()}]" if f.nmse is not None
                           and math.isfinite(f.nmse) else ""))
+            if f.extra.get("signature"):
+                out.append(f"{m}: error signature of {f.name}: {f.extra['signature']}")
         bad_ref = report.ref_invalid(m)
         if bad_ref:
             out.append(f"{m}: WARNING: the reference is invalid (NaN) from {bad_ref[0].label()} on "

@@ -86,6 +86,16 @@ def compare_output(node: Tensor, ref: np.ndarray, threshold: float, backend: str
     return judge(a, as_storable(ref, node.type), threshold, name_a=backend), nonfinite(a)
 
 
+def signature_line(node: Tensor, ref: np.ndarray) -> str:
+    """The error signature of a failing output against REF, in one line (kazeia.debug.signature)."""
+    from kazeia.debug.signature import classify
+
+    try:
+        return classify(output_raw(node).astype(np.float64), as_storable(ref, node.type)).headline()
+    except ValueError:
+        return ""
+
+
 def reference_for(reference: Reference, key: tuple[int, int], node: Tensor) -> np.ndarray:
     """REF's output of the node at `key`, after checking that REF ran the same node there."""
     if key not in reference.outputs:
