@@ -23,7 +23,8 @@ from kazeia.errors import KazeiaError
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="rerun dumped ops alone or with their HTP batch context",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", metavar="DIR", help="a dump directory written by --dump (or one entry of it)")
+    p.add_argument("dir", nargs="?", default=None, metavar="DIR",
+                   help="a dump directory written by --dump (or one entry of it)")
     p.add_argument("--op", default=None, metavar="ID|NAME", help="replay only this entry id or node name")
     p.add_argument("--capture", choices=["complete", "enqueue", "all"], default="complete",
                    help="which captures to replay (default complete: what the op consumed)")
@@ -39,6 +40,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="judge a weight MUL_MAT by its bare threshold, without the allowance for ggml's own "
                         "activation conversion")
+    p.add_argument("--op-stream", metavar="LOG", default=None,
+                   help="rebuild a device's op log (KZOP or GGML_HEXAGON_VERBOSE lines: shapes only) on the HTP model "
+                        "under --htp-profile/--vtcm/--fault, in order on one device: does the profile predict what "
+                        "the device did?")
     p.add_argument("--experiment", action="store_true",
                    help="state vs value: replay each op on the HTP from reset, after ops that leave other unit state, "
                         "with VTCM patterns and another timing; says which state (if any) its output follows")
@@ -63,6 +68,10 @@ def _select(dumps: list[Dump], op: str | None, capture: str) -> list[Dump]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.op_stream:
+        return _op_stream(args)
+    if args.dir is None:
+        raise KazeiaError("give a dump DIR (or --op-stream LOG)")
     dumps = load_dumps(args.dir)
     chosen = _select(dumps, args.op, args.capture)
     if args.experiment:
@@ -127,3 +136,24 @@ def _experiment(chosen: list[Dump], args: argparse.Namespace) -> int:
         for e in out:
             print("\n".join(e.lines()))
     return 1 if faulty else 0
+
+
+def _op_stream(args: argparse.Namespace) -> int:
+    """--op-stream LOG: the logged ops rebuilt from their shapes and run in order (kazeia.debug.op_stream)."""
+    import os
+
+    from kazeia.backends.htp.settings import HtpSettings
+    from kazeia.debug.op_stream import parse_stream, replay_stream
+
+    path = args.op_stream
+    if not os.path.isfile(path) or os.path.getsize(path) > 64 << 20:
+        raise KazeiaError(f"{path}: not a regular file of at most 64 MiB")
+    with open(path, "rb") as f:
+        ops = parse_stream(f.read().decode("utf-8", errors="replace"))
+    if not ops:
+        raise KazeiaError(f"{path}: no KZOP or GGML_HEXAGON_VERBOSE execute-op lines")
+    faults = [f for f in (args.fault or []) if f.lower() != "none"]
+    settings = HtpSettings.from_env(profile=args.htp_profile, vtcm_bytes=args.vtcm, faults=faults)
+    res = replay_stream(ops, settings)
+    print("\n".join(res.lines()))
+    return 1 if res.death is not None or res.first_wrong is not None else 0
