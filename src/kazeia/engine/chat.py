@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-
-from jinja2 import TemplateError
-from jinja2.ext import loopcontrols
+from typing import TYPE_CHECKING
 
 from kazeia.engine.context import Context
-from kazeia.engine.template_sandbox import Budget, BudgetedEnvironment, Meter, TemplateBudgetError, source_check
 from kazeia.engine.tokenizer import GGUFTokenizer
 from kazeia.errors import KazeiaError
+
+if TYPE_CHECKING:
+    from kazeia.engine.template_sandbox import Budget
+
+# jinja2 and the sandbox are imported by the first render (0.1 s of start-up that `kazeia run -p` never needs)
 
 DEFAULT_N_CTX = 4096  # the output budget of a render that names no context (kazeia run's default -c)
 
@@ -23,6 +25,8 @@ CHATML_FALLBACK = (
 
 
 def _raise(msg: str):
+    from jinja2 import TemplateError
+
     raise TemplateError(msg)
 
 
@@ -45,6 +49,11 @@ def render_chat(template: str | None, messages: list[dict], tok: GGUFTokenizer, 
                 name: str | None = None) -> str:
     """Render the conversation with the template (None: ChatML) under `budget` (default: the output budget of
     an `n_ctx`-token context, a few seconds); every problem is a one-line KazeiaError naming the template."""
+    from jinja2 import TemplateError
+    from jinja2.ext import loopcontrols
+
+    from kazeia.engine.template_sandbox import Budget, BudgetedEnvironment, Meter, TemplateBudgetError, source_check
+
     name = name or template_name(tok, template)
     meter = Meter(budget or Budget.for_context(n_ctx or DEFAULT_N_CTX), name)
     source = template if template is not None else CHATML_FALLBACK
