@@ -4,27 +4,18 @@ of the same model and prompt (the token ids the log lists, else -p / --n-prompt)
 from __future__ import annotations
 
 import argparse
-import os
 
+from kazeia.cli.crashlog import read_log
 from kazeia.debug.runner import RunSpec
 from kazeia.errors import KazeiaError
 
 MAX_LOG_BYTES = 256 << 20
 
 
-def read_log(path: str) -> str:
-    if not os.path.isfile(path):
-        raise KazeiaError(f"{path}: not a regular file")
-    if os.path.getsize(path) > MAX_LOG_BYTES:
-        raise KazeiaError(f"{path}: larger than {MAX_LOG_BYTES >> 20} MiB")
-    with open(path, "rb") as f:
-        return f.read().decode("utf-8", errors="replace")
-
-
 def main(args: argparse.Namespace) -> int:
     from kazeia.debug.evalcb import AgainstReport, compare_log, parse_log, reference_nodes
 
-    log, tokens = parse_log(read_log(args.against))
+    log, tokens = parse_log(read_log(args.against, MAX_LOG_BYTES))
     if not log:
         raise KazeiaError(f"{args.against}: no llama-eval-callback tensor lines ('name = (type) OP(...) = {{ne}}')")
     if tokens is None and args.prompt is None and args.n_prompt is None:

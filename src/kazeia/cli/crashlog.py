@@ -55,11 +55,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def read_log(path: str) -> str:
+def read_log(path: str, limit: int = MAX_LOG_BYTES) -> str:
+    """A pasted log as text (undecodable bytes replaced): a regular file of at most `limit` bytes."""
     if not os.path.isfile(path):
         raise KazeiaError(f"{path}: not a regular file")
-    if os.path.getsize(path) > MAX_LOG_BYTES:
-        raise KazeiaError(f"{path}: larger than {MAX_LOG_BYTES >> 20} MiB; paste the crash record only")
+    if os.path.getsize(path) > limit:
+        raise KazeiaError(f"{path}: larger than {limit >> 20} MiB")
     with open(path, "rb") as f:
         return f.read().decode("utf-8", errors="replace")
 

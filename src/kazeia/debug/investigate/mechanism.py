@@ -5,8 +5,7 @@ HVX (GGML_HEXAGON_USE_HMX=0) before anything goes to the CPU; every gate is vali
 
 from __future__ import annotations
 
-from kazeia.debug.investigate.common import cpu_nodes_spec
-from kazeia.debug.investigate.gate import validate
+from kazeia.debug.investigate.gate import numeric_gate, validate
 from kazeia.debug.investigate.policy_gate import hmx_class_rule, validate_rules
 from kazeia.debug.investigate.table import Context, StepDef
 
@@ -105,13 +104,8 @@ def mechanism_gate(cx: Context) -> tuple[str, str]:
                 f"({what}), which HVX does not use")
         if validate(cx, spec, desc):
             return "gate HMX -> HVX: validated", spec.command()
-    rep = f.compare
-    first = rep.first_failure
-    same = [r.name for r in rep.rows.get("isolated", []) if r.op == first.op and r.path == first.path]
-    spec = cpu_nodes_spec(cx, same or [first.name])
-    ok = validate(cx, spec, f"route the {len(same) or 1} {first.op} ops that ran on {first.backend}/{first.path} "
-                            f"to the CPU")
-    return f"gate to the CPU: {'validated' if ok else 'NOT validated'}", spec.command()
+    verdict, cmd = numeric_gate(cx)  # the ops like the first bad one to the CPU
+    return f"gate to the CPU: {verdict}", cmd
 
 
 SIGNATURE = StepDef("error signature of the first bad op", signature_step, needs=("dump",), gives=("signature",))
