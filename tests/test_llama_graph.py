@@ -131,3 +131,43 @@ def test_trace_of_a_run_is_that_list(tiny):
     assert len(cast) == 1 and got[cast[0]][0] == "attn_inp_kq_mask (copy)" and got[cast[0]][2] == "256, 10, 1, 1"
     del got[cast[0]]
     assert [_unnamed(g) for g in got] == [_unnamed(w) for w in want]
+
+
+def _trace_rows(path: str, prompt: str) -> list[tuple[str, str, str]]:
+    """(name without #k, op, dst shape) of every op `kazeia trace` records for one prompt."""
+    import io
+
+    from kazeia.debug.runner import RunSpec, run
+    from kazeia.debug.trace import TraceHook
+
+    hook = TraceHook(None, io.StringIO())
+    assert run(RunSpec(model=path, prompt=prompt), hooks=(hook,)).ok
+    return [(re.sub(r"#\d+$", "", r["name"]), r["op"], re.sub(r"^\w+\[|\]$", "", r["dst"]).replace(",", ", "))
+            for r in hook.records]
+
+
+def test_qwen35_trace_is_that_list_but_for_the_stated_differences():
+    """The hybrid, on llama.cpp's own conversion of a tiny Qwen3.5 (tests/data), against llama-eval-callback on that
+    file: the same ops, shapes, names and order, once the differences models/qwen35.py states are applied to
+    llama.cpp's list: build_rs's three nodes per recurrent state (the SCALE that zeroes a new cell, the GET_ROWS
+    and CPY of other sequences' cells, zero rows here) are not built; the q/k L2 norm is the May graph's L2_NORM
+    (llama.cpp #28068 later wrote it RMS_NORM + SCALE); and the May mask cast. Unnamed nodes match by op and shape
+    (the omitted nodes shift ggml's node_<index>)."""
+    want = []
+    for name, _, op, _, _, _, _, ne in parse(os.path.join(DATA, "eval_callback_qwen35_tiny_f32.txt")):
+        if op in VIEW_OPS:
+            continue
+        if op == "SCALE" and re.fullmatch(r"cache_[rs]_l\d+ \(reshaped\) \(view\) \(view\)", name):
+            continue  # build_rs: zero a new cell
+        if ne.split(", ")[1] == "0" and op in ("GET_ROWS", "CPY"):
+            continue  # build_rs: the other sequences' cells (none)
+        if op == "SCALE" and name.split("-")[0] in ("q_conv_predelta", "k_conv_predelta"):
+            assert want[-1][1] == "RMS_NORM"
+            want[-1] = (name, "L2_NORM", ne)  # build_gdn_l2_norm (#28068) = the May graph's ggml_l2_norm
+            continue
+        want.append((name, op, ne))
+    got = _trace_rows(os.path.join(DATA, "qwen35_tiny_converted.gguf"), "Once upon a time there was a small model that")
+    cast = [i for i, g in enumerate(got) if g[1] == "CPY" and g[0] == "attn_inp_kq_mask (copy)"]
+    assert len(cast) == 1 and got[cast[0] + 1][1] == "FLASH_ATTN_EXT"
+    del got[cast[0]]
+    assert [_unnamed(g) for g in got] == [_unnamed(w) for w in want]

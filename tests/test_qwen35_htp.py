@@ -149,21 +149,25 @@ def test_2026_05_first_bad_op_is_the_hvx_ssm_conv(tiny35, tmp_path):
     assert compare_json(tiny35, 8, "2026-05", tmp_path)["first_failure"] is None
 
 
-def test_trace_placements_show_hmx_hvx_and_cpu(tiny35):
-    r = kazeia("trace", "-m", tiny35, "--n-prompt", "38", "-dev", "HTP0", "--quiet", "--placements", "-o", os.devnull)
+def test_trace_placements_show_hmx_hvx_and_cpu(tiny35, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    r = kazeia("trace", "-m", tiny35, "--n-prompt", "38", "-dev", "HTP0", "--quiet", "--placements", "-o", str(trace))
     assert r.returncode == 0, r.stderr[-2000:]
-    where, by_op = {}, {}
-    for line in r.stdout.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[0].isdigit():
-            where[parts[1]] = parts[3]
-            by_op.setdefault(parts[2], set()).add(parts[3])
+    where, by_op, by_weight = {}, {}, {}  # llama.cpp leaves the GDN projections unnamed (node_<index>): by weight
+    for rec in map(json.loads, trace.read_text().splitlines()):
+        placed = f"{rec['backend']}/{rec['path']}"
+        where[rec["name"]] = placed
+        by_op.setdefault(rec["op"], set()).add(placed)
+        if rec["op"] == "MUL_MAT" and rec["src"][0].endswith(".weight)"):
+            by_weight[rec["src"][0].rsplit("(", 1)[1][:-1]] = placed
+    assert "HTP0/hmx" in r.stdout and "CPU/cpu" in r.stdout  # the --placements table
     assert by_op["FLASH_ATTN_EXT"] == {"HTP0/hmx"}  # head size 64: the HMX flash attention
     assert where["model.input_embed"] == "CPU/cpu"  # GET_ROWS from a quantized table
-    assert where["linear_attn_qkv_mixed-0"] == "HTP0/hmx" and where["ffn_out-0"] == "HTP0/hmx"
-    assert where["beta-0"] == "HTP0/hvx"  # 4 rows: N % 32 != 0 keeps it off HMX
-    for name in ("conv_output_raw-0", "gated_delta_net-0", "q_conv_predelta-0", "conv_input-0"):
+    assert by_weight["blk.0.attn_qkv.weight"] == "HTP0/hmx" and where["ffn_out-0"] == "HTP0/hmx"
+    assert by_weight["blk.0.ssm_beta.weight"] == "HTP0/hvx"  # 4 rows: N % 32 != 0 keeps it off HMX
+    for name in ("conv_output_raw-0", "q_conv_predelta-0", "conv_input-0"):
         assert where[name].startswith("HTP0/"), (name, where[name])
+    assert all(p.startswith("HTP0/") for p in by_op["GATED_DELTA_NET"])
 
 
 def test_investigate_gives_a_verdict_and_a_gate(tiny35, tmp_path):

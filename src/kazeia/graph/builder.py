@@ -94,10 +94,12 @@ def cont(a: Tensor, name: str = "") -> Tensor:
 
 
 def cpy(a: Tensor, b: Tensor, name: str = "") -> Tensor:
-    """Copy a into b (converting type); the result is a view of b."""
+    """Copy a into b (converting type); the result is a view of b, named as ggml_cpy names it: `<b> (copy of <a>)`,
+    or `<a> (copy)` when b has no name."""
     if a.nelements != b.nelements:
         raise ValueError("cpy: element counts differ")
-    r = _view_of(b, "CPY", b.ne, b.nb, 0, name or f"{ggml_name(a)} (copy of {ggml_name(b)})")
+    default = f"{ggml_name(b)} (copy of {ggml_name(a)})" if b.name else f"{ggml_name(a)} (copy)"
+    r = _view_of(b, "CPY", b.ne, b.nb, 0, name or default)
     r.op, r.src = "CPY", (a, b)
     return r
 

@@ -15,6 +15,8 @@ post_attention_norm -> SwiGLU FFN -> + residual.
   recurrent cache (GET_ROWS) and written back (CPY).
 V heads come in ggml's tiled order (the converter reorders them from Hugging Face's grouped order), so GDN
 broadcasts q/k heads with h % H_k. Shapes: ggml order [ne0, ne1, ...]; T tokens, C = conv channels.
+Node names, order and shapes are llama.cpp's (tests/test_llama_graph.py checks them against llama-eval-callback on
+the converter's own file), but for build_rs's zero-row and cell-zeroing nodes (see _state_rows) and the L2 norm.
 Qwen3.5-4B text: 32 layers (every 4th attention), hidden 2560, FFN 9216, 16 q / 4 KV heads x 256, rope on 64
 dims, theta 1e7, sections [11, 11, 10, 0]; GDN 16 K heads / 32 V heads x 128, conv kernel 4; vocab 248320.
 """
@@ -201,18 +203,22 @@ def full_attention(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tensor
     v = gb.reshape(v, D, Hkv, T)
     rope = dict(n_dims=a.n_rot, sections=a.rope_sections, mode=ROPE_IMROPE, freq_base=a.rope_freq_base,
                 freq_scale=a.rope_freq_scale, n_ctx_orig=a.n_ctx_train)
-    q = _named(gb.rope_multi(q, inp.pos, **rope), "Qcur_rope", il)
-    k = _named(gb.rope_multi(k, inp.pos, **rope), "Kcur_rope", il)
+    q = _named(gb.rope_multi(q, inp.pos, **rope), "Qcur", il)
+    k = _named(gb.rope_multi(k, inp.pos, **rope), "Kcur", il)
     o = attend(g, a, il, q, k, v, inp, cache, n_kv, opts)  # [D*H, T]
     o = _named(gb.mul(o, _named(gb.sigmoid(gate), "gate_sigmoid", il)), "attn_gated", il)
     return _named(gb.mul_mat(w[p + "attn_output.weight"], o), "attn_output", il)  # [E, T]
 
 
 def _state_rows(g: Graph, cache_tensor: Tensor, s_copy: Tensor, name: str, il: int) -> Tensor:
-    """build_rs: the rows of the sequences' cells, gathered (GET_ROWS) into the compute buffer and expanded.
-    llama.cpp also zeroes a freshly allocated cell in the graph; kazeia's recurrent cache zeroes it on reset."""
+    """build_rs: the rows of the sequences' cells, gathered (GET_ROWS) into the compute buffer and expanded; named
+    `name` when given (conv_states), else ggml's node_<index> (the SSM state, named by its reshape).
+    llama.cpp also zeroes a freshly allocated cell in the graph (SCALE by 0) and copies the cells of sequences
+    beyond this ubatch's (GET_ROWS + CPY, zero rows with one sequence); kazeia's recurrent cache zeroes a cell on
+    reset and runs one sequence, so those three nodes per state are not built."""
     states = gb.reshape(cache_tensor, cache_tensor.ne[0], cache_tensor.ne[1], name=f"{cache_tensor.name} (reshaped)")
-    return g.expand(_named(gb.get_rows(states, s_copy), name, il))  # [state_size, n_seqs]
+    rows = gb.get_rows(states, s_copy)
+    return g.expand(_named(rows, name, il) if name else rows)  # [state_size, n_seqs]
 
 
 def gated_delta_net(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tensor, inp: HybridInputs,
@@ -221,12 +227,13 @@ def gated_delta_net(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tenso
     T, n_seqs = cur.ne[1], inp.s_copy.ne[0]
     S, Hk, Hv, C, dc = a.ssm_d_state, a.ssm_n_group, a.ssm_dt_rank, a.conv_channels, a.ssm_d_conv
     p = f"blk.{il}."
-    qkv = _named(gb.mul_mat(w[p + "attn_qkv.weight"], cur), "linear_attn_qkv_mixed", il)  # [C, T]
+    # llama.cpp names the reshape after a projection (cb on the reshaped tensor): the MUL_MAT is node_<index>
+    qkv = gb.mul_mat(w[p + "attn_qkv.weight"], cur)  # [C, T]
     z = _named(gb.mul_mat(w[p + "attn_gate.weight"], cur), "z", il)  # [Hv*S, T]
-    beta = _named(gb.mul_mat(w[p + "ssm_beta.weight"], cur), "beta", il)  # [Hv, T]
-    beta = _named(gb.sigmoid(gb.reshape(beta, 1, Hv, T, n_seqs)), "beta_sigmoid", il)  # [1, Hv, T, 1]
-    alpha = _named(gb.mul_mat(w[p + "ssm_alpha.weight"], cur), "alpha", il)  # [Hv, T]
-    alpha = _named(gb.add(gb.reshape(alpha, Hv, T, n_seqs), w[p + "ssm_dt.bias"]), "alpha_biased", il)
+    beta = gb.reshape(gb.mul_mat(w[p + "ssm_beta.weight"], cur), 1, Hv, T, n_seqs, name=f"beta-{il}")
+    beta = _named(gb.sigmoid(beta), "beta_sigmoid", il)  # [1, Hv, T, 1]
+    alpha = gb.reshape(gb.mul_mat(w[p + "ssm_alpha.weight"], cur), Hv, T, n_seqs, name=f"alpha-{il}")  # [Hv, T]
+    alpha = gb.add(alpha, w[p + "ssm_dt.bias"])
     gate = _named(gb.softplus(alpha), "a_softplus", il)
     gate = _named(gb.mul(gate, w[p + "ssm_a"]), "gate", il)  # -exp(A_log) * softplus: log-decay per head
     gate = gb.reshape(gate, 1, Hv, T, n_seqs)
@@ -234,15 +241,17 @@ def gated_delta_net(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tenso
     # conv state: the last dc-1 inputs of every channel, then this ubatch's columns; the new last dc-1 go back
     conv_states = _state_rows(g, cache.conv, inp.s_copy, "conv_states", il)  # [(dc-1)*C, n_seqs]
     conv_states = gb.reshape(conv_states, dc - 1, C, n_seqs)
-    qkv_t = gb.transpose(gb.reshape(qkv, C, T, n_seqs), name=f"qkv_mixed_transposed-{il}")  # [T, C, n_seqs]
+    qkv = gb.reshape(qkv, C, T, n_seqs, name=f"linear_attn_qkv_mixed-{il}")
+    qkv_t = gb.transpose(qkv, name=f"qkv_mixed_transposed-{il}")  # [T, C, n_seqs]
     conv_input = _named(gb.concat(conv_states, qkv_t, 0), "conv_input", il)  # [dc-1+T, C, n_seqs]
     last = gb.view_3d(conv_input, dc - 1, C, n_seqs, conv_input.nb[1], conv_input.nb[2], T * conv_input.nb[0],
                       name=f"conv_state_last-{il}")
     update = gb.view_2d(cache.conv, a.n_embd_r, n_seqs, cache.conv.nb[1], name=f"conv_state_update-{il}")
-    g.expand(gb.cpy(last, update, name=f"conv_state_store-{il}"))
+    g.expand(gb.cpy(last, update))  # ggml's name: conv_state_update-il (copy of conv_state_last-il)
 
-    state = _state_rows(g, cache.ssm, inp.s_copy, "state_predelta", il)  # [S*S*Hv, n_seqs]
-    state = gb.reshape(state, S * S * Hv, 1, n_seqs)  # ggml bb4dc86a's form: [D, K = 1 snapshot, n_seqs]
+    state = _state_rows(g, cache.ssm, inp.s_copy, "", il)  # [S*S*Hv, n_seqs]
+    # ggml bb4dc86a's form: [D, K = 1 snapshot, n_seqs]
+    state = gb.reshape(state, S * S * Hv, 1, n_seqs, name=f"state_predelta-{il}")
 
     conv = _named(gb.ssm_conv(conv_input, w[p + "ssm_conv1d.weight"]), "conv_output_raw", il)  # [C, T, n_seqs]
     conv = _named(gb.silu(conv), "conv_output_silu", il)
@@ -251,21 +260,23 @@ def gated_delta_net(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tenso
     q = gb.view_4d(conv, S, Hk, T, n_seqs, S * el, row, row * T, 0, name=f"q_conv-{il}")
     k = gb.view_4d(conv, S, Hk, T, n_seqs, S * el, row, row * T, S * Hk * el, name=f"k_conv-{il}")
     v = gb.view_4d(conv, S, Hv, T, n_seqs, S * el, row, row * T, 2 * S * Hk * el, name=f"v_conv-{il}")
+    # ggml_l2_norm, as in the May 2026 graph (llama.cpp #28068 later builds it as RMS_NORM(eps/n) + SCALE 1/sqrt(n))
     q = _named(gb.l2_norm(q, a.rms_eps), "q_conv_predelta", il)
     k = _named(gb.l2_norm(k, a.rms_eps), "k_conv_predelta", il)
 
-    res = _named(gb.gated_delta_net(q, k, v, gate, beta, state), "gated_delta_net", il)  # [S*Hv, T*n + S*n]
+    res = gb.gated_delta_net(q, k, v, gate, beta, state)  # [S*Hv, T*n + S*n]
     el = res.nb[0]
     out = gb.view_4d(res, S, Hv, T, n_seqs, S * el, S * Hv * el, S * Hv * T * el, 0, name=f"attn_output-{il}")
     new_state = gb.view_4d(res, S, S, Hv, n_seqs, S * el, S * S * el, S * S * Hv * el, S * Hv * T * n_seqs * el,
                            name=f"new_state-{il}")
-    dst = gb.view_2d(cache.ssm, a.n_embd_s, n_seqs, cache.ssm.nb[1], name=f"ssm_state_update-{il}")
-    g.expand(gb.cpy(new_state, dst, name=f"ssm_state_store-{il}"))
+    dst = gb.view_2d(cache.ssm, a.n_embd_s, n_seqs, cache.ssm.nb[1], name=f"{cache.ssm.name} (view)")
+    g.expand(gb.cpy(new_state, dst))  # cache_s_lN (view) (copy of new_state-il)
 
     # gated RMS norm per V head: ssm_norm(o) * silu(z), then the output projection
-    o = norm(out, w[p + "ssm_norm.weight"], a.rms_eps, "ssm_norm", il)  # [S, Hv, T, n_seqs]
-    zs = _named(gb.silu(gb.reshape(z, S, Hv, T, n_seqs)), "z_silu", il)
-    o = _named(gb.mul(o, zs), "attn_out_norm", il)
+    # (build_norm_gated: llama.cpp names only its RMS_NORM, norm-il; the MULs and the SILU stay node_<index>)
+    o = gb.mul(_named(gb.rms_norm(out, a.rms_eps), "norm", il), w[p + "ssm_norm.weight"])  # [S, Hv, T, n_seqs]
+    zs = gb.silu(gb.reshape(z, S, Hv, T, n_seqs, name=f"z-{il} (reshaped)"))
+    o = gb.mul(o, zs)
     o = gb.reshape(o, S * Hv, T * n_seqs, name=f"final_output-{il}")
     return _named(gb.mul_mat(w[p + "ssm_out.weight"], o), "linear_attn_out", il)  # [E, T]
 
