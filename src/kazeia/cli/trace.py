@@ -49,8 +49,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def print_placements(records: list[dict]) -> None:
-    print(f"{'#':>5}  {'node':28s} {'op':16s} {'where':12s} batch")
+    print(f"{'#':>5}  {'node':28s} {'op':16s} {'where':12s} {'batch':>5s}  rule")
     for r in records:
         if r.get("ubatch", 0) == 0:
             print(f"{r['index']:5d}  {r['name']:28s} {r['op']:16s} {r['backend'] + '/' + r['path']:12s} "
-                  f"{r['batch'] if r['batch'] is not None else ''}")
+                  f"{r['batch'] if r['batch'] is not None else '':>5}  {r.get('rule') or ''}")

@@ -74,6 +74,8 @@ class TraceHook(Hook):
         for k in ("status", "hmx_fallback", "src1_reused", "mc", "nc"):
             if k in info.extra:
                 rec[k] = info.extra[k]
+        if node.route_rule:  # the gate-policy rule that routed it (engine/policy.py)
+            rec["rule"] = node.route_rule
         self.count += 1
         self.records.append(rec)
         if self.stream is not None:
@@ -99,7 +101,8 @@ class TraceHook(Hook):
     def format(rec: dict, ins: list[Stats | None], out: Stats | None) -> str:
         srcs = " ".join(f"src{i}={s}" for i, s in enumerate(rec["src"]) if s)
         parts = [f"KZOP #{rec['index']} {rec['name']} {rec['op']} {rec['backend']}/{rec['path']}",
-                 f"batch={rec['batch']}" if rec["batch"] is not None else "", f"dst={rec['dst']} {srcs}"]
+                 f"batch={rec['batch']}" if rec["batch"] is not None else "",
+                 f"rule={rec['rule']}" if rec.get("rule") else "", f"dst={rec['dst']} {srcs}"]
         for i, s in enumerate(ins):
             if s is not None:
                 parts.append(f"| s{i}: {s.short()}")

@@ -1,8 +1,9 @@
 """Gate policies: a small TOML file of routing rules (format in docs/gate_policy.md).
 
 Each rule matches a node by op, weight type, K, N, M range and node-name regex and sends it to a path on its
-device (`hmx`: the default path, `hvx`: HMX off for that node), to the CPU (`cpu`), or splits the micro-batch so
-that M avoids a range (`split`). `PolicyGate` is the scheduler's gate for a policy; `split_sizes` is what the
+device (`hmx`: the default path, `hvx`: HMX off for that node), to the CPU (`cpu`), splits the micro-batch so
+that M avoids a range (`split`), or splits only that op's M into pieces avoiding the range (`split-op`, rows of a
+matmul are independent: graph/rowsplit.py). `PolicyGate` is the scheduler's gate for a policy; `split_sizes` is what the
 context asks before it runs a micro-batch. Reading a policy never runs code from it (tomllib, then checks).
 """
 
@@ -13,10 +14,11 @@ import tomllib
 from dataclasses import dataclass, field
 
 from kazeia.errors import KazeiaError
+from kazeia.graph.rowsplit import split_path
 from kazeia.graph.tensor import Tensor, type_name
 
 FORMAT = 1
-ACTIONS = ("hmx", "hvx", "cpu", "split")
+ACTIONS = ("hmx", "hvx", "cpu", "split", "split-op")
 RULE_KEYS = {"name", "op", "type", "k", "n", "m", "node", "action", "why", "evidence", "modeled_s"}
 MATMUL_OPS = ("MUL_MAT", "MUL_MAT_ID")
 
@@ -65,7 +67,7 @@ class Rule:
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise KazeiaError(f"rule {self.name!r}: action {self.action!r} is not one of {', '.join(ACTIONS)}")
-        if self.action == "split" and (self.m is None or self.m[0] < 2):
+        if self.action in ("split", "split-op") and (self.m is None or self.m[0] < 2):
             raise KazeiaError(f"rule {self.name!r}: split needs an m range starting at 2 or more")
         try:
             self._re = re.compile(self.node) if self.node else None
@@ -224,6 +226,8 @@ class PolicyGate:
         reason = f"rule {r.name} ({self.policy.path}): {r.action}"
         if r.action == "cpu":
             return Route(self.cpu, "cpu", reason, r.name)
+        if r.action == "split-op":
+            return Route(None, split_path(*r.m), reason, r.name)
         return Route(None, "hvx" if r.action == "hvx" else None, reason, r.name)
 
     def describe(self) -> str:

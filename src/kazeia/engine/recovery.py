@@ -3,10 +3,12 @@
 When the device session dies while a micro-batch runs (the host learns at its next blocking read, as 0x2e):
 1. a new session is opened (the old one's buffers are gone; the weights are mapped again) and the micro-batch is
    run again on the same paths: a transient death costs one re-run and nothing else;
-2. if it dies again at the same place (same batch, same ops), the micro-batch is run once in a synchronous
-   session (one op per batch, waited on: the host then knows the op, as the team's GGML_HEXAGON_OPBATCH=1
-   GGML_HEXAGON_OPQUEUE=1 runs showed), and a rule routing that op's class away is added to the policy: the
-   cheapest alternative by the device's modeled time that has not died yet; the micro-batch runs again;
+2. if it dies again at the same place (same batch, same ops), the micro-batch runs in a synchronous session
+   (one op per batch, waited on: the host then knows the op, as the team's GGML_HEXAGON_OPBATCH=1
+   GGML_HEXAGON_OPQUEUE=1 runs showed); a death there names the op, and a second death at that same op adds a
+   rule routing its class away to the policy: the cheapest alternative by the device's modeled time that has
+   not died yet (hvx, cpu, or for a matmul split-op: only that op cut along M around the range that dies);
+   the micro-batch runs again (a synchronous run that completes stands: it computed the same);
 3. after `max_attempts` deaths in one micro-batch a clear error names the op.
 The context re-writes the micro-batch's inputs and restores the recurrent state before every re-run, and only
 moves n_past once a run completed, so the KV cache and the recurrent state stay consistent and no token is lost
@@ -26,9 +28,8 @@ from kazeia.engine.policy import Policy, PolicyGate, Rule, node_m
 from kazeia.engine.scheduler import Scheduler
 from kazeia.errors import DeviceDeathError, KazeiaError
 from kazeia.graph.builder import Graph
+from kazeia.graph.rowsplit import split_path
 from kazeia.graph.tensor import Tensor, type_name
-
-ALTERNATIVES = ("hvx", "cpu")  # where a failing device op can go (hvx: HMX off for it; cpu: the host)
 
 
 class DeathInjector:
@@ -61,7 +62,7 @@ class DeathInjector:
 class Recovery:
     scheduler: Scheduler
     policy: Policy = field(default_factory=lambda: Policy(path="recovery"))
-    max_attempts: int = 6
+    max_attempts: int = 8
     warn: Callable[[str], None] = lambda s: print(f"kazeia: warning: {s}", file=sys.stderr, flush=True)
     deaths: int = 0  # over the whole run
     recoveries: int = 0  # micro-batches that needed at least one re-run
@@ -73,83 +74,84 @@ class Recovery:
 
     def compute(self, graph: Graph, prepare: Callable[[], None], label: str = "micro-batch") -> None:
         """Run `graph`, surviving device deaths; `prepare()` puts its inputs and state back before a re-run."""
-        last_place, tried, died_here = None, {}, 0
+        died, last_place, sync_op, tried = 0, None, None, {}
         while True:
             try:
                 self.scheduler.compute(graph)
+                if sync_op is not None or self._synchronous():
+                    self.warn(f"{label}: completed with one op per batch; back to a batched session")
+                    self._reopen(self._device(), sync=False)
                 return
             except DeviceDeathError as e:
-                died_here += 1
+                died += 1
                 self.deaths += 1
-                if died_here == 1:
-                    self.recoveries += 1
+                self.recoveries += died == 1
                 dead = self._dead_backend()
                 if dead is None:
                     raise
-                if died_here >= self.max_attempts:
+                if died >= self.max_attempts:
                     raise DeviceDeathError(
-                        f"{label}: the device died {died_here} times (last in batch {getattr(e, 'batch_seq', '?')}, "
-                        f"last enqueued {e.last_enqueued}); giving up: {e}", e.code, e.last_enqueued, e.faulting,
-                        e.cause) from None
-                place = (getattr(e, "batch_seq", None), tuple(getattr(e, "batch_ops", None) or ()))
-                if place != last_place:
-                    last_place = place
-                    self.warn(f"{label}: device died ({e}) in batch {place[0]} (last enqueued {e.last_enqueued}): "
-                              f"new session, running the {label} again")
-                    self._reopen(dead)
-                elif self._localize_and_route(graph, prepare, dead, label, tried):
-                    return  # the synchronous run completed the micro-batch
+                        f"{label}: the device died {died} times (last in batch {getattr(e, 'batch_seq', '?')}, last "
+                        f"enqueued {e.last_enqueued}); giving up after --max-deaths {self.max_attempts}: {e}",
+                        e.code, e.last_enqueued, e.faulting, e.cause) from None
+                ops = tuple(getattr(e, "batch_ops", None) or ())
+                if self._synchronous(dead) and ops:
+                    if ops[-1] != sync_op:  # the op is known: once more, to tell a transient death from its op
+                        sync_op = ops[-1]
+                        self.warn(f"{label}: device died in a one-op batch at {sync_op}: new session, once more")
+                        self._reopen(dead, sync=True)
+                    else:
+                        node = next((n for n in graph.nodes if n.name == sync_op), None)
+                        if node is None:
+                            raise
+                        self._add_rule(node, dead, label, tried)
+                        last_place = sync_op = None
+                        self._reopen(dead, sync=False)
                 else:
-                    last_place = None
+                    place = (getattr(e, "batch_seq", None), ops)
+                    if place != last_place:
+                        last_place = place
+                        self.warn(f"{label}: device died ({e}) in batch {place[0]} (last enqueued "
+                                  f"{e.last_enqueued}): new session, running the {label} again")
+                        self._reopen(dead)
+                    else:
+                        self.warn(f"{label}: died again at the same place: running it with one op per batch "
+                                  f"to find the op")
+                        self._reopen(dead, sync=True)
                 prepare()
 
     def _dead_backend(self):
         return next((b for b in self.scheduler.backends if getattr(b, "dead", None) is not None), None)
+
+    def _device(self):
+        return self.scheduler.backends[0]
+
+    def _synchronous(self, backend=None) -> bool:
+        return bool(getattr(backend or self._device(), "synchronous", False))
 
     def _reopen(self, dead, sync: bool = False):
         new = dead.new_session(sync=sync)
         self.scheduler.replace_backend(dead, new)
         return new
 
-    def _localize_and_route(self, graph: Graph, prepare, dead, label: str, tried: dict) -> bool:
-        """Second death at the same place: find the op with a synchronous session, then route its class away.
-        True: the synchronous run completed the micro-batch instead."""
-        self.warn(f"{label}: died again at the same place: running it once with one op per batch to find the op")
-        sync = self._reopen(dead, sync=True)
-        prepare()
-        try:
-            self.scheduler.compute(graph)
-        except DeviceDeathError as e:
-            self.deaths += 1
-            ops = getattr(e, "batch_ops", None) or []
-            node = _node_named(graph, ops[-1]) if ops else None
-            if node is None:
-                raise
-            self._add_rule(node, sync, label, tried)
-            self._reopen(sync)
-            return False
-        # the synchronous run completed: its outputs stand; later micro-batches go back to a batched session
-        self.warn(f"{label}: completed with one op per batch (the death depends on the batching); "
-                  f"back to a batched session")
-        self.scheduler.replace_backend(sync, sync.new_session(sync=False))
-        return True
-
     def _add_rule(self, node: Tensor, device, label: str, tried: dict) -> None:
         key = _class_key(node)
         done = tried.setdefault(key, set())
-        options = [a for a in ALTERNATIVES if a not in done]
-        if node.route_path is not None:
-            done.add(node.route_path)
-            options = [a for a in options if a != node.route_path]
+        lo, hi = device.same_plan_m_range(node) if hasattr(device, "same_plan_m_range") else (node_m(node),) * 2
+        paths = {"hvx": "hvx", "cpu": "cpu"}
+        if node.op == "MUL_MAT" and lo >= 2:  # only this matmul cut along M, around the range that dies
+            paths["split-op"] = split_path(lo, hi)
+        if node.route_path is not None:  # what a rule already put it on died too
+            done.update(a for a, p in paths.items() if p == node.route_path)
+        options = [a for a in paths if a not in done]
         if not options:
             raise DeviceDeathError(f"{label}: {node.name} ({node.desc()}) kills the device on every path "
                                    f"({', '.join(sorted(done))}); no alternative left", 0x2E, None, node.name)
         cost = getattr(device, "path_seconds", None)
         if cost is not None:
-            options.sort(key=lambda a: cost(node, a))
+            options.sort(key=lambda a: cost(node, paths[a]))
         action = options[0]
         done.add(action)
-        lo, hi = device.same_plan_m_range(node) if hasattr(device, "same_plan_m_range") else (node_m(node),) * 2
         w = node.src[0] if node.src else None
         weighted = w is not None and w.weight_name is not None
         name = f"recovered-{node.op.lower()}-{len(self.rules_added) + 1}"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from kazeia.backends.base import Backend, Hooks
 from kazeia.errors import KazeiaError, UnsupportedError
+from kazeia.graph import rowsplit
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Tensor
 
@@ -163,7 +164,11 @@ class Scheduler:
             backend, reason = self.place(node, i)
             self.placements.append(Placement(node.name, node.desc(), backend.name, reason, i))
             self._wait_for_inputs(node, backend)
-            backend.compute(node)
+            if node.route_path is not None and node.route_path.startswith(rowsplit.PREFIX):
+                for piece in rowsplit.split_nodes(node):  # a split-op rule: M cut into pieces avoiding a range
+                    backend.compute(piece)
+            else:
+                backend.compute(node)
             root = node.root
             self._last_writer[root.data_addr] = backend
             for other in self.backends:

@@ -87,17 +87,19 @@ class HtpBackend(Backend):
 
     def new_session(self, sync: bool = False) -> HtpBackend:
         """A new session (FastRPC session, DSP process, VTCM, op queue) with the same settings, hooks, REPACK
-        buffer and death injector; `sync`: GGML_HEXAGON_OPBATCH=1 GGML_HEXAGON_OPQUEUE=1."""
-        settings = self.settings
-        if sync:
-            settings = dataclasses.replace(settings, opbatch=1, opqueue=1)
-        elif self._batched_settings is not None:
-            settings = self._batched_settings
+        buffer and death injector; `sync`: GGML_HEXAGON_OPBATCH=1 GGML_HEXAGON_OPQUEUE=1 (and back without)."""
+        base = self._batched_settings or self.settings  # the settings before recovery asked for one-op batches
+        settings = dataclasses.replace(base, opbatch=1, opqueue=1) if sync else base
         new = HtpBackend(settings, self.host.log, self.executor.matmul.weights)
-        new._batched_settings = self._batched_settings or (self.settings if sync else None)
+        new._batched_settings = base if sync else None
         new.hooks = list(self.hooks)
         new.set_death_injector(self.dsp.injector)
         return new
+
+    @property
+    def synchronous(self) -> bool:
+        """One op per batch, waited on: a death names its op (the failed batch holds only that op)."""
+        return self.settings.opbatch == 1 and self.settings.opqueue == 1
 
     def set_death_injector(self, injector) -> bool:
         self.dsp.injector = injector

@@ -36,6 +36,7 @@ from kazeia.backends.htp.plan import plan_for_node
 from kazeia.backends.htp.scratch import op_scratch
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.support import supports_op
+from kazeia.graph import rowsplit
 from kazeia.graph.tensor import GGMLType, Tensor, is_quantized, row_size
 
 
@@ -166,6 +167,9 @@ def op_seconds(node: Tensor, settings: HtpSettings, c: CostModel = DEFAULT) -> O
     rule sends to the host (`route_path` "cpu") is priced on the phone's CPU (PHONE_CPU)."""
     if node.route_path == "cpu":
         return OpCost(node.name, node.desc(), "CPU", PHONE_CPU.op_seconds(node))
+    if rowsplit.parse_split(node.route_path) is not None:  # a split-op rule: the pieces, each on its own plan
+        pieces = [op_seconds(p, settings, c) for p in rowsplit.split_nodes(node)]
+        return OpCost(node.name, node.desc(), "+".join(p.where for p in pieces), sum(p.seconds for p in pieces))
     if not supports_op(node, settings):
         return OpCost(node.name, node.desc(), "CPU", cpu_op_seconds(node, c))
     if node.op == "MUL_MAT":

@@ -4,7 +4,8 @@ failing ones away, pick each alternative by modeled time, cache the result.
 Per class (classes.py) the device's default path is run at the class's smallest and largest M in a child
 process against REF; a failing class then has its alternatives validated the same way: `hvx` (the device with
 HMX off for it) and `cpu` (the host backend), and `split` (cut the micro-batch so M avoids the class's range)
-is valid when every piece size falls in classes that passed. Among the valid alternatives the one with the
+is valid when every piece size falls in classes that passed, and so is `split-op` (only that matmul cut along
+M, graph/rowsplit.py) when the pieces pass for its own weight shape. Among the valid alternatives the one with the
 best modeled prefill time of a micro-batch at the class's largest M wins: the HTP cost model for device time,
 the stated phone-CPU model (cost.PhoneCpu) for the host. The policy is cached under the key (model file hash,
 profile, VTCM size, fault set, kazeia version, plus the micro-batch limit and the HMX/arch/NHVX switches that
@@ -25,11 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kazeia import __version__
-from kazeia.backends.htp.cost import PHONE_CPU, graph_seconds, hmx_matmul_seconds, hvx_matmul_seconds
+from kazeia.backends.htp.cost import PHONE_CPU, graph_seconds, hmx_matmul_seconds, hvx_matmul_seconds, op_seconds
+from kazeia.backends.htp.plan import matmul_node
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.debug.gate.classes import OpClass, enumerate_classes
 from kazeia.engine.context import Model
 from kazeia.engine.policy import Policy, Rule
+from kazeia.graph.rowsplit import row_pieces, split_path
 from kazeia.graph.tensor import GGMLType
 from kazeia.models.shapes import shape_caches, ubatch_graph
 
@@ -101,7 +104,11 @@ def auto_policy(model_path: str, settings: HtpSettings, ubatch: int = 512, jobs:
     res = AutoResult(Policy(source=source, path=path), path, False, classes=len(classes))
     verdicts = _validate(model_path, classes, settings, {c.key: [None] for c in classes}, jobs, progress, res)
     failing = [c for c in classes if not all(v["ok"] for v in verdicts[c.key])]
-    passing_ms = {m for c in classes if c not in failing for m in c.ms}
+    passing_ms: dict = {}  # M values whose classes passed: per weight shape, and for every shape ("any")
+    for c in classes:
+        passing_ms.setdefault((c.wtype, c.k, c.n), set()).update(c.ms if c not in failing else ())
+    shapes = {(c.wtype, c.k, c.n) for c in classes}
+    passing_ms["any"] = set.intersection(*(passing_ms[s] for s in shapes)) if shapes else set()
     if failing:
         alts = _validate(model_path, failing, settings, {c.key: ["hvx", "cpu"] if c.path == "hmx" else ["cpu"]
                                                          for c in failing}, jobs, progress, res)
@@ -199,9 +206,11 @@ def _rule_for(model: Model, settings: HtpSettings, c: OpClass, default: list[dic
         if ok.get(p) and any(v["path"] == p for v in alts):
             options[p] = _graph_s(model, settings, m_hi, {w: p for w in c.weights})
     lo = c.ms[0]
-    if lo >= 2 and len(c.ranges()) == 1:
-        pieces = [lo - 1] * (m_hi // (lo - 1)) + ([m_hi % (lo - 1)] if m_hi % (lo - 1) else [])
-        if all(p in passing_ms for p in pieces):
+    if lo >= 2 and len(c.ranges()) == 1:  # the pieces' M must be validated classes of this shape
+        pieces = row_pieces(m_hi, lo, m_hi)
+        if all(p in passing_ms.get((c.wtype, c.k, c.n), ()) for p in pieces):
+            options["split-op"] = _graph_s(model, settings, m_hi, {w: split_path(lo, m_hi) for w in c.weights})
+        if all(p in passing_ms.get("any", ()) for p in pieces):
             options["split"] = sum(_graph_s(model, settings, p) for p in pieces)
     ev = [f"M={v['m']} {v['path']}: {'ok' if v['ok'] else 'FAILED'}: {v['evidence']}" for v in default + alts]
     if not options:
@@ -216,11 +225,18 @@ def _rule_for(model: Model, settings: HtpSettings, c: OpClass, default: list[dic
         f"{p} {m_hi / s:.1f} tok/s" for p, s in sorted(options.items(), key=lambda kv: kv[1]))
         + f"; all-HMX (had it not failed) {m_hi / all_hmx:.1f} tok/s")
     per_node = {"hvx": hvx_matmul_seconds(m_hi, c.k, c.n, wtype),
-                "cpu": PHONE_CPU.matmul_seconds(m_hi, c.k, c.n, wtype)}.get(best)
+                "cpu": PHONE_CPU.matmul_seconds(m_hi, c.k, c.n, wtype),
+                "split-op": sum(hmx_or_hvx_seconds(settings, p, c.k, c.n, wtype)
+                                for p in row_pieces(m_hi, lo, m_hi))}.get(best)
     return Rule(f"{c.rule_name}-{best}", best, "MUL_MAT", c.wtype, (c.k, c.k), (c.n, c.n), (lo, m_hi),
                 why=f"{c.describe()}: the default path fails ({_first_failure(default)}); {best} is the fastest "
                     f"alternative that validates",
                 evidence=ev, modeled_s=per_node)
+
+
+def hmx_or_hvx_seconds(settings: HtpSettings, m: int, k: int, n: int, wtype: GGMLType) -> float:
+    """Modeled seconds of one MUL_MAT piece of m rows on the path its own plan takes."""
+    return op_seconds(matmul_node(m, k, n, wtype), settings).seconds
 
 
 def _first_failure(verdicts: list[dict]) -> str:

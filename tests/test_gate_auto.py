@@ -1,0 +1,99 @@
+"""`kazeia gate --auto` (issue 11): the op classes, their validation in child processes, the policy routing only the
+failing classes by modeled time, its cache; and the gated run of a Qwen3-4B-shaped model under 2026-05."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kazeia.backends.htp.cost import graph_seconds
+from kazeia.backends.htp.plan import plan_matmul
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.cli.common import open_session
+from kazeia.cli.main import build_parser
+from kazeia.debug.gate.auto import auto_policy, explain
+from kazeia.debug.gate.classes import enumerate_classes
+from kazeia.debug.judge import nmse
+from kazeia.engine.context import Model
+
+Q4B_SHAPES = [(2560, 4096), (2560, 1024), (4096, 2560), (2560, 9728), (9728, 2560)]  # (K, N) of the projections
+
+
+def session(*argv: str):
+    return open_session(build_parser("run").parse_args(["run", *argv]))
+
+
+def failing_by_arithmetic(settings: HtpSettings, ub: int) -> set[tuple[int, int, int]]:
+    """(K, N, M) whose plan does not run, from plan_matmul alone (no graph, no model file)."""
+    return {(k, n, m) for k, n in Q4B_SHAPES for m in range(1, ub + 1)
+            if plan_matmul(m, k, n, "q4_0", vtcm_size=settings.vtcm_bytes, profile=settings.profile).outcome
+            != "runs"}
+
+
+@pytest.mark.parametrize("vtcm", [8 << 20, 6 << 20, 4 << 20])
+def test_classes_are_the_plans_of_the_model(q4b2, vtcm):
+    """Every M of 1..ub lands in exactly one class per weight shape, and the classes whose plan does not run are
+    exactly the (K, N, M) the plan arithmetic says fail."""
+    settings = HtpSettings(profile="2026-05", vtcm_bytes=vtcm)
+    classes, others = enumerate_classes(Model.load(q4b2), settings, 96)
+    for k, n in Q4B_SHAPES:
+        ms = sorted(m for c in classes if (c.k, c.n) == (k, n) for m in c.ms)
+        assert ms == list(range(1, 97)), (k, n)
+    bad = {(c.k, c.n, m) for c in classes if c.plan[2] != "runs" for m in c.ms}
+    assert bad == failing_by_arithmetic(settings, 96)
+    if vtcm == 8 << 20:
+        assert bad == {(9728, 2560, m) for m in range(33, 65)}  # the design note's arithmetic
+    assert "FLASH_ATTN_EXT" in others and "RMS_NORM" in others
+
+
+@pytest.mark.slow
+def test_auto_policy_routes_only_the_failing_class_and_caches(q4b2, tmp_path, monkeypatch):
+    monkeypatch.setenv("KAZEIA_GATE_CACHE", str(tmp_path))
+    settings = HtpSettings(profile="2026-05")
+    res = auto_policy(q4b2, settings, 64)
+    assert not res.cached and res.child_runs > 0 and res.cases > 0
+    (rule,) = res.policy.rules
+    assert (rule.op, rule.type, rule.k, rule.n, rule.m) == ("MUL_MAT", "q4_0", (9728, 9728), (2560, 2560), (33, 64))
+    # by the cost model: a 32-row piece on HMX and the rest on HVX beats HVX for all, the phone CPU, and splitting
+    # the whole micro-batch
+    assert rule.action == "split-op"
+    assert any("FAILED" in e and "died" in e for e in rule.evidence)
+    again = auto_policy(q4b2, settings, 64)
+    assert again.cached and again.child_runs == 0 and again.cases == 0
+    assert [r.name for r in again.policy.rules] == [rule.name]
+    text = explain(again.policy)
+    assert rule.name in text and "tok/s" in text and "all-HMX" in text
+    other = auto_policy(q4b2, HtpSettings(profile="robust"), 64)  # another key: validated again, nothing fails
+    assert not other.cached and other.policy.rules == []
+
+
+@pytest.mark.slow
+def test_gated_run_and_recovery_acceptance(q4b2, tmp_path, monkeypatch):
+    """Issue 11's acceptance on the 2-layer Qwen3-4B shape: 2026-05, 38 tokens, --gates auto completes with only
+    the overflowing class routed, modeled prefill >= 90 % of robust's, logits within 5e-4 NMSE of cpu; the
+    recovery run without gates gives the gated run's tokens."""
+    monkeypatch.setenv("KAZEIA_GATE_CACHE", str(tmp_path))
+    ids = list(range(1000, 1038))
+    common = ("-m", q4b2, "-ub", "64")
+    gated = session(*common, "-dev", "HTP0", "--htp-profile", "2026-05", "--gates", "auto")
+    logits = np.array(gated.ctx.decode(ids)[-1])
+    routed = {p.node for p in gated.scheduler.placements if "rule " in p.reason}
+    assert routed == {"ffn_out-0"}  # the last layer's FFN runs on the one output row (M = 1)
+    settings = gated.scheduler.backends[0].settings
+    gated_s = graph_seconds(gated.ctx.last_graph.nodes, settings)[0]
+    robust = session(*common, "-dev", "HTP0", "--htp-profile", "robust")
+    robust.ctx.decode(ids)
+    robust_s = graph_seconds(robust.ctx.last_graph.nodes, robust.scheduler.backends[0].settings)[0]
+    assert (38 / gated_s) >= 0.9 * (38 / robust_s)
+    cpu = session(*common, "-dev", "CPU")
+    assert nmse(logits, np.array(cpu.ctx.decode(ids)[-1])) <= 5e-4
+    tokens = [int(np.argmax(logits))]
+    for _ in range(3):
+        tokens.append(int(np.argmax(gated.ctx.decode([tokens[-1]])[-1])))
+    rec = session(*common, "-dev", "HTP0", "--htp-profile", "2026-05", "--recover")
+    rec.ctx.recovery.warn = lambda s: None
+    rt = [int(np.argmax(rec.ctx.decode(ids)[-1]))]
+    for _ in range(3):
+        rt.append(int(np.argmax(rec.ctx.decode([rt[-1]])[-1])))
+    assert rec.ctx.recovery.recoveries == 1 and len(rec.ctx.recovery.rules_added) == 1
+    assert rt == tokens
