@@ -97,3 +97,27 @@ def test_gated_run_and_recovery_acceptance(q4b2, tmp_path, monkeypatch):
         rt.append(int(np.argmax(rec.ctx.decode([rt[-1]])[-1])))
     assert rec.ctx.recovery.recoveries == 1 and len(rec.ctx.recovery.rules_added) == 1
     assert rt == tokens
+
+
+@pytest.mark.slow
+def test_run_gates_auto_builds_then_reuses_the_cache(q4b2, tmp_path):
+    """`kazeia run --gates auto` validates with a progress bar the first time; the second run does no validation
+    work and says so; `kazeia gate --explain` prints the cached policy's reasons."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KAZEIA_GATE_CACHE": str(tmp_path)}
+    argv = [sys.executable, "-m", "kazeia.cli.main", "run", "-m", q4b2, "-dev", "HTP0", "--htp-profile", "2026-05",
+            "--gates", "auto", "-ub", "64", "--n-prompt", "38", "-n", "1", "--temp", "0"]
+    first = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1200)
+    assert first.returncode == 0, first.stderr
+    assert "gates: validating [" in first.stderr and "1 failing, 1 rule(s)" in first.stderr
+    second = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1200)
+    assert second.returncode == 0, second.stderr
+    assert "validation work: 0 child runs, 0 cases" in second.stderr and "validating [" not in second.stderr
+    assert first.stdout == second.stdout
+    ex = subprocess.run([sys.executable, "-m", "kazeia.cli.main", "gate", "--explain", "-m", q4b2, "--htp-profile",
+                         "2026-05", "-ub", "64"], capture_output=True, text=True, env=env, timeout=600)
+    assert ex.returncode == 0, ex.stderr
+    assert "split-op" in ex.stdout and "FAILED" in ex.stdout and "all-HMX" in ex.stdout

@@ -106,3 +106,19 @@ def test_a_persistent_death_adds_a_rule_for_its_class(q4b2):
     ref.scheduler.router.gates.append(PolicyGate(Policy([rule])))
     rt, rl = greedy(ref, ids, 2)
     assert t == rt and np.array_equal(lg, rl)
+
+
+@pytest.mark.slow
+def test_twenty_random_deaths_on_the_default_model(default_model):
+    """Issue 11's acceptance: 20 seeded random transient deaths during a 64-token generation on the default model
+    on HTP0: the run completes with the tokens and logits of the run without them, bitwise."""
+    prompt = ("-p", "The history of the printing press begins")
+    base = session("-m", default_model, "-dev", "HTP0", *prompt)
+    ids = base.tok.encode("The history of the printing press begins")
+    base_t, base_l = greedy(base, ids, 64)
+    s = session("-m", default_model, "-dev", "HTP0", *prompt, "--recover", "--inject-death-rate", "0.001",
+                "--inject-seed", "11", "--inject-deaths", "20")
+    s.ctx.recovery.warn = lambda line: None
+    t, lg = greedy(s, ids, 64)
+    assert s.injector.deaths == 20 and s.ctx.recovery.deaths == 20
+    assert t == base_t and np.array_equal(lg, base_l)
