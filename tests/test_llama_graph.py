@@ -114,19 +114,10 @@ def test_trace_of_a_run_is_that_list(tiny):
     """What `kazeia trace` records for the same prompt, op by op, is llama-eval-callback's list without the views
     (and plus the May graph's mask cast): the same names (kazeia's `#k` suffix taken off), ops and shapes, in the
     same order. Unnamed llama.cpp nodes match by op and shape."""
-    import io
-
-    from kazeia.debug.runner import RunSpec, run
-    from kazeia.debug.trace import TraceHook
-
     arch, model = tiny
     want = [(r[0], r[2], r[7]) for r in parse(os.path.join(DATA, f"eval_callback_{arch}_tiny_f32.txt"))
             if r[2] not in VIEW_OPS]
-    hook = TraceHook(None, io.StringIO())
-    res = run(RunSpec(model=model.path, prompt="Once upon a time there was a small model that"), hooks=(hook,))
-    assert res.ok
-    got = [(re.sub(r"#\d+$", "", r["name"]), r["op"], re.sub(r"^\w+\[|\]$", "", r["dst"]).replace(",", ", "))
-           for r in hook.records]
+    got = _trace_rows(model.path, "Once upon a time there was a small model that")
     cast = [i for i, g in enumerate(got) if g[1] == "CPY"]
     assert len(cast) == 1 and got[cast[0]][0] == "attn_inp_kq_mask (copy)" and got[cast[0]][2] == "256, 10, 1, 1"
     del got[cast[0]]
