@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kazeia.backends.base import Backend
+from kazeia.cli import validate as V
 from kazeia.cli.common import Session, add_common, add_device_args, add_model_args, model_path, open_session
 from kazeia.engine.context import Model
 from kazeia.engine.generate import synthetic_prompt
@@ -45,14 +46,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.set_defaults(ctx_size=None)  # default: just enough for the largest test, as llama-bench sizes it
     _help(p, "ctx_size", "context size in tokens (default: the largest pp + the largest tg, like llama-bench)")
     _help(p, "device", "CPU, HTP0 (emulated Hexagon NPU) or REF (float64); a comma list benchmarks each")
+    V.retype(p, {"device": V.devices})
     g = p.add_argument_group("tests")
-    g.add_argument("-p", "--n-prompt", default="64,256", metavar="N[,N...]",
+    g.add_argument("-p", "--n-prompt", type=V.int_list(0), default="64,256", metavar="N[,N...]",
                    help="prompt sizes for ppN tests, comma list, 0 = none (default 64,256)")
-    g.add_argument("-n", "--n-gen", default="16", metavar="N[,N...]",
+    g.add_argument("-n", "--n-gen", type=V.int_list(0), default="16", metavar="N[,N...]",
                    help="generation lengths for tgN tests, comma list, 0 = none (default 16)")
-    g.add_argument("-d", "--n-depth", default="0", metavar="N[,N...]",
+    g.add_argument("-d", "--n-depth", type=V.int_list(0), default="0", metavar="N[,N...]",
                    help="KV cache depth: tokens decoded (untimed) before each repetition, comma list (default 0)")
-    g.add_argument("-r", "--repetitions", type=int, default=5, help="measured repetitions per test (default 5)")
+    g.add_argument("-r", "--repetitions", type=V.positive(1 << 20), default=5,
+                   help="measured repetitions per test (default 5)")
     g.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each test")
     g.add_argument("-o", "--output", choices=["md", "csv", "json", "jsonl"], default="md",
                    help="output format (default md)")
@@ -389,6 +392,8 @@ def main(args: argparse.Namespace) -> int:
     if sargs.ctx_size > 0 and need > sargs.ctx_size:
         raise KazeiaError(f"a test needs {need} tokens of context; -c is {sargs.ctx_size}")
     model = Model.load(model_path(args))
+    if need > model.args.n_ctx_train:  # before any prompt is drawn: -p 100000000 would take gigabytes first
+        raise KazeiaError(f"a test needs {need} tokens of context; the model's context is {model.args.n_ctx_train}")
     info = model_info(model)
     progress = (lambda m: print(f"kazeia bench: {m}", file=sys.stderr, flush=True)) if args.progress else None
     results: list[BenchResult] = []

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads
 from kazeia.debug import bisect as B
 from kazeia.debug.runner import RunSpec
@@ -30,27 +31,31 @@ def add_parser(sub) -> argparse.ArgumentParser:
     m = bsub.add_parser("m", help="smallest and largest failing prompt length M (--n-prompt is a failing M)")
     _add_run_args(m)
     g = m.add_argument_group("prompt length search")
-    g.add_argument("--fail", type=int, default=None, metavar="M", help="a failing M (default: --n-prompt)")
-    g.add_argument("--pass", dest="pass_m", type=int, default=1, metavar="M",
+    g.add_argument("--fail", type=V.positive(), default=None, metavar="M", help="a failing M (default: --n-prompt)")
+    g.add_argument("--pass", dest="pass_m", type=V.positive(), default=1, metavar="M",
                    help="a passing M below it to start from (default 1; halved while it fails)")
-    g.add_argument("--limit", type=int, default=1024, metavar="M",
+    g.add_argument("--limit", type=V.positive(), default=1024, metavar="M",
                    help="largest M to try when searching upward (default 1024, capped by -c)")
-    g.add_argument("--predict", default=None, metavar="LO:HI",
+    g.add_argument("--predict", type=V.m_range, default=None, metavar="LO:HI",
                    help="only confirm a predicted failing range: run M-1, M, M+1 at both ends (the full search "
                         "follows if they disagree)")
     m.set_defaults(bisect_func=_main_m)
 
     rows = bsub.add_parser("rows", help="minimal failing subset of a dumped op's src1 rows (ddmin)")
-    rows.add_argument("dump", metavar="DUMP_DIR", help="op dump directory (kazeia run --dump REGEX DIR)")
+    rows.add_argument("dump", type=V.existing_path, metavar="DUMP_DIR",
+                      help="op dump directory (kazeia run --dump REGEX DIR)")
     rows.add_argument("--op", default=None, help="entry id or node name when the directory holds several dumps")
-    rows.add_argument("-dev", "--device", default=None, help="device to replay on (default: the recorded one)")
-    rows.add_argument("--htp-profile", default=None, help="HTP profile (default: the recorded one)")
-    rows.add_argument("--vtcm", type=int, default=None, metavar="BYTES", help="HTP VTCM size")
-    rows.add_argument("--fault", action="append", default=None, metavar="NAME", help="HTP fault injections")
+    rows.add_argument("-dev", "--device", type=V.device, default=None,
+                      help="device to replay on (default: the recorded one)")
+    rows.add_argument("--htp-profile", type=V.htp_profile, default=None, help="HTP profile (default: the recorded one)")
+    rows.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES", help="HTP VTCM size")
+    rows.add_argument("--fault", type=V.fault(), action="append", default=None, metavar="NAME",
+                      help="HTP fault injections")
     rows.add_argument("--no-shortcut", action="store_true",
                       help="always run ddmin (default: test zero/random rows first and bisect the row count "
                            "when the values do not matter)")
-    rows.add_argument("--seed", type=int, default=0, help="seed of the random rows of the value check")
+    rows.add_argument("--seed", type=V.seed, default=0,
+                      help="seed of the random rows of the value check (-1: random, printed)")
     _add_search_args(rows, check=False)
     rows.set_defaults(bisect_func=_main_rows)
     for sp in (ops, m, rows):
@@ -62,7 +67,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_device_args(p)
-    p.add_argument("-n", "--n-predict", type=int, default=0, help="greedy tokens to generate after the prompt")
+    p.add_argument("-n", "--n-predict", type=V.integer(0), default=0, help="greedy tokens to generate after the prompt")
     _add_search_args(p, check=True)
 
 
@@ -74,18 +79,19 @@ def _add_search_args(p: argparse.ArgumentParser, check: bool) -> None:
                             "{cpu_node_range}, {m}, {run} placeholders and env KAZEIA_CPU_NODE_RANGE (which "
                             "`kazeia run` follows), KAZEIA_BISECT_M, KAZEIA_RUN_CMD. Default: the built-in "
                             "oracle (no death, logits within NMSE 2e-3 of --reference)")
-        g.add_argument("--reference", default="CPU", help="oracle reference device (CPU or REF; default CPU)")
-        g.add_argument("--timeout", type=float, default=600.0, metavar="S",
+        g.add_argument("--reference", type=V.device, default="CPU",
+                       help="oracle reference device (CPU or REF; default CPU)")
+        g.add_argument("--timeout", type=V.seconds, default=600.0, metavar="S",
                        help="a step running longer is killed and counts as failing (hang); default 600")
         g.add_argument("--no-isolate", action="store_true",
                        help="oracle runs in this process instead of child processes (faster; a real crash or "
                             "hang then ends the search)")
-    g.add_argument("--fail-regex", default=None, metavar="REGEX",
+    g.add_argument("--fail-regex", type=V.regex, default=None, metavar="REGEX",
                    help="only failures whose output matches count; other failures are 'other' (treated as "
                         "passing, reported)")
-    g.add_argument("--state", default=None, metavar="FILE",
+    g.add_argument("--state", type=V.output_file, default=None, metavar="FILE",
                    help="JSON state rewritten after every step; rerun with the same file to resume")
-    g.add_argument("--max-steps", type=int, default=None, metavar="N",
+    g.add_argument("--max-steps", type=V.integer(0), default=None, metavar="N",
                    help="stop after N new steps (resume later with --state)")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
     g.add_argument("-q", "--quiet", action="store_true", help="no per-step progress lines on stderr")
@@ -153,13 +159,7 @@ def _main_ops(args: argparse.Namespace) -> int:
 def _main_m(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     spec = spec_from_args(args)
-    predicted = None
-    if args.predict:
-        try:
-            lo, hi = (int(x) for x in args.predict.split(":"))
-        except ValueError:
-            raise KazeiaError(f"--predict wants LO:HI, not {args.predict!r}") from None
-        predicted = (lo, hi)
+    predicted = args.predict
     res = B.bisect_m(spec, make_judge(args), fail_m=args.fail, pass_m=args.pass_m, limit=args.limit,
                      predicted=predicted, state_path=args.state, max_steps=args.max_steps, log=_log(args))
     print(json.dumps(res.to_dict(), indent=1) if args.json else B.format_m(res))
@@ -170,8 +170,11 @@ def _main_rows(args: argparse.Namespace) -> int:
     from kazeia.debug.dump import load_dump
 
     dump = load_dump(args.dump, op=args.op)
+    seed, drawn = V.resolve_seed(args.seed)
+    if drawn:
+        print(f"seed: {seed} (--seed -1: drawn at random)", file=sys.stderr)
     res = B.bisect_rows(dump, args.device, args.htp_profile, args.vtcm, args.fault, args.fail_regex, args.state,
-                        args.max_steps, shortcut=not args.no_shortcut, seed=args.seed, log=_log(args))
+                        args.max_steps, shortcut=not args.no_shortcut, seed=seed, log=_log(args))
     if args.json:
         print(json.dumps(res.to_dict(), indent=1))
     else:

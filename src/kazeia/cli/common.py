@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 
 from kazeia.backends.weights import WeightCache
+from kazeia.cli import validate as V
 from kazeia.engine.context import Context, Model
 from kazeia.engine.default_model import default_model_path
 from kazeia.engine.devices import DeviceOptions, make_backends
@@ -15,6 +16,8 @@ from kazeia.engine.scheduler import Router, Scheduler
 from kazeia.engine.tokenizer import GGUFTokenizer
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import GGMLType
+
+MAX_PROMPT_CHARS = 64 << 20  # -f: the largest context (262144 tokens) at a few characters a token, with room
 
 
 def set_threads(n: int | None) -> None:
@@ -27,51 +30,59 @@ def set_threads(n: int | None) -> None:
 
 def add_model_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
     g = p.add_argument_group("model and context")
-    g.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("-m", "--model", type=V.regular_file, help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     if prompt:
         g.add_argument("-p", "--prompt", help="prompt text")
-        g.add_argument("--n-prompt", type=int, default=None, metavar="N",
+        g.add_argument("--n-prompt", type=V.positive(), default=None, metavar="N",
                        help="use a deterministic synthetic prompt of exactly N tokens (llama-bench style)")
     if prompt:
-        g.add_argument("-f", "--file", default=None, metavar="FILE", help="read the prompt from FILE")
-    g.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
-    g.add_argument("-ub", "--ubatch-size", type=int, default=512, help="micro-batch size for prefill (default 512)")
-    g.add_argument("-b", "--batch-size", type=int, default=2048,
+        g.add_argument("-f", "--file", type=V.readable_stream, default=None, metavar="FILE",
+                       help="read the prompt from FILE")
+    g.add_argument("-c", "--ctx-size", type=V.ctx_size, default=4096,
+                   help="context size in tokens (default 4096, 0 = the model's training context)")
+    g.add_argument("-ub", "--ubatch-size", type=V.positive(), default=512,
+                   help="micro-batch size for prefill (default 512)")
+    g.add_argument("-b", "--batch-size", type=V.positive(), default=2048,
                    help="logical batch (llama-cli's; prompts are split by -ub only here, so it changes nothing)")
-    g.add_argument("-t", "--threads", type=int, default=None, help="CPU threads for BLAS")
+    g.add_argument("-t", "--threads", type=V.threads, default=None,
+                   help="CPU threads for BLAS (0 or less: the core count)")
     g.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default="on",
                    help="flash attention (default on; auto = on: every device here runs it)")
-    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=None,
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=V.gpu_layers, default=None,
                    metavar="N", help="with -dev HTP0: the last N layers (and the output layer when N exceeds the "
                                      "layer count) on the device, the rest on the CPU, as llama.cpp places them; "
-                                     "99: all (the default), 0: none")
+                                     "99, 'all' or 'auto': all (the default), 0: none")
     n = p.add_argument_group("accepted for llama-cli command lines (no effect here)")
     n.add_argument("--mlock", action="store_true", help="weights are memory-mapped and read in place, never locked")
     n.add_argument("--no-mmap", action="store_true", help="weights are always memory-mapped and never copied")
     n.add_argument("--jinja", action="store_true", help="the GGUF's chat template is always rendered with jinja2")
-    n.add_argument("--poll", type=int, default=None, metavar="N", help="no thread polling to tune")
-    n.add_argument("--cpu-mask", "-C", default=None, metavar="M", help="no thread affinity to set")
-    n.add_argument("--cpu-strict", type=int, default=None, metavar="0|1", help="no thread affinity to set")
+    n.add_argument("--poll", type=V.integer(0, 100), default=None, metavar="N", help="no thread polling to tune")
+    n.add_argument("--cpu-mask", "-C", type=V.hex_mask, default=None, metavar="M", help="no thread affinity to set")
+    n.add_argument("--cpu-strict", type=V.integer(0, 1), default=None, metavar="0|1", help="no thread affinity to set")
     g.add_argument("-ctk", "--cache-type-k", choices=["f16", "f32"], default="f16")
     g.add_argument("-ctv", "--cache-type-v", choices=["f16", "f32"], default="f16")
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("device")
-    g.add_argument("-dev", "--device", default="CPU", help="CPU, HTP0 (emulated Hexagon NPU) or REF (float64)")
-    g.add_argument("--htp-profile", default=None, help="HTP version profile: robust (default) or 2026-05; "
+    g.add_argument("-dev", "--device", type=V.device, default="CPU",
+                   help="CPU, HTP0 (emulated Hexagon NPU) or REF (float64)")
+    g.add_argument("--htp-profile", type=V.htp_profile, default=None,
+                   help="HTP version profile: robust (default) or 2026-05; "
                                                        "env KAZEIA_HTP_PROFILE")
-    g.add_argument("--vtcm", type=int, default=None, metavar="BYTES",
+    g.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES",
                    help="HTP VTCM size in bytes (default 8388608); env KAZEIA_HTP_VTCM")
-    g.add_argument("--fault", action="append", default=[], metavar="NAME",
+    g.add_argument("--fault", type=V.fault(), action="append", default=[], metavar="NAME",
                    help="HTP fault injection (repeatable): see `kazeia htp faults`")
-    g.add_argument("--cpu-ops", default=None, metavar="OPS", help="run these ops on the CPU (MUL_MAT,ROPE,...)")
-    g.add_argument("--cpu-nodes", default=None, metavar="REGEX", help="run nodes whose name matches on the CPU")
+    g.add_argument("--cpu-ops", type=V.op_names, default=None, metavar="OPS",
+                   help="run these ops on the CPU (MUL_MAT,ROPE,...)")
+    g.add_argument("--cpu-nodes", type=V.regex, default=None, metavar="REGEX",
+                   help="run nodes whose name matches on the CPU")
     # hidden (for `kazeia bisect ops`): graph node index ranges "A:B,C,D:" run on the CPU; the default comes from
     # the environment so that a bisect --check command running `kazeia run` follows each step's routing
-    g.add_argument("--cpu-node-range", default=os.environ.get("KAZEIA_CPU_NODE_RANGE") or None,
+    g.add_argument("--cpu-node-range", type=V.node_ranges, default=os.environ.get("KAZEIA_CPU_NODE_RANGE") or None,
                    help=argparse.SUPPRESS)
-    g.add_argument("--gate", action="append", default=[], metavar="GATE",
+    g.add_argument("--gate", type=V.gate, action="append", default=[], metavar="GATE",
                    help="routing gate (repeatable): 'vtcm-plan' keeps on the CPU every MUL_MAT whose HMX VTCM plan "
                         "would overflow; 'weight=REGEX,m=LO-HI' routes those weights at those M to the CPU")
     g.add_argument("--sync", action="store_true",
@@ -81,7 +92,8 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
                    help="kazeia's trace: a KZOP line per op when it has COMPLETED on its device, NaN-aware statistics "
                         "of what it consumed and produced (the original team's enqueue-time log is "
                         "GGML_HEXAGON_OPLOG=1|2 on -dev HTP0)")
-    d.add_argument("--oplog-file", default=None, metavar="FILE", help="also write the trace as JSONL here")
+    d.add_argument("--oplog-file", type=V.output_file, default=None, metavar="FILE",
+                   help="also write the trace as JSONL here")
     d.add_argument("--stop-on-nonfinite", action="store_true",
                    help="stop at the first op whose output holds NaN, or an infinity none of its sources held "
                         "(a mask's -inf copied on is not one), and name it")
@@ -90,7 +102,7 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     add_routing_args(p)
     from kazeia.debug.dump import add_dump_args
 
-    add_dump_args(p)
+    add_dump_args(p, dump_action=V.RegexAndDir, limit_type=V.integer(0))
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -157,24 +169,29 @@ def prompt_tokens(args: argparse.Namespace, s: Session) -> list[int]:
         if args.n_prompt <= 0:
             raise KazeiaError("--n-prompt must be positive")
         return synthetic_prompt(args.n_prompt, s.model.args.n_vocab, s.tok.is_control)
-    if not prompt_text(args):
+    text = prompt_text(args)  # read once: -f /dev/stdin cannot be read twice
+    if not text:
         raise KazeiaError("nothing to do: give -p PROMPT, -f FILE, --n-prompt N, or -cnv for a chat")
-    ids = s.tok.encode(prompt_text(args))
+    ids = s.tok.encode(text)
     if not ids:
         raise KazeiaError("the prompt encodes to no tokens")
     return ids
 
 
 def prompt_text(args: argparse.Namespace) -> str | None:
-    """-p, or the contents of -f FILE (llama-cli's order: -f replaces -p)."""
+    """-p, or the contents of -f FILE (llama-cli's order: -f replaces -p), read once and kept in args."""
     path = getattr(args, "file", None)
-    if path:
+    if path and getattr(args, "_file_text", None) is None:
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
-                return f.read()
+                text = f.read(MAX_PROMPT_CHARS + 1)  # bounded: -f /dev/zero never ends
         except OSError as e:
             raise KazeiaError(f"-f {path}: {e.strerror}") from None
-    return getattr(args, "prompt", None)
+        if len(text) > MAX_PROMPT_CHARS:
+            raise KazeiaError(f"-f {path}: more than {MAX_PROMPT_CHARS >> 20} Mi characters of prompt (no context "
+                              f"holds that many tokens)")
+        args._file_text = text
+    return args._file_text if path else getattr(args, "prompt", None)
 
 
 def make_trace(args: argparse.Namespace):

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads
 from kazeia.debug.compare import MODES, compare, format_table, summary_lines
 from kazeia.debug.runner import RunSpec
@@ -36,15 +37,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_device_args(p)
     g = p.add_argument_group("compare")
     g.add_argument("--mode", choices=[*MODES, "both"], default="both", help="comparison mode (default both)")
-    g.add_argument("--json", metavar="FILE", help="write the full report as JSON")
-    g.add_argument("--plot", metavar="FILE.png", help="plot log NMSE along the graph (needs matplotlib)")
+    g.add_argument("--json", type=V.output_file, metavar="FILE", help="write the full report as JSON")
+    g.add_argument("--plot", type=V.output_file, metavar="FILE.png",
+                   help="plot log NMSE along the graph (needs matplotlib)")
     g.add_argument("--strict", action="store_true",
                    help="no allowance for ggml's own activation conversion in MUL_MAT thresholds")
     g.add_argument("--problems-only", action="store_true", help="print only the rows that are not OK")
-    g.add_argument("--against", metavar="LOG", default=None,
+    g.add_argument("--against", type=V.regular_file, metavar="LOG", default=None,
                    help="judge a device's llama-eval-callback log instead of running a device: the first tensor "
                         "departing from the float64 reference beyond the device's numerics, with its signature")
-    g.add_argument("--tolerance", type=float, default=2e-2, metavar="REL",
+    g.add_argument("--tolerance", type=V.real(0.0, 1e6, lo_open=True), default=2e-2, metavar="REL",
                    help="with --against: the device numerics allowed, relative to each tensor's rms (default 0.02)")
     add_common(p)
     p.set_defaults(func=main)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from kazeia.cli import validate as V
 from kazeia.cli.common import add_common
 from kazeia.errors import KazeiaError
 
@@ -42,12 +43,14 @@ def _positive(s: str) -> int:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("crashlog", help="read a pasted cDSP crash record; place its Bad VA on the VTCM plans")
-    p.add_argument("file", metavar="FILE", help="logcat text holding a 'Process on cDSP CRASHED' record")
-    p.add_argument("-m", "--model", default=None, help="GGUF file of the model that was running")
+    p.add_argument("file", type=V.regular_file, metavar="FILE",
+                   help="logcat text holding a 'Process on cDSP CRASHED' record")
+    p.add_argument("-m", "--model", type=V.regular_file, default=None, help="GGUF file of the model that was running")
     p.add_argument("--n-prompt", type=_positive, default=None, metavar="N", help="prompt length in tokens")
     p.add_argument("-ub", "--ubatch-size", type=_positive, default=512, help="micro-batch size (default 512)")
-    p.add_argument("--htp-profile", default=None, help="HTP profile whose plans to use (default robust)")
-    p.add_argument("--vtcm", type=_positive, default=None, metavar="BYTES", help="VTCM size (default 8388608)")
+    p.add_argument("--htp-profile", type=V.htp_profile, default=None,
+                   help="HTP profile whose plans to use (default robust)")
+    p.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES", help="VTCM size (default 8388608)")
     p.add_argument("--vtcm-base", type=_hex, default=None, metavar="HEX",
                    help="virtual address VTCM is mapped at on the device (default: the emulator's)")
     add_common(p)

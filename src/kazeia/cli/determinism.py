@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from kazeia.cli import validate as V
 from kazeia.cli.bisect import spec_from_args
 from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads
 from kazeia.debug.determinism import check_determinism
@@ -23,10 +24,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_model_args(p)
     add_device_args(p)
     g = p.add_argument_group("determinism")
-    g.add_argument("-N", "--runs", type=int, default=3, help="number of runs (default 3)")
-    g.add_argument("-n", "--n-predict", type=int, default=0, help="greedy tokens to generate after the prompt")
+    g.add_argument("-N", "--runs", type=V.integer(2, 10000), default=3, help="number of runs (default 3)")
+    g.add_argument("-n", "--n-predict", type=V.integer(0), default=0, help="greedy tokens to generate after the prompt")
     g.add_argument("--isolate", action="store_true", help="each run in its own child process")
-    g.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per-run timeout with --isolate")
+    g.add_argument("--timeout", type=V.seconds, default=600.0, metavar="S", help="per-run timeout with --isolate")
     g.add_argument("--json", action="store_true", help="print the report as JSON")
     g.add_argument("-q", "--quiet", action="store_true", help="no per-run progress lines on stderr")
     add_common(p)

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 
+from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, device_options, model_path
 from kazeia.cli.routing import gate_summary, progress_bar
 from kazeia.engine.policy import Policy
@@ -15,19 +16,21 @@ from kazeia.errors import KazeiaError
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("gate", help="validated gate policies: --auto builds one for a model, --explain prints one")
-    p.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("-dev", "--device", default="HTP0", help="the device to validate (HTP0)")
-    p.add_argument("--htp-profile", default=None, help="HTP version profile (robust, 2026-05)")
-    p.add_argument("--vtcm", type=int, default=None, metavar="BYTES", help="HTP VTCM size in bytes")
-    p.add_argument("--fault", action="append", default=[], metavar="NAME", help="HTP fault injection (repeatable)")
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="validate M = 1..N (default 512)")
+    p.add_argument("-m", "--model", type=V.regular_file, help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("-dev", "--device", type=V.device, default="HTP0", help="the device to validate (HTP0)")
+    p.add_argument("--htp-profile", type=V.htp_profile, default=None, help="HTP version profile (robust, 2026-05)")
+    p.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES", help="HTP VTCM size in bytes")
+    p.add_argument("--fault", type=V.fault(), action="append", default=[], metavar="NAME",
+                   help="HTP fault injection (repeatable)")
+    p.add_argument("-ub", "--ubatch-size", type=V.positive(), default=512, help="validate M = 1..N (default 512)")
     p.add_argument("--auto", action="store_true", help="validate (or take from the cache) and write the policy")
-    p.add_argument("--explain", nargs="?", const="", default=None, metavar="FILE",
+    p.add_argument("--explain", type=V.regular_file, nargs="?", const="", default=None, metavar="FILE",
                    help="print why each rule exists and its modeled cost (FILE, or the cached policy of -m and "
                         "the device settings)")
-    p.add_argument("-o", "--output", default=None, metavar="FILE", help="--auto: also write the policy here")
+    p.add_argument("-o", "--output", type=V.output_file, default=None, metavar="FILE",
+                   help="--auto: also write the policy here")
     p.add_argument("--no-cache", action="store_true", help="--auto: validate again even if cached")
-    p.add_argument("-j", "--jobs", type=int, default=2, help="child processes at once (default 2)")
+    p.add_argument("-j", "--jobs", type=V.integer(1, 256), default=2, help="child processes at once (default 2)")
     add_common(p)
     p.set_defaults(func=main)
     return p

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from kazeia.backends.htp import vtcm as V
 from kazeia.backends.htp.deep_loads import bank_crossings
 from kazeia.backends.htp.plan import MatmulPlan, matmul_node, plan_for_node
+from kazeia.cli import validate
 from kazeia.cli.common import add_common
 from kazeia.debug.plan_view import plan_svg, plan_text
 from kazeia.errors import KazeiaError
@@ -48,20 +49,20 @@ def add_plan_parser(hsub) -> argparse.ArgumentParser:
                         description="Path (HMX/HVX), chunking and VTCM areas of one MUL_MAT as the emulated "
                                     "ggml-hexagon backend runs it. M = activation rows (tokens), K = inner "
                                     "dimension, N = weight rows (output features).")
-    p.add_argument("--m", type=int, required=True, help="activation rows (tokens in the ubatch)")
-    p.add_argument("--k", type=int, required=True, help="inner dimension (weight row length)")
-    p.add_argument("--n", type=int, required=True, help="weight rows (output features)")
+    p.add_argument("--m", type=validate.positive(), required=True, help="activation rows (tokens in the ubatch)")
+    p.add_argument("--k", type=validate.positive(), required=True, help="inner dimension (weight row length)")
+    p.add_argument("--n", type=validate.positive(), required=True, help="weight rows (output features)")
     p.add_argument("--type", dest="qtype", choices=PLAN_TYPES, default="q4_0", help="weight type (default q4_0)")
-    p.add_argument("--vtcm", type=int, default=None, metavar="BYTES",
+    p.add_argument("--vtcm", type=validate.vtcm_bytes, default=None, metavar="BYTES",
                    help=f"VTCM size (default {V.DEFAULT_VTCM_SIZE}; env KAZEIA_HTP_VTCM)")
     p.add_argument("--htp-profile", choices=V.PROFILES, default=None,
                    help="2026-05 (the upstream snapshot) or robust (default; env KAZEIA_HTP_PROFILE)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
+    p.add_argument("--threads", type=validate.integer(1, V.MAX_HVX_THREADS), default=None, metavar="N",
                    help=f"HVX threads (default GGML_HEXAGON_NHVX or {V.DEFAULT_HVX_THREADS}, at most "
                         f"{V.MAX_HVX_THREADS})")
     p.add_argument("--no-hmx", action="store_true", help="HMX disabled (as GGML_HEXAGON_USE_HMX=0)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    p.add_argument("--svg", metavar="FILE", help="also write an SVG drawing of the VTCM map")
+    p.add_argument("--svg", type=validate.output_file, metavar="FILE", help="also write an SVG drawing of the VTCM map")
     add_common(p)
     p.set_defaults(htp_func=plan_main)
     return p

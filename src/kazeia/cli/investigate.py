@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads
 from kazeia.debug.runner import RunSpec
 from kazeia.errors import KazeiaError
@@ -14,8 +15,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("investigate", help="find and explain a device fault automatically; writes a report")
     add_model_args(p)
     add_device_args(p)
-    p.add_argument("-o", "--output", default="kazeia-investigation", help="report directory")
-    p.add_argument("-n", "--n-predict", type=int, default=0, help="tokens to generate after the prompt (default 0)")
+    p.add_argument("-o", "--output", type=V.output_dir, default="kazeia-investigation", help="report directory")
+    p.add_argument("-n", "--n-predict", type=V.integer(0), default=0,
+                   help="tokens to generate after the prompt (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     add_common(p)
     p.set_defaults(func=main)

@@ -15,10 +15,18 @@ SUBCOMMANDS = ["run", "make_model", "bench", "htp", "trace", "replay", "compare"
                "oracle", "investigate", "crashlog", "gate"]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a bad value reported on one line (the usage is a --help away), exit status 2."""
+
+    def error(self, message: str):
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)  # one line, whatever was typed
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand, or only of `command` when it names one (importing all of them costs
-    ~0.6 s of start-up: the forensic tools pull in most of the package)."""
-    p = argparse.ArgumentParser(prog="kazeia", description=__doc__)
+    ~0.6 s of start-up: the forensic tools pull in most of the package). Subcommand parsers are Parsers too."""
+    p = Parser(prog="kazeia", description=__doc__)
     p.add_argument("--version", action="version", version=f"kazeia {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     wanted = command.replace("-", "_") if command else None

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import sys
 
+from kazeia.cli import validate as V
 from kazeia.cli.common import add_common
-from kazeia.gguf.writer import ARCHS, PRESETS, TYPES, preset, write_model
+from kazeia.errors import KazeiaError
+from kazeia.gguf.writer import ARCHS, PRESETS, TYPES, SynthConfig, preset, write_model
+from kazeia.gguf.writer import validate as check_config
+
+DIM = V.positive(1 << 20)  # any one width; the products are bounded by memory and disk below
+BYTES_PER_WEIGHT = {"q4_0": 18 / 32, "q4_1": 20 / 32, "q8_0": 34 / 32, "f16": 2.0, "f32": 4.0}
 
 PRESET_HELP = """presets: tiny (2 layers, 256 wide; --arch qwen35: 4 layers, the last full attention);
 qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b (the Qwen3 dense models' shapes, e.g. qwen3-4b: 36 layers, hidden 2560,
@@ -24,33 +33,62 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description=PRESET_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", choices=list(ARCHS), default=None, help="architecture (default: the preset's)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="shapes to start from (see above)")
-    p.add_argument("--layers", type=int, default=None,
+    p.add_argument("--layers", type=V.positive(4096), default=None,
                    help="number of blocks (preset: tiny 2 (qwen35 4), qwen3-4b 36, qwen35-4b 32)")
-    p.add_argument("--vocab", type=int, default=None,
+    p.add_argument("--vocab", type=V.positive(1 << 24), default=None,
                    help="vocabulary size (a synthetic byte-level tokenizer of that size)")
     p.add_argument("--type", dest="wtype", choices=sorted(TYPES), default=None, help="matrix weight type (q4_0)")
-    p.add_argument("--n-embd", type=int, default=None)
-    p.add_argument("--n-ff", type=int, default=None)
-    p.add_argument("--n-head", type=int, default=None)
-    p.add_argument("--n-head-kv", type=int, default=None)
-    p.add_argument("--head-dim", type=int, default=None)
-    p.add_argument("--ctx", type=int, default=None, help="training context length written to the file")
-    p.add_argument("--rope-base", type=float, default=None)
+    p.add_argument("--n-embd", type=DIM, default=None)
+    p.add_argument("--n-ff", type=DIM, default=None)
+    p.add_argument("--n-head", type=DIM, default=None)
+    p.add_argument("--n-head-kv", type=DIM, default=None)
+    p.add_argument("--head-dim", type=DIM, default=None)
+    p.add_argument("--ctx", type=V.positive(), default=None, help="training context length written to the file")
+    p.add_argument("--rope-base", type=V.real(0.0, 1e30, lo_open=True), default=None)
     p.add_argument("--untied", action="store_true", help="write a separate output.weight")
-    p.add_argument("--full-attention-interval", type=int, default=None, metavar="N",
+    p.add_argument("--full-attention-interval", type=V.positive(4096), default=None, metavar="N",
                    help="qwen35: layer i is full attention when (i+1) %% N == 0 (default 4)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("-o", "--output", required=True, help="output GGUF path")
+    p.add_argument("--seed", type=V.seed, default=None, help="weight seed (default: the preset's; -1: random, printed)")
+    p.add_argument("-o", "--output", type=V.output_file, required=True, help="output GGUF path")
     add_common(p)
     p.set_defaults(func=main)
     return p
 
 
+def size_estimate(cfg: SynthConfig) -> tuple[int, int]:
+    """(about the file's bytes, the largest float32 matrix drawn at once in bytes) for the dense layer shapes
+    (a hybrid's recurrent layers are of the same order)."""
+    E, F, V_, D = cfg.n_embd, cfg.n_ff, cfg.n_vocab, cfg.head_dim
+    q = D * cfg.n_head * (2 if cfg.arch == "qwen35" else 1)
+    layer = E * (q + 2 * D * cfg.n_head_kv) + D * cfg.n_head * E + 3 * E * F
+    weights = cfg.n_layer * layer + V_ * E * (1 if cfg.tied else 2)
+    largest = max(E * F, E * q, 16384 * E, 0 if cfg.tied else V_ * E) * 4
+    return int(weights * BYTES_PER_WEIGHT.get(cfg.wtype, 4.0)), largest
+
+
+def check_room(cfg: SynthConfig, path: str) -> None:
+    """Refuse a model that would not fit in memory while drawn, or on the disk, before writing a byte."""
+    from kazeia.engine.memory import check_fits
+
+    file_bytes, largest = size_estimate(cfg)
+    check_fits("make-model: drawing the largest weight matrix", 3 * largest, " (smaller --n-embd/--n-ff/--vocab)")
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    if file_bytes > free:
+        raise KazeiaError(f"make-model: the model takes about {file_bytes / 2**30:.2f} GiB but only "
+                          f"{free / 2**30:.2f} GiB is free where -o {path} goes")
+
+
 def main(args: argparse.Namespace) -> int:
+    seed, drawn = V.resolve_seed(args.seed)
+    if drawn:
+        print(f"seed: {seed} (--seed -1: drawn at random)", file=sys.stderr)
     cfg = preset(args.preset, arch=args.arch, n_layer=args.layers, n_vocab=args.vocab, wtype=args.wtype,
                  n_embd=args.n_embd, n_ff=args.n_ff, n_head=args.n_head, n_head_kv=args.n_head_kv,
-                 head_dim=args.head_dim, n_ctx=args.ctx, rope_base=args.rope_base, seed=args.seed,
+                 head_dim=args.head_dim, n_ctx=args.ctx, rope_base=args.rope_base,
+                 seed=seed if args.seed is not None else None,
                  tied=False if args.untied else None, full_attention_interval=args.full_attention_interval)
+    check_config(cfg)
+    check_room(cfg, args.output)
     summary = write_model(cfg, args.output)
     print(json.dumps({"path": summary["path"], "bytes": summary["bytes"], "tensors": summary["tensors"],
                       **{k: v for k, v in summary["config"].items()}}))

@@ -16,6 +16,7 @@ import shutil
 import sys
 import time
 
+from kazeia.cli import validate as V
 from kazeia.cli.common import add_common
 from kazeia.debug import oracle as O
 from kazeia.errors import KazeiaError
@@ -24,10 +25,11 @@ from kazeia.errors import KazeiaError
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("oracle", help="single-op differential tests against the float64 oracle (test-backend-ops)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-b", "--backend", default="HTP0", help="backend under test: HTP0 (default), CPU or REF")
+    p.add_argument("-b", "--backend", type=V.device, default="HTP0",
+                   help="backend under test: HTP0 (default), CPU or REF")
     p.add_argument("-o", "--ops", default=None, metavar="OPS",
                    help=f"comma list of ops (default: all): {','.join(O.OPS)}")
-    p.add_argument("-p", "--pattern", default=None, metavar="REGEX",
+    p.add_argument("-p", "--pattern", type=V.regex, default=None, metavar="REGEX",
                    help="only cases whose name matches (re.search), e.g. 'type_a=q4_0.*k=9728'")
     p.add_argument("--types", default=None, metavar="TYPES",
                    help=f"MUL_MAT weight / GET_ROWS table types to keep (default {','.join(O.MM_TYPES)})")
@@ -35,26 +37,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--case", action="append", default=[], metavar="NAME",
                    help="run this case (a full name as printed, e.g. 'MUL_MAT(type_a=q4_0,...)'; repeatable) "
                         "instead of the grids")
-    p.add_argument("-j", "--jobs", type=int, default=O.default_jobs(), metavar="N",
+    p.add_argument("-j", "--jobs", type=V.integer(0, 256), default=O.default_jobs(), metavar="N",
                    help="worker processes (default: the CPU count; 0 runs in this process, unprotected)")
-    p.add_argument("--timeout", type=float, default=O.DEFAULT_TIMEOUT, metavar="S",
+    p.add_argument("--timeout", type=V.seconds, default=O.DEFAULT_TIMEOUT, metavar="S",
                    help=f"seconds before a case counts as hung (default {O.DEFAULT_TIMEOUT:g})")
-    p.add_argument("--seed", type=int, default=None, metavar="S", help="data seed (default: random, printed)")
-    p.add_argument("--csv", default=None, metavar="FILE", help="write one record per case (test-backend-ops fields)")
-    p.add_argument("--json", default=None, metavar="FILE", help="write the whole sweep as JSON")
+    p.add_argument("--seed", type=V.seed, default=None, metavar="S",
+                   help="data seed (default or -1: random, printed)")
+    p.add_argument("--csv", type=V.output_file, default=None, metavar="FILE",
+                   help="write one record per case (test-backend-ops fields)")
+    p.add_argument("--json", type=V.output_file, default=None, metavar="FILE", help="write the whole sweep as JSON")
     p.add_argument("--list", action="store_true", help="print the case names and exit")
     p.add_argument("--show-all", action="store_true", help="print every case, not only the failing ones")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--replay", default=None, metavar="FILE",
+    p.add_argument("--replay", type=V.regular_file, default=None, metavar="FILE",
                    help="run the MUL_MAT whose src1 is this raw float32 capture (GGML_HEXAGON_DUMP's kz_act.bin; "
                         "shape from the .txt beside it) with a random weight, and the same case with random data")
-    p.add_argument("--replay-shape", default=None, metavar="K,N",
+    p.add_argument("--replay-shape", type=V.dims(2, 3), default=None, metavar="K,N",
                    help="--replay: the capture's shape when no description is beside it (and M=rows of the weight "
                         "with ',M')")
     g = p.add_argument_group("HTP0")
-    g.add_argument("--htp-profile", default=None, help="robust (default) or 2026-05; env KAZEIA_HTP_PROFILE")
-    g.add_argument("--vtcm", type=int, default=None, metavar="BYTES", help="VTCM size (default 8388608)")
-    g.add_argument("--fault", action="append", default=[], metavar="NAME", help="fault injection (repeatable)")
+    g.add_argument("--htp-profile", type=V.htp_profile, default=None,
+                   help="robust (default) or 2026-05; env KAZEIA_HTP_PROFILE")
+    g.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES", help="VTCM size (default 8388608)")
+    g.add_argument("--fault", type=V.fault(), action="append", default=[], metavar="NAME",
+                   help="fault injection (repeatable)")
     add_common(p)
     p.set_defaults(func=main)
     return p
@@ -110,15 +116,13 @@ def _short(status: str) -> str:
 def _replay(args: argparse.Namespace) -> int:
     from kazeia.debug.oracle.replay_bin import load_capture, replay_capture, replay_case
 
-    dims = [int(x) for x in args.replay_shape.split(",")] if args.replay_shape else []
-    if len(dims) not in (0, 2, 3) or any(d <= 0 for d in dims):
-        raise KazeiaError("--replay-shape must be K,N or K,N,M (positive integers)")
+    dims = list(args.replay_shape or [])
     op = (args.ops or "MUL_MAT").split(",")[0].strip().upper()
     cap = load_capture(args.replay)
     case = replay_case(cap, op, *(dims + [None] * (3 - len(dims))))
     spec = O.BackendSpec(args.backend, profile=args.htp_profile, vtcm=args.vtcm, faults=tuple(args.fault))
     spec.validate()
-    seed = args.seed if args.seed is not None else O.now_seed()
+    seed = args.seed if args.seed not in (None, V.RANDOM_SEED) else O.now_seed()
     r = replay_capture(cap, case, spec, seed)
     for line in r.lines():
         print(line)
@@ -145,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
         raise KazeiaError("-j must be >= 0")
     spec = O.BackendSpec(args.backend, profile=args.htp_profile, vtcm=args.vtcm, faults=tuple(args.fault))
     spec.validate()
-    seed = args.seed if args.seed is not None else O.now_seed()
+    seed = args.seed if args.seed not in (None, V.RANDOM_SEED) else O.now_seed()
     jobs = min(args.jobs, len(cases))
     where = f"{jobs} worker process{'es' if jobs != 1 else ''}" if jobs else "in process"
     print(f"Testing {len(cases)} case{'s' if len(cases) != 1 else ''} on {spec.name} ({spec.describe()}) against "

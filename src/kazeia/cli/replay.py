@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 
+from kazeia.cli import validate as V
 from kazeia.cli.common import add_common
 from kazeia.debug.dump import Dump, compare_captures, find_pair, load_dumps
 from kazeia.debug.replay import format_result, replay
@@ -23,15 +24,16 @@ from kazeia.errors import KazeiaError
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="rerun dumped ops alone or with their HTP batch context",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", nargs="?", default=None, metavar="DIR",
+    p.add_argument("dir", type=V.existing_path, nargs="?", default=None, metavar="DIR",
                    help="a dump directory written by --dump (or one entry of it)")
     p.add_argument("--op", default=None, metavar="ID|NAME", help="replay only this entry id or node name")
     p.add_argument("--capture", choices=["complete", "enqueue", "all"], default="complete",
                    help="which captures to replay (default complete: what the op consumed)")
-    p.add_argument("-dev", "--device", default=None, help="CPU, HTP0 or REF (default: the recorded device)")
-    p.add_argument("--htp-profile", default=None, help="HTP profile (default: the recorded one)")
-    p.add_argument("--vtcm", type=int, default=None, metavar="BYTES", help="HTP VTCM size (default: recorded)")
-    p.add_argument("--fault", action="append", default=None, metavar="NAME",
+    p.add_argument("-dev", "--device", type=V.device, default=None,
+                   help="CPU, HTP0 or REF (default: the recorded device)")
+    p.add_argument("--htp-profile", type=V.htp_profile, default=None, help="HTP profile (default: the recorded one)")
+    p.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES", help="HTP VTCM size (default: recorded)")
+    p.add_argument("--fault", type=V.fault(allow_none=True), action="append", default=None, metavar="NAME",
                    help="HTP fault injection (repeatable; replaces the recorded ones; 'none' clears them)")
     p.add_argument("--with-context", action="store_true",
                    help="also rerun the ops before it in its HTP batch on the restored VTCM and memory")
@@ -40,7 +42,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="judge a weight MUL_MAT by its bare threshold, without the allowance for ggml's own "
                         "activation conversion")
-    p.add_argument("--op-stream", metavar="LOG", default=None,
+    p.add_argument("--op-stream", type=V.regular_file, metavar="LOG", default=None,
                    help="rebuild a device's op log (KZOP or GGML_HEXAGON_VERBOSE lines: shapes only) on the HTP model "
                         "under --htp-profile/--vtcm/--fault, in order on one device: does the profile predict what "
                         "the device did?")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kazeia.cli import validate as V
 from kazeia.engine.policy import Policy, PolicyGate
 from kazeia.engine.recovery import DeathInjector, Recovery
 from kazeia.errors import KazeiaError
@@ -13,21 +14,22 @@ from kazeia.errors import KazeiaError
 
 def add_routing_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("routing policy and recovery")
-    g.add_argument("--gates", default=None, metavar="FILE|auto",
+    g.add_argument("--gates", type=V.file_or_auto, default=None, metavar="FILE|auto",
                    help="gate policy: a TOML file of rules (docs/gate_policy.md), or 'auto': the policy `kazeia gate "
                         "--auto` validates for this model and device settings (cached; built on first use)")
     g.add_argument("--recover", action="store_true",
                    help="survive a device death: new session, the micro-batch again; twice at the same op: a rule "
                         "routing its class away (printed as a warning), then on")
-    g.add_argument("--max-deaths", type=int, default=6, metavar="N",
+    g.add_argument("--max-deaths", type=V.positive(), default=6, metavar="N",
                    help="with --recover: deaths tolerated in one micro-batch before giving up (default 6)")
-    g.add_argument("--inject-death-at", type=int, default=None, metavar="OP_INDEX",
+    g.add_argument("--inject-death-at", type=V.integer(0), default=None, metavar="OP_INDEX",
                    help="testing: a transient device death at the OP_INDEX-th op the device starts (0-based, whole "
                         "run), once")
-    g.add_argument("--inject-death-rate", type=float, default=0.0, metavar="P",
+    g.add_argument("--inject-death-rate", type=V.probability, default=0.0, metavar="P",
                    help="testing: a transient death at each device op with probability P (seeded by --inject-seed)")
-    g.add_argument("--inject-seed", type=int, default=0, metavar="S", help="seed of --inject-death-rate (default 0)")
-    g.add_argument("--inject-deaths", type=int, default=None, metavar="N",
+    g.add_argument("--inject-seed", type=V.integer(0, V.UINT32_MAX), default=0, metavar="S",
+                   help="seed of --inject-death-rate (default 0)")
+    g.add_argument("--inject-deaths", type=V.integer(0), default=None, metavar="N",
                    help="testing: at most N injected deaths in the run")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, add_device_args, add_model_args, open_session, prompt_text, prompt_tokens
 from kazeia.engine.chat import ChatSession
 from kazeia.engine.generate import GenerationResult, Sampler, SamplingParams, generate
@@ -16,11 +17,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_model_args(p)
     add_device_args(p)
     g = p.add_argument_group("generation")
-    g.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (-1: until EOS)")
-    g.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
-    g.add_argument("--top-k", type=int, default=40)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("-s", "--seed", type=int, default=0, help="sampling seed (default 0)")
+    g.add_argument("-n", "--n-predict", "--predict", type=V.n_predict, default=64,
+                   help="tokens to generate (default 64; -1 = infinity, -2 = until the context is filled; both "
+                        "stop at EOS)")
+    g.add_argument("--temp", "--temperature", type=V.temperature, default=0.8,
+                   help="temperature (default 0.8; 0 or less = greedy)")
+    g.add_argument("--top-k", type=V.integer(None), default=40, help="top-k sampling (default 40, 0 = disabled)")
+    g.add_argument("--top-p", type=V.probability, default=0.95, help="top-p sampling (default 0.95, 1 = disabled)")
+    g.add_argument("--min-p", type=V.probability, default=0.0,
+                   help="min-p sampling (default 0 = disabled; llama-cli's default is 0.05)")
+    g.add_argument("-s", "--seed", type=V.seed, default=0,
+                   help="sampling seed (default 0; -1 = a random seed, printed)")
     g.add_argument("-cnv", "--conversation", action="store_true", help="interactive chat with the chat template")
     g.add_argument("-no-cnv", "--no-conversation", dest="conversation", action="store_false",
                    help="completion, no chat template (the default here)")
@@ -59,9 +66,17 @@ def _end_text(dec: StreamDecoder, out=None) -> None:
     out.flush()
 
 
+def _seed(args: argparse.Namespace) -> int:
+    """-s, or the seed drawn for -s -1, printed as llama.cpp prints it (so the run can be repeated)."""
+    seed, drawn = V.resolve_seed(args.seed)
+    if drawn:
+        print(f"sampler seed: {seed} (-s -1: drawn at random; repeat this run with -s {seed})", file=sys.stderr)
+    return seed
+
+
 def main(args: argparse.Namespace) -> int:
     s = open_session(args)
-    sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
+    sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, _seed(args), args.min_p))
     if args.conversation or args.single_turn:
         return _chat(args, s, sampler)
     ids = prompt_tokens(args, s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, add_device_args, add_model_args, open_session, prompt_tokens
 from kazeia.errors import DeviceDeathError
 
@@ -15,8 +16,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("trace", help="run with the per-op trace (KZOP lines + JSONL) and a placement table")
     add_model_args(p)
     add_device_args(p)
-    p.add_argument("-n", "--n-predict", type=int, default=0, help="tokens to generate after the prompt")
-    p.add_argument("-o", "--jsonl", default="kazeia-trace.jsonl", help="JSONL trace file")
+    p.add_argument("-n", "--n-predict", type=V.integer(0), default=0, help="tokens to generate after the prompt")
+    p.add_argument("-o", "--jsonl", type=V.output_file, default="kazeia-trace.jsonl", help="JSONL trace file")
     p.add_argument("--quiet", action="store_true", help="no KZOP lines on stderr (JSONL only)")
     p.add_argument("--placements", action="store_true", help="print the node -> backend/path table at the end")
     add_common(p)

@@ -73,6 +73,12 @@ def parse_gate(spec: str, settings: HtpSettings):
     fields = dict(kv.split("=", 1) for kv in spec.split(",") if "=" in kv)
     try:
         lo, hi = (int(v) for v in fields["m"].split("-"))
-        return NodeShapeGate(fields["weight"], lo, hi)
+        weight = fields["weight"]
     except (KeyError, ValueError):
         raise KazeiaError(f"bad --gate {spec!r}: use 'vtcm-plan' or 'weight=REGEX,m=LO-HI'") from None
+    if not 1 <= lo <= hi:
+        raise KazeiaError(f"bad --gate {spec!r}: m=LO-HI needs 1 <= LO <= HI (rows of the activation)")
+    try:
+        return NodeShapeGate(weight, lo, hi)
+    except re.error as e:
+        raise KazeiaError(f"bad --gate {spec!r}: weight={weight!r} is not a valid regular expression: {e}") from None

@@ -10,6 +10,7 @@ import numpy as np
 
 from kazeia.engine.context import Context
 from kazeia.engine.nonfinite import NonFiniteTracker, check_logits
+from kazeia.errors import KazeiaError
 
 
 @dataclass(frozen=True)
@@ -18,10 +19,12 @@ class SamplingParams:
     top_k: int = 40
     top_p: float = 0.95
     seed: int = 0
+    min_p: float = 0.0  # llama-cli's default is 0.05; 0 = disabled
 
 
 class Sampler:
-    """Greedy when temp <= 0; else top-k, then top-p (at temperature 1), then temperature, seeded."""
+    """Greedy when temp <= 0; else top-k, then top-p and min-p (at temperature 1), then temperature, seeded
+    (llama.cpp's default sampler chain order)."""
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
@@ -36,10 +39,13 @@ class Sampler:
         if p.top_k > 0:
             idx = idx[: p.top_k]
         z = logits[idx]
-        if 0 < p.top_p < 1:  # the nucleus is chosen at temperature 1, as llama.cpp's sampler chain does
+        if p.top_p < 1:  # the nucleus is chosen at temperature 1, as llama.cpp's sampler chain does (0: one token)
             probs = np.exp(z - z.max())
             probs /= probs.sum()
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+            idx, z = idx[:keep], z[:keep]
+        if p.min_p > 0:  # tokens at least min_p times as likely as the best one (z is sorted, so a prefix)
+            keep = int(np.count_nonzero(z - z[0] >= np.log(p.min_p)))
             idx, z = idx[:keep], z[:keep]
         z = z / p.temp
         probs = np.exp(z - z.max())
@@ -69,9 +75,12 @@ class GenerationResult:
 
 def generate(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
              is_eog: Callable[[int], bool], on_token: Callable[[int], None] | None = None) -> GenerationResult:
-    """Prefill `prompt` then sample up to n_predict tokens (n_predict < 0: until EOS or the context is full).
+    """Prefill `prompt` then sample up to n_predict tokens (llama.cpp's -n: -1 = infinity, -2 = until the context is
+    filled; both end at EOS or the context's end here, there is no context shift; other negatives are refused).
     Logits that are not finite stop it with a NonFiniteLogitsError naming the first op whose output went
     non-finite (a NonFiniteTracker watches every op meanwhile), under greedy and sampling alike."""
+    if n_predict < -2:
+        raise KazeiaError(f"-n {n_predict}: use N >= 0, -1 (infinity) or -2 (until the context is filled)")
     tracker = NonFiniteTracker()
     ctx.scheduler.add_hook(tracker)
     try:

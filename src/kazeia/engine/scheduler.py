@@ -49,7 +49,10 @@ class Router:
     def from_args(cls, cpu_ops: str | None = None, cpu_nodes: str | None = None,
                   cpu_node_range: str | None = None) -> Router:
         ops = {o.strip().upper() for o in (cpu_ops or "").split(",") if o.strip()}
-        pattern = re.compile(cpu_nodes) if cpu_nodes else None
+        try:
+            pattern = re.compile(cpu_nodes) if cpu_nodes else None
+        except re.error as e:
+            raise KazeiaError(f"--cpu-nodes {cpu_nodes!r} is not a valid regular expression: {e}") from None
         return cls(cpu_ops=ops, cpu_nodes=pattern, cpu_node_ranges=parse_node_ranges(cpu_node_range))
 
     def forced(self, node: Tensor, index: int | None = None) -> tuple[str, str] | None:

@@ -19,7 +19,7 @@ from gguf.quants import quantize
 
 from kazeia.errors import KazeiaError
 from kazeia.gguf.hf_vocab import qwen3_vocab
-from kazeia.gguf.synth_tokenizer import CHATML_TEMPLATE, make_vocab
+from kazeia.gguf.synth_tokenizer import CHATML_TEMPLATE, MIN_VOCAB, make_vocab
 
 T = GGMLQuantizationType
 TYPES = {"q4_0": T.Q4_0, "q4_1": T.Q4_1, "q8_0": T.Q8_0, "f16": T.F16, "f32": T.F32}
@@ -116,6 +116,8 @@ def validate(cfg: SynthConfig) -> None:
             raise KazeiaError(f"make-model: {k} must be positive")
     if cfg.tokenizer not in ("synthetic", "qwen3"):
         raise KazeiaError(f"make-model: unknown tokenizer {cfg.tokenizer!r} (synthetic or qwen3)")
+    if cfg.tokenizer == "synthetic" and cfg.n_vocab < MIN_VOCAB:  # 256 bytes, the control and user tokens, a merge
+        raise KazeiaError(f"make-model: the synthetic tokenizer needs --vocab {MIN_VOCAB} or more, not {cfg.n_vocab}")
     if cfg.n_head % cfg.n_head_kv:
         raise KazeiaError("make-model: n_head must be a multiple of n_head_kv")
     if cfg.head_dim % 2:

@@ -282,15 +282,17 @@ class DumpHook(Hook):
         self.contexts.record(be, batch, last)
 
 
-def add_dump_args(p: argparse.ArgumentParser) -> None:
+def add_dump_args(p: argparse.ArgumentParser, dump_action: type[argparse.Action] | None = None,
+                  limit_type=int) -> None:
+    """The --dump flags; the CLI passes its validators (`dump_action` checks REGEX and DIR as argparse reads them)."""
     g = p.add_argument_group("op dumps")
-    g.add_argument("--dump", nargs=2, metavar=("REGEX", "DIR"), default=None,
+    g.add_argument("--dump", nargs=2, metavar=("REGEX", "DIR"), default=None, action=dump_action,
                    help="dump the inputs, output, weights and HTP batch context of every op whose node name "
                         "matches REGEX into DIR (replay with `kazeia replay DIR`)")
     g.add_argument("--dump-at", choices=["complete", "enqueue", "both"], default="complete",
                    help="complete: inputs at op start, output at completion (default); enqueue: as read when "
                         "the host queued the op (NOT what the op consumed on the HTP); both")
-    g.add_argument("--dump-limit", type=int, default=32, metavar="N",
+    g.add_argument("--dump-limit", type=limit_type, default=32, metavar="N",
                    help="dump at most N op executions (default 32; 0 = no limit)")
     g.add_argument("--dump-no-context", action="store_true",
                    help="do not record the HTP batch context (VTCM, preceding ops, memory)")
