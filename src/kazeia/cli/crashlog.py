@@ -26,18 +26,11 @@ ERROR_MEANINGS = {0x2601: "precise bus error (or stack overflow)", 0x2001: "prec
 
 def _hex(s: str) -> int:
     try:
-        return int(s, 16)
+        v = int(s, 16)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a hexadecimal address: {s!r}") from None
-
-
-def _positive(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    if not 0 <= v < 1 << 32:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a 32-bit DSP address")
     return v
 
 
@@ -46,8 +39,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("file", type=V.regular_file, metavar="FILE",
                    help="logcat text holding a 'Process on cDSP CRASHED' record")
     p.add_argument("-m", "--model", type=V.regular_file, default=None, help="GGUF file of the model that was running")
-    p.add_argument("--n-prompt", type=_positive, default=None, metavar="N", help="prompt length in tokens")
-    p.add_argument("-ub", "--ubatch-size", type=_positive, default=512, help="micro-batch size (default 512)")
+    p.add_argument("--n-prompt", type=V.positive(), default=None, metavar="N", help="prompt length in tokens")
+    p.add_argument("-ub", "--ubatch-size", type=V.positive(), default=512, help="micro-batch size (default 512)")
     p.add_argument("--htp-profile", type=V.htp_profile, default=None,
                    help="HTP profile whose plans to use (default robust)")
     p.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES", help="VTCM size (default 8388608)")
