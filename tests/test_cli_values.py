@@ -32,7 +32,7 @@ from kazeia.cli.main import build_parser, main
 from kazeia.engine.generate import Sampler, SamplingParams
 
 HOSTILE_NUMBERS = ["nan", "NaN", "inf", "-inf", "1e309", "-1", "-2", "-3", "-5", "0", "-0", "1", "+3", "1.5",
-                   "0x10", "2147483648", "99999999999", "9" * 5000, "", " ", "abc"]
+                   "0x10", "1e-320", "5e-324", "1e300", "2147483647", "2147483648", "99999999999", "9" * 5000, "", " ", "abc"]
 HOSTILE_TEXT = ["(", "[", "*", "+", "a{99999999999}", "weight=(,m=1-5", "weight=x,m=5-1", "m=1-2", "5:3", "a:b",
                 "-1:", "BOGUS", "mul_mat", "é" * 300, "\u202e", "x" * 5000]
 
@@ -306,6 +306,13 @@ def test_top_p_zero_keeps_the_most_likely_token_and_min_p():
     draws = {Sampler(SamplingParams(temp=3.0, top_k=0, top_p=1.0, seed=s, min_p=0.5)).sample(logits)
              for s in range(200)}
     assert draws == {0, 1}  # 0.3 >= 0.5 * 0.5, 0.15 is not
+
+
+def test_a_temperature_so_small_that_logits_overflow_is_greedy():
+    """--temp 1e-320 is a valid finite temperature; logits / temp overflow to inf (NaN probabilities crashed)."""
+    logits = np.array([1.0, 3.0, 2.0, -1.0])
+    assert all(Sampler(SamplingParams(temp=t, top_k=0, top_p=1.0, seed=s)).sample(logits) == 1
+               for t in (1e-320, 5e-324) for s in range(20))
 
 
 def test_make_model_refuses_a_model_too_big_for_memory_or_disk(tmp_path):

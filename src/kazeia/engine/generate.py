@@ -47,7 +47,11 @@ class Sampler:
         if p.min_p > 0:  # tokens at least min_p times as likely as the best one (z is sorted, so a prefix)
             keep = int(np.count_nonzero(z - z[0] >= np.log(p.min_p)))
             idx, z = idx[:keep], z[:keep]
-        z = z / p.temp
+        with np.errstate(over="ignore"):
+            zt = z / p.temp
+        if not np.isfinite(zt).all():  # a temperature so small (--temp 1e-320) that logits / temp overflow
+            zt = np.where(z == z.max(), 0.0, -np.inf)
+        z = zt
         probs = np.exp(z - z.max())
         probs /= probs.sum()
         return int(idx[self.rng.choice(len(idx), p=probs)])
