@@ -121,3 +121,26 @@ def test_run_gates_auto_builds_then_reuses_the_cache(q4b2, tmp_path):
                          "2026-05", "-ub", "64"], capture_output=True, text=True, env=env, timeout=600)
     assert ex.returncode == 0, ex.stderr
     assert "split-op" in ex.stdout and "FAILED" in ex.stdout and "all-HMX" in ex.stdout
+
+
+@pytest.mark.slow
+def test_every_failing_class_gets_a_rule_from_its_verdicts(q4b2, tmp_path, monkeypatch):
+    """The policy from given verdicts (here: every HVX class failing on the device, as a fault in the HVX kernel
+    would make them): one rule per failing class, each to an alternative that passed, none for passing classes."""
+    import kazeia.debug.gate.auto as A
+
+    monkeypatch.setenv("KAZEIA_GATE_CACHE", str(tmp_path))
+
+    def verdicts(model_path, classes, settings, paths, jobs, progress, res):
+        return {c.key: [{"m": m, "path": p or "default", "evidence": "given",
+                         "ok": not (c.path == "hvx" and p in (None, "hvx"))}
+                        for p in paths[c.key] for m in c.representatives()] for c in classes}
+
+    monkeypatch.setattr(A, "_validate", verdicts)
+    res = A.auto_policy(q4b2, HtpSettings(profile="robust"), 64, use_cache=False)
+    classes, _ = enumerate_classes(Model.load(q4b2), HtpSettings(profile="robust"), 64)
+    hvx = [c for c in classes if c.path == "hvx"]
+    assert len(res.policy.rules) == len(hvx) > 0
+    assert {r.action for r in res.policy.rules} == {"cpu"}  # HVX itself failed; no M below 1 to split to
+    assert sorted((r.k, r.n, r.m) for r in res.policy.rules) == sorted(
+        ((c.k, c.k), (c.n, c.n), (c.ms[0], c.ms[-1])) for c in hvx)

@@ -144,3 +144,14 @@ def test_split_rule_runs_what_a_smaller_ubatch_runs(tiny_qwen3_q4, tmp_path):
     tb, lb = _greedy(b, ids)
     assert seen[:2] == [32, 6]
     assert ta == tb and np.array_equal(la, lb)
+
+
+def test_row_pieces():
+    from kazeia.graph.rowsplit import row_pieces
+
+    for m in range(1, 300):
+        for lo, hi in ((33, 64), (2, 5), (1, 64), (65, 96)):
+            p = row_pieces(m, lo, hi)
+            assert sum(p) == m and all(x > 0 for x in p)
+            if lo >= 2:
+                assert not any(lo <= x <= hi for x in p)

@@ -26,6 +26,8 @@ def parse_split(path: str | None) -> tuple[int, int] | None:
 
 def row_pieces(m: int, lo: int, hi: int) -> list[int]:
     """Row counts summing to m, none in lo..hi (lo >= 2): pieces of lo - 1 while the rest falls in the range."""
+    if lo < 2:
+        return [m]  # nothing below the range to cut to
     out, rest = [], m
     while lo <= rest <= hi:
         out.append(lo - 1)

@@ -224,10 +224,11 @@ def _rule_for(model: Model, settings: HtpSettings, c: OpClass, default: list[dic
     ev.append("modeled prefill of a micro-batch of " + f"{m_hi} tokens: " + ", ".join(
         f"{p} {m_hi / s:.1f} tok/s" for p, s in sorted(options.items(), key=lambda kv: kv[1]))
         + f"; all-HMX (had it not failed) {m_hi / all_hmx:.1f} tok/s")
-    per_node = {"hvx": hvx_matmul_seconds(m_hi, c.k, c.n, wtype),
-                "cpu": PHONE_CPU.matmul_seconds(m_hi, c.k, c.n, wtype),
-                "split-op": sum(hmx_or_hvx_seconds(settings, p, c.k, c.n, wtype)
-                                for p in row_pieces(m_hi, lo, m_hi))}.get(best)
+    if best == "split-op":
+        per_node = sum(hmx_or_hvx_seconds(settings, p, c.k, c.n, wtype) for p in row_pieces(m_hi, lo, m_hi))
+    else:
+        per_node = {"hvx": hvx_matmul_seconds(m_hi, c.k, c.n, wtype),
+                    "cpu": PHONE_CPU.matmul_seconds(m_hi, c.k, c.n, wtype)}.get(best)
     return Rule(f"{c.rule_name}-{best}", best, "MUL_MAT", c.wtype, (c.k, c.k), (c.n, c.n), (lo, m_hi),
                 why=f"{c.describe()}: the default path fails ({_first_failure(default)}); {best} is the fastest "
                     f"alternative that validates",

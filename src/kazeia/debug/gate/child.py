@@ -1,9 +1,10 @@
 """Child process of `kazeia gate --auto`: `python -m kazeia.debug.gate.child JOB.json`.
 
 Runs one MUL_MAT class's cases (M, path) with the model's own weight (memory-mapped) and seeded random
-activations on a fresh HTP session with the job's settings, and on REF (float64), and judges the output with
-the forensic tools' judge. One JSON line per case on stdout as soon as it is done, so the parent keeps what was
-judged if the process dies afterwards (a death of the process is the failure of the case it was running).
+activations on a fresh HTP session with the job's settings, twice in a row in one batch, and on REF (float64),
+and judges both outputs with the forensic tools' judge. One JSON line per case on stdout as soon as it is done,
+so the parent keeps what was judged if the process dies afterwards (a death of the process is the failure of
+the case it was running).
 """
 
 from __future__ import annotations
@@ -26,32 +27,39 @@ from kazeia.graph.tensor import Buffer, GGMLType, array, make_tensor
 
 
 def _case(model: Model, weight: str, m: int, path: str, settings: HtpSettings, seed: int) -> dict:
+    """The MUL_MAT twice in a row in one batch of a fresh session (so what one op leaves to the next, a DMA
+    completion, VTCM, the HMX scale, is judged too), each output against REF."""
     w = model.weights[weight]
     x = make_tensor(GGMLType.F32, (w.ne[0], m), name="gate_x")
     x.buffer, x.offset = Buffer.zeros("gate_x", x.nbytes), 0
     array(x)[...] = np.random.default_rng(seed + m).standard_normal((m, w.ne[0])).astype(np.float32)
-    node = gb.mul_mat(w, x, "gate_case")
-    node.buffer, node.offset = Buffer.zeros("gate_out", node.nbytes), 0
+    nodes = [gb.mul_mat(w, x, f"gate_case{i}") for i in range(2)]
     g = Graph()
-    g.expand(node)
+    for node in nodes:
+        node.buffer, node.offset = Buffer.zeros(node.name, node.nbytes), 0
+        node.route_path = "hvx" if path == "hvx" else None
+        g.expand(node)
     ref = RefBackend()
     ref.begin_graph(g)
-    ref.compute(node)
-    want = np.array(ref.value(node), dtype=np.float64)
+    ref.compute(nodes[0])
+    want = np.array(ref.value(nodes[0]), dtype=np.float64)
     backend = CpuBackend() if path == "cpu" else HtpBackend(settings)
-    node.route_path = "hvx" if path == "hvx" else None
     out = {"m": m, "path": path}
     try:
         backend.begin_graph(g)
-        backend.compute(node)
+        for node in nodes:
+            backend.compute(node)
         backend.end_graph()
     except DeviceDeathError as e:
-        return {**out, "ok": False, "evidence": f"device died: {e.kind if hasattr(e, 'kind') else ''} {e.cause}"}
+        return {**out, "ok": False, "evidence": f"device died: {getattr(e, 'kind', '') or ''} {e.cause}"}
     except DeviceOpError as e:
         return {**out, "ok": False, "evidence": f"op failed: {e}"}
-    got = np.array(array(node), dtype=np.float64)
-    v = judge(got, want, op_threshold("MUL_MAT"), op="MUL_MAT", name_a=path)
-    return {**out, "ok": v.ok, "nmse": v.nmse, "evidence": v.short()}
+    verdicts = [judge(np.array(array(n), dtype=np.float64), want, op_threshold("MUL_MAT"), op="MUL_MAT",
+                      name_a=path) for n in nodes]
+    bad = next((i for i, v in enumerate(verdicts) if not v.ok), None)
+    v = verdicts[0 if bad is None else bad]
+    where = "" if bad is None else (" (the first of two in a row)" if bad == 0 else " (the second of two in a row)")
+    return {**out, "ok": bad is None, "nmse": v.nmse, "evidence": v.short() + where}
 
 
 def main(argv: list[str]) -> int:
