@@ -89,12 +89,13 @@ class Recovery:
                 dead = self._dead_backend()
                 if dead is None:
                     raise
-                if died >= self.max_attempts:
-                    raise DeviceDeathError(
-                        f"{label}: the device died {died} times (last in batch {getattr(e, 'batch_seq', '?')}, last "
-                        f"enqueued {e.last_enqueued}); giving up after --max-deaths {self.max_attempts}: {e}",
-                        e.code, e.last_enqueued, e.faulting, e.cause) from None
                 ops = tuple(getattr(e, "batch_ops", None) or ())
+                if died >= self.max_attempts:
+                    where = (f"at op {ops[-1]}" if self._synchronous(dead) and ops else
+                             f"in batch {getattr(e, 'batch_seq', '?')}, last enqueued {e.last_enqueued}")
+                    raise DeviceDeathError(
+                        f"{label}: the device died {died} times (the last {where}); giving up after --max-deaths "
+                        f"{self.max_attempts}: {e}", e.code, e.last_enqueued, e.faulting, e.cause) from None
                 if self._synchronous(dead) and ops:
                     if ops[-1] != sync_op:  # the op is known: once more, to tell a transient death from its op
                         sync_op = ops[-1]
