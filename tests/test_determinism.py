@@ -99,3 +99,14 @@ def test_compare_runs_missing_ops_and_different_endings():
     assert same_death.deterministic and "0x0000002e" in same_death.message
     neg0 = HashedRun(True, "ok", a.records, np.full((1, 4), -0.0, np.float32))
     assert compare_runs([a, neg0]).logits_equal is False  # bitwise: -0.0 is not 0.0
+
+
+def test_identical_nan_logits_are_not_called_clean():
+    nan = np.full((1, 4), np.nan, np.float32)
+    nan[0, 0] = 1.0
+    run = HashedRun(True, "ok", [_rec(0, "x")], nan)
+    rep = compare_runs([run, run])
+    assert rep.deterministic and rep.logits_equal
+    assert "(but 3 of 4 logits are NaN/inf)" in rep.message
+    finite = HashedRun(True, "ok", [_rec(0, "x")], np.ones((1, 4), np.float32))
+    assert "NaN" not in compare_runs([finite, finite]).message

@@ -151,6 +151,15 @@ def _logits_digest(a: np.ndarray | None) -> str:
     return hashlib.blake2b(np.ascontiguousarray(a).view(np.uint8).tobytes(), digest_size=12).hexdigest()
 
 
+def _nonfinite_note(runs: list[HashedRun]) -> str:
+    """", but N of M logits are NaN/inf" when the (first) logits are not all finite: bitwise identical NaNs say
+    nothing about the arithmetic being right."""
+    a = next((np.asarray(r.logits) for r in runs if r.logits is not None), None)
+    if a is None or np.isfinite(a).all():
+        return ""
+    return f" (but {int((~np.isfinite(a)).sum())} of {a.size} logits are NaN/inf)"
+
+
 def compare_runs(runs: list[HashedRun], spec: RunSpec | None = None) -> DeterminismReport:
     """The op-by-op comparison of hashed runs (run 0's execution order; ops only other runs have come last)."""
     order: list[dict] = []
@@ -181,7 +190,7 @@ def compare_runs(runs: list[HashedRun], spec: RunSpec | None = None) -> Determin
     if det:
         how = "all ok" if sigs and sigs[0] == "ok" else f"every run ended: {sigs[0]}"
         msg = (f"deterministic: {len(runs)} runs, {n_ops} op outputs bitwise identical"
-               + (", logits bitwise identical" if logits_equal else "") + f" ({how})")
+               + (", logits bitwise identical" + _nonfinite_note(runs) if logits_equal else "") + f" ({how})")
     else:
         parts = [f"NON-DETERMINISTIC over {len(runs)} runs"]
         if diffs:
@@ -190,7 +199,7 @@ def compare_runs(runs: list[HashedRun], spec: RunSpec | None = None) -> Determin
         if logits_equal is None:
             parts.append("no logits")
         elif logits_equal:
-            parts.append("logits bitwise identical")
+            parts.append("logits bitwise identical" + _nonfinite_note(runs))
         else:
             parts.append("logits differ (" + "; ".join(f"runs {','.join(map(str, r))}" for r in lgroups.values())
                          + ")")
