@@ -24,7 +24,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="HTP fault injection (repeatable)")
     p.add_argument("-ub", "--ubatch-size", type=V.positive(), default=512, help="validate M = 1..N (default 512)")
     p.add_argument("--auto", action="store_true", help="validate (or take from the cache) and write the policy")
-    p.add_argument("--explain", type=V.regular_file, nargs="?", const="", default=None, metavar="FILE",
+    p.add_argument("--explain", type=V.optional_file, nargs="?", const="", default=None, metavar="FILE",
                    help="print why each rule exists and its modeled cost (FILE, or the cached policy of -m and "
                         "the device settings)")
     p.add_argument("-o", "--output", type=V.output_file, default=None, metavar="FILE",
@@ -41,8 +41,6 @@ def _settings(args: argparse.Namespace):
 
     if args.device.upper() not in ("HTP0", "HTP"):
         raise KazeiaError(f"kazeia gate validates the HTP model (-dev HTP0), not {args.device}")
-    if args.ubatch_size < 1 or args.jobs < 1:
-        raise KazeiaError("-ub and -j must be >= 1")
     return HtpSettings.from_options(device_options(args))
 
 

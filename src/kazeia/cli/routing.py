@@ -20,8 +20,9 @@ def add_routing_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recover", action="store_true",
                    help="survive a device death: new session, the micro-batch again; twice at the same op: a rule "
                         "routing its class away (printed as a warning), then on")
-    g.add_argument("--max-deaths", type=V.positive(), default=6, metavar="N",
-                   help="with --recover: deaths tolerated in one micro-batch before giving up (default 6)")
+    g.add_argument("--max-deaths", type=V.positive(), default=12, metavar="N",
+                   help="with --recover: deaths tolerated in one micro-batch before giving up (default 12; a "
+                        "death confirmed at one op costs 4)")
     g.add_argument("--inject-death-at", type=V.integer(0), default=None, metavar="OP_INDEX",
                    help="testing: a transient device death at the OP_INDEX-th op the device starts (0-based, whole "
                         "run), once")
@@ -42,8 +43,6 @@ def install_routing(args: argparse.Namespace, session, model_path: str) -> None:
         sched.router.gates.append(PolicyGate(policy))
         ctx.policy = policy
     if getattr(args, "recover", False):
-        if args.max_deaths < 1:
-            raise KazeiaError(f"--max-deaths {args.max_deaths}: at least 1")
         ctx.recovery = Recovery(sched, max_attempts=args.max_deaths)  # its rules route through its own gate
     at, rate = getattr(args, "inject_death_at", None), getattr(args, "inject_death_rate", 0.0)
     if at is not None or rate:

@@ -62,7 +62,7 @@ class DeathInjector:
 class Recovery:
     scheduler: Scheduler
     policy: Policy = field(default_factory=lambda: Policy(path="recovery"))
-    max_attempts: int = 8
+    max_attempts: int = 12
     warn: Callable[[str], None] = lambda s: print(f"kazeia: warning: {s}", file=sys.stderr, flush=True)
     deaths: int = 0  # over the whole run
     recoveries: int = 0  # micro-batches that needed at least one re-run
