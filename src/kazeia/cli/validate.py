@@ -422,3 +422,9 @@ def dims(n_min: int, n_max: int, hi: int = INT_MAX) -> Parse:
 def file_or_auto(text: str) -> str:
     """--gates FILE|auto: 'auto', or a regular file to read."""
     return text if text == "auto" else regular_file(text)
+
+
+def optional_file(text: str) -> str:
+    """nargs='?' FILE flags: '' (the flag given alone; argparse passes its const through the type) or a regular
+    file."""
+    return text if text == "" else regular_file(text)
