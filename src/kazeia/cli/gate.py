@@ -41,8 +41,6 @@ def _settings(args: argparse.Namespace):
 
     if args.device.upper() not in ("HTP0", "HTP"):
         raise KazeiaError(f"kazeia gate validates the HTP model (-dev HTP0), not {args.device}")
-    if args.ubatch_size < 1 or args.jobs < 1:
-        raise KazeiaError("-ub and -j must be >= 1")
     return HtpSettings.from_options(device_options(args))
 
 
