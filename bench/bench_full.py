@@ -86,8 +86,9 @@ def kazeia_bench(model: str, dev: str, threads: int, reps: int, env: dict | None
     for rec in recs:
         name = f"pp{rec['n_prompt']}" if rec["n_gen"] == 0 else f"tg{rec['n_gen']}"
         out[name] = rec["avg_ts"]
-        if "modeled_avg_ts" in rec:
-            out[name + "_modeled"] = rec["modeled_avg_ts"]
+        modeled = [k for k in rec if k.startswith("modeled") and k.endswith("_avg_ts")]  # "modeled device"
+        if modeled:
+            out[name + "_modeled"] = rec[modeled[0]]
     return out
 
 
@@ -119,6 +120,12 @@ def investigate(model: str, threads: int) -> dict:
     return {"wall": r["wall"], "rss": r["rss"], "code": r["code"], "verdict": lines[:3]}
 
 
+def progress(name: str, r: dict) -> None:
+    """One line per finished row on stderr (a full run takes many minutes on the shared machine)."""
+    brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k not in ("verdict", "stdout")}
+    print(f"[bench_full {time.strftime('%H:%M:%S')}] {name}: {json.dumps(brief)}", file=sys.stderr, flush=True)
+
+
 def fmt(x, unit="") -> str:
     return "-" if x is None else f"{x:.2f}{unit}"
 
@@ -145,22 +152,30 @@ def main(argv: list[str] | None = None) -> int:
     # much the load moved while kazeia ran (the ratios use their mean)
     if exe:
         res["llama"] = peer()
+        progress("llama", res["llama"])
     if "cpu" not in skip:
         res["cpu"] = kazeia_bench(model, "CPU", a.threads, a.repetitions)
+        progress("cpu", res["cpu"])
         if exe:
             res["llama_after"] = peer()
+            progress("llama_after", res["llama_after"])
             res["llama_before"] = res["llama"]
             res["llama"] = {k: (res["llama_before"][k] + res["llama_after"][k]) / 2 for k in res["llama_after"]}
     if "hmx" not in skip:
         res["hmx"] = kazeia_bench(model, "HTP0", a.threads, a.repetitions, extra=["--htp-profile", "robust"])
+        progress("hmx", res["hmx"])
     if "hvx" not in skip:
         res["hvx"] = kazeia_bench(model, "HTP0", a.threads, 1, env={"GGML_HEXAGON_USE_HMX": "0"},
                                   extra=["--htp-profile", "robust"])
+        progress("hvx", res["hvx"])
     if "ttft" not in skip:
         res["ttft_default"] = ttft(None, a.threads)
+        progress("ttft_default", res["ttft_default"])
         res["ttft_full"] = ttft(model, a.threads)
+        progress("ttft_full", res["ttft_full"])
     if "investigate" not in skip:
         res["investigate"] = investigate(model, a.threads)
+        progress("investigate", res["investigate"])
     res["load_after"] = os.getloadavg()[0]
     if a.json:
         print(json.dumps(res, indent=2))

@@ -3,8 +3,8 @@ and the KV handling must not depend on the sizes they were tuned on.
 
 - a 36-layer Llama-shaped model (the depth of the seed's model, tiny widths, an odd FFN width);
 - a Qwen3 whose matmuls have K = 5120 (not a power of two, 160 blocks) and an FFN with N = 5120 + 32;
-each with Q4_0, Q4_1 and Q8_0 weights: the prefill logits (tiled dequantize + BLAS) and a decode step (the
-GEMV) agree with ref to NMSE 1e-6, and the greedy next token is the same.
+each with Q4_0, Q4_1 and Q8_0 weights: the prefill logits (the AVX2 int16 GEMM; tiled dequantize + BLAS on the
+portable path) and a decode step (the GEMV) agree with ref to NMSE 1e-6, and the greedy next token is the same.
 """
 
 from __future__ import annotations
