@@ -64,7 +64,10 @@ def _rerun_hint(e: KazeiaError, words: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a bad value (2, its line printed), --help or --version (0): a status, as below
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
