@@ -8,12 +8,13 @@ is valid when every piece size falls in classes that passed, and so is `split-op
 M, graph/rowsplit.py) when the pieces pass for its own weight shape. Among the valid alternatives the one with the
 best modeled prefill time of a micro-batch at the class's largest M wins: the HTP cost model for device time,
 the stated phone-CPU model (cost.PhoneCpu) for the host. The policy is cached under the key (model file hash,
-profile, VTCM size, fault set, kazeia version, plus the micro-batch limit and the HMX/arch/NHVX switches that
-change plans).
+profile, VTCM size, fault set, kazeia version and a digest of the device model's source, plus the micro-batch
+limit and the HMX/arch/NHVX switches that change plans).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -24,7 +25,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import kazeia
 from kazeia import __version__
 from kazeia.backends.htp.cost import PHONE_CPU, graph_seconds, hmx_matmul_seconds, hvx_matmul_seconds, op_seconds
 from kazeia.backends.htp.plan import matmul_node
@@ -78,10 +81,23 @@ def cache_dir() -> str:
     return os.environ.get("KAZEIA_GATE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kazeia", "gates")
 
 
+@functools.lru_cache(maxsize=1)
+def device_model_digest() -> str:
+    """A digest of the device model's and graph builders' source: a policy validated by other code of the same
+    kazeia version is not reused (the version alone let a stale policy survive a change to the emulator)."""
+    root = Path(kazeia.__file__).parent
+    h = hashlib.sha256()
+    for sub in ("backends/htp", "graph", "models"):
+        for f in sorted((root / sub).glob("*.py")):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def source_of(model_path: str, settings: HtpSettings, ubatch: int) -> dict:
     return {"model": os.path.basename(model_path), "model_sha256": model_hash(model_path),
             "profile": settings.profile, "vtcm": settings.vtcm_bytes, "faults": sorted(settings.faults),
-            "kazeia": __version__, "ubatch": ubatch, "use_hmx": settings.use_hmx, "arch": settings.arch,
+            "kazeia": __version__, "code": device_model_digest(), "ubatch": ubatch, "use_hmx": settings.use_hmx,
+            "arch": settings.arch,
             "nhvx": settings.nhvx}
 
 
