@@ -210,16 +210,28 @@ def compare_runs(runs: list[HashedRun], spec: RunSpec | None = None) -> Determin
                              lgroups if have_logits else {}, sigs, spec.command() if spec else "")
 
 
+def timing_seeded(spec: RunSpec, n_runs: int, base: int = 1) -> list[RunSpec]:
+    """`spec` once per run, run i with the HTP timing (race) seed base + i unless the spec or the environment
+    already pins one: the runs still differ by their timing, as free runs do, but a report made from them is
+    the same every time it is made (free runs would make a race's evidence itself a matter of luck)."""
+    if spec.env.get("KAZEIA_HTP_RACE_SEED") or os.environ.get("KAZEIA_HTP_RACE_SEED"):
+        return [spec] * n_runs
+    return [spec.with_(env={**spec.env, "KAZEIA_HTP_RACE_SEED": str(base + i)}) for i in range(n_runs)]
+
+
 def check_determinism(spec: RunSpec, n_runs: int = 3, isolate: bool = False, timeout: float = 600.0,
-                      hooks: tuple = (), share_weights: bool = False, log=None) -> DeterminismReport:
-    """Run `spec` n_runs times (fresh context each time) and compare every op output and the logits."""
+                      hooks: tuple = (), share_weights: bool = False, log=None,
+                      specs: list[RunSpec] | None = None) -> DeterminismReport:
+    """Run `spec` n_runs times (fresh context each time) and compare every op output and the logits; `specs`:
+    one spec per run in its place (e.g. timing_seeded(spec, n_runs))."""
     if n_runs < 2:
         raise KazeiaError("a determinism check needs at least 2 runs (-N)")
     if isolate and hooks:
         raise KazeiaError("extra hooks cannot reach child processes: use isolate=False")
     runs = []
     for i in range(n_runs):
-        r = hashed_run_child(spec, timeout) if isolate else hashed_run(spec, hooks, share_weights)
+        one = specs[i] if specs else spec
+        r = hashed_run_child(one, timeout) if isolate else hashed_run(one, hooks, share_weights)
         runs.append(r)
         if log:
             log(f"run {i}: {r.signature}, {len(r.records)} op outputs hashed")

@@ -202,16 +202,18 @@ def _localise_stale(rep: RaceReport, done: list, views: list, plan, rw, clean, s
 
 
 def localise_race(spec: RunSpec, target: str, n_runs: int = 2, dump=None) -> RaceReport:
-    """Run `spec` `n_runs` times (timing free) and localise how the target op's outputs differ; `dump`: the
-    target's dump (lets a probe replay see through non-finite stale bytes)."""
+    """Run `spec` `n_runs` times (under different timing seeds, see determinism.timing_seeded) and localise how
+    the target op's outputs differ; `dump`: the target's dump (lets a probe replay see through non-finite stale
+    bytes)."""
     from kazeia.backends.htp.fast import shuffled_fp16
     from kazeia.backends.htp.hmx_matmul import hmx_matmul_weight
     from kazeia.backends.htp.plan import plan_for_node
+    from kazeia.debug.determinism import timing_seeded
 
     hooks = []
-    for _ in range(n_runs):
+    for one in timing_seeded(spec, n_runs, base=101):  # other timings than the determinism step's
         h = VtcmWriters(target)
-        run(spec, hooks=(h,))
+        run(one, hooks=(h,))
         hooks.append(h)
     done = [h for h in hooks if h.output is not None]
     if not done:

@@ -7,11 +7,14 @@ from kazeia.debug.investigate.table import Context, StepDef
 
 def determinism_step(n_runs: int) -> StepDef:
     def step(cx: Context) -> tuple[str, str]:
-        from kazeia.debug.determinism import check_determinism
+        from kazeia.debug.determinism import check_determinism, timing_seeded
 
-        rep = cx.findings.determinism = check_determinism(cx.spec, n_runs=n_runs)
+        specs = timing_seeded(cx.spec, n_runs)
+        rep = cx.findings.determinism = check_determinism(cx.spec, n_runs=n_runs, specs=specs)
         if not rep.deterministic and rep.first_diff is not None:
             cx.fact("first op whose output differs between runs", rep.first_diff.name)
-        return rep.message, cx.spec.command()
+        seeds = [s.env.get("KAZEIA_HTP_RACE_SEED") for s in specs]
+        how = f" (HTP timing seeds {', '.join(seeds)})" if all(seeds) and len(set(seeds)) > 1 else ""
+        return rep.message + how, cx.spec.command()
 
     return StepDef(f"determinism ({n_runs} runs)", step, gives=("determinism",))
