@@ -46,6 +46,7 @@ def _digest(v) -> dict:
     return {"len": len(v), "sha256": hashlib.sha256(json.dumps(v, ensure_ascii=False).encode()).hexdigest()}
 
 
+@pytest.mark.slow  # writes a 151,936-row GGUF and hashes every array (14 s)
 def test_written_as_llama_cpp_converter_writes_it(qwen3_tok_gguf):
     ref = json.load(open(DATA))
     r = GGUFReader(qwen3_tok_gguf)
