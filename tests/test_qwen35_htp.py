@@ -170,6 +170,7 @@ def test_trace_placements_show_hmx_hvx_and_cpu(tiny35, tmp_path):
     assert all(p.startswith("HTP0/") for p in by_op["GATED_DELTA_NET"])
 
 
+@pytest.mark.slow  # a whole investigate (5 s)
 def test_investigate_gives_a_verdict_and_a_gate(tiny35, tmp_path):
     r = kazeia("investigate", "-m", tiny35, "--n-prompt", "38", "-dev", "HTP0", "--htp-profile", "2026-05", "-o",
                str(tmp_path / "inv"), "--quiet")

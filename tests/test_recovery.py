@@ -56,6 +56,7 @@ def test_without_recovery_an_injected_death_ends_the_run(tiny_qwen3_q4):
         greedy(s, list(range(7, 20)), 1)
 
 
+@pytest.mark.slow  # many recovered runs (2.5 s)
 def test_random_deaths_are_bitwise_invisible(tiny_qwen3_q4):
     ids = list(range(3, 40))
     base_t, base_l = greedy(session("-m", tiny_qwen3_q4, "-dev", "HTP0"), ids, 32)
