@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from kazeia.backends import jit, native
-from kazeia.backends.htp.fp16 import check_arch, round_fp16_hw
+from kazeia.backends.htp.fp16 import f32_to_f16_shuffled, round_fp16_hw
 
 GGMLType = GGMLQuantizationType
 KIND = {GGMLType.Q4_0: 0, GGMLType.Q4_1: 1, GGMLType.Q8_0: 2, GGMLType.IQ4_NL: 3}  # type codes of htp/kernels.py
@@ -69,12 +69,7 @@ def round_hw(x: np.ndarray) -> np.ndarray:
 
 def shuffled_fp16(x: np.ndarray, arch: int | None = None) -> np.ndarray:
     """fp16.f32_to_f16_shuffled (the HMX activation staging converter), rounding with `round_hw`."""
-    check_arch(arch)
-    x = np.asarray(x, dtype=np.float32)
-    y = round_hw(x)
-    if arch is not None and arch < 79:
-        y[np.isneginf(x)] = np.nan
-    return y
+    return f32_to_f16_shuffled(x, arch, round_hw)
 
 
 def hmx_weight_rows(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, out: np.ndarray, iq4: np.ndarray,

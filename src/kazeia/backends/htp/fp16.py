@@ -70,7 +70,7 @@ def check_arch(arch: int | None) -> None:
         raise ValueError(f"unknown HTP arch {arch!r}; expected one of {KNOWN_ARCHS}")
 
 
-def f32_to_f16_shuffled(x: np.ndarray, arch: int | None = None) -> np.ndarray:
+def f32_to_f16_shuffled(x: np.ndarray, arch: int | None = None, rounding=None) -> np.ndarray:
     """The "shuffled" f32->f16 converter (HMX activation staging): x + 0.0 in qf32, then to hf.
 
     Below v79 (HMX exists on v73/v75) a -inf input comes out as NaN, because only the non-shuffled helper
@@ -78,7 +78,7 @@ def f32_to_f16_shuffled(x: np.ndarray, arch: int | None = None) -> np.ndarray:
     """
     check_arch(arch)
     x = np.asarray(x, dtype=np.float32)
-    y = round_fp16_hw(x)
+    y = (rounding or round_fp16_hw)(x)  # rounding: an equal-valued round_fp16_hw (htp/fast.py's native one)
     if arch is not None and arch < 79:
         y[np.isneginf(x)] = np.nan
     return y
