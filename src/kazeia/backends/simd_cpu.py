@@ -55,6 +55,16 @@ def _codes(k: Kernel, kind: str, base: ir.Value) -> tuple[ir.Value, ir.Value]:
     return b.and_(q, splat(V16I16, 15)), b.lshr(q, splat(V16I16, 4))
 
 
+def _x_block(k: Kernel, xrow: ir.Value, blk: ir.Value, mi: int) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """Block `blk` of x row `mi`: its 32 int16 codes as two <16 x i16> halves, its block index, its scale d_x."""
+    b, a = k.b, k.a
+    xo = b.add(b.mul(i64(mi), xrow), b.mul(blk, i64(QK)))
+    xlo = k.load_vec(a.xq, V16I16, xo)
+    xhi = k.load_vec(a.xq, V16I16, b.add(xo, i64(16)))
+    bi = b.add(b.mul(i64(mi), a.nb), blk)
+    return xlo, xhi, bi, k.load(a.xd, bi)
+
+
 def _emit_rows(k: Kernel, kind: str, m: int, rows: int, n: ir.Value) -> None:
     """y[0..m, n..n+rows] for weight rows n.. (a compile-time number of rows and activation rows)."""
     b, a = k.b, k.a
@@ -74,11 +84,7 @@ def _emit_rows(k: Kernel, kind: str, m: int, rows: int, n: ir.Value) -> None:
             if kind == "q4_1":
                 mws.append(k.half_to_f32(k.load_as(base, I16, 2)))
         for mi in range(m):
-            xo = b.add(b.mul(i64(mi), xrow), b.mul(blk, i64(QK)))
-            xlo = k.load_vec(a.xq, V16I16, xo)
-            xhi = k.load_vec(a.xq, V16I16, b.add(xo, i64(16)))
-            bi = b.add(b.mul(i64(mi), a.nb), blk)
-            dx = k.load(a.xd, bi)
+            xlo, xhi, bi, dx = _x_block(k, xrow, blk, mi)
             if kind != "q8_0":
                 dxs = b.fmul(dx, b.sitofp(k.load(a.xs, bi), F32))
                 if kind == "q4_0":
@@ -141,11 +147,7 @@ def _emit_rows8(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
         dw = gather(0)
         mw = gather(2) if kind == "q4_1" else None
         for mi in range(m):
-            xo = b.add(b.mul(i64(mi), xrow), b.mul(blk, i64(QK)))
-            xlo = k.load_vec(a.xq, V16I16, xo)
-            xhi = k.load_vec(a.xq, V16I16, b.add(xo, i64(16)))
-            bi = b.add(b.mul(i64(mi), a.nb), blk)
-            dx = k.load(a.xd, bi)
+            xlo, xhi, bi, dx = _x_block(k, xrow, blk, mi)
             ps = [b.add(k.call("llvm.x86.avx2.pmadd.wd", V8I32, lo, xlo),
                         k.call("llvm.x86.avx2.pmadd.wd", V8I32, hi, xhi)) for lo, hi in codes]
             sc = b.fmul(dw, k.broadcast(dx, 8))
