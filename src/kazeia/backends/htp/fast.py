@@ -105,6 +105,7 @@ def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray,
     npad = -(-nb // 8) * 8
     x16 = np.zeros((m, npad * 32), dtype=np.int16)  # the int8 quants widened once (zero past K)
     x16[:, :k] = img[:m, :k].view(np.int8)
-    args = (_ptr(b8), b8.strides[0], nb, _ptr(x16), _ptr(img), img.strides[0], k, m, _ptr(y), n, n)
+    xs = x16.reshape(m, npad, 32).sum(axis=2, dtype=np.int32)  # per sub-block sums (Q4_0's -8 correction)
+    args = (_ptr(b8), b8.strides[0], nb, _ptr(x16), _ptr(xs), _ptr(img), img.strides[0], k, m, _ptr(y), n, n)
     _run(_pair(lk, f"hvx_dot_{NAMES[qtype]}"), args, n, HVX_CHUNK, n * nb * 32 * m >= PARALLEL_MIN_ELEMS)
     return y

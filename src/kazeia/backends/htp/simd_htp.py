@@ -142,9 +142,10 @@ def _hmx_weight(module: ir.Module, kind: str) -> str:
 
 # --- HVX vec_dot ---------------------------------------------------------------------------------------------
 
-HVX_ARGS = [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("x16", ptr(I16)), ("img", ptr(I8)), ("imgstride", I64),
-            ("kq", I64), ("m", I64), ("y", ptr(F32)), ("ystride", I64), ("ntotal", I64), ("r0", I64), ("r1", I64)]
-HVX_SIG = "v:piippiiipiiii"
+HVX_ARGS = [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("x16", ptr(I16)), ("xs", ptr(I32)), ("img", ptr(I8)),
+            ("imgstride", I64), ("kq", I64), ("m", I64), ("y", ptr(F32)), ("ystride", I64), ("ntotal", I64),
+            ("r0", I64), ("r1", I64)]
+HVX_SIG = "v:piipppiiipiiii"
 
 
 def _tree8(k: Kernel, ps: list[ir.Value]) -> ir.Value:
@@ -156,92 +157,127 @@ def _tree8(k: Kernel, ps: list[ir.Value]) -> ir.Value:
     return b.add(k.shuffle(lo, hi, [0, 1, 2, 3, 8, 9, 10, 11]), k.shuffle(lo, hi, [4, 5, 6, 7, 12, 13, 14, 15]))
 
 
-def _reduce32(k: Kernel, acc: list[ir.Value], adjacent: ir.Value) -> ir.Value:
-    """32 lanes (4 x <8 x float>) -> float by the far tree (v[i] += v[i+h], h = 16, 8, 4, 2, 1) or, when
-    `adjacent`, the adjacent one (v[i] += v[i+d], d = 1, 2, 4, 8, 16): hvx_matmul.reduce_far / _adjacent."""
+def _reduce_far(k: Kernel, acc: list[ir.Value]) -> ir.Value:
+    """32 lanes (4 x <8 x float>) -> float by the far tree, v[i] += v[i+h] for h = 16, 8, 4, 2, 1
+    (hvx_matmul.reduce_far), each level one vector add: the same additions in the same order."""
     b = k.b
-    e = [b.extract_element(acc[i // 8], ir.Constant(I32, i % 8)) for i in range(32)]
-    far = list(e)
-    h = 16
-    while h >= 1:
-        far = [b.fadd(far[i], far[i + h]) for i in range(h)]
-        h //= 2
-    adj = list(e)
+    h8 = b.fadd(b.fadd(acc[0], acc[2]), b.fadd(acc[1], acc[3]))  # h=16 (lanes 0..7 | 8..15), then h=8
+    h4 = b.fadd(k.shuffle(h8, None, [0, 1, 2, 3]), k.shuffle(h8, None, [4, 5, 6, 7]))
+    h2 = b.fadd(k.shuffle(h4, None, [0, 1]), k.shuffle(h4, None, [2, 3]))
+    return b.fadd(b.extract_element(h2, ir.Constant(I32, 0)), b.extract_element(h2, ir.Constant(I32, 1)))
+
+
+def _reduce_adjacent(k: Kernel, acc: list[ir.Value]) -> ir.Value:
+    """32 lanes -> float by the adjacent tree, v[i] += v[i+d] for d = 1, 2, 4, 8, 16 (hvx_matmul.reduce_adjacent)."""
+    b = k.b
+    adj = [b.extract_element(acc[i // 8], ir.Constant(I32, i % 8)) for i in range(32)]
     d = 1
     while d < 32:
         adj = [b.fadd(adj[i], adj[i + d]) if i % (2 * d) == 0 else adj[i] for i in range(32)]
         d *= 2
-    return b.select(adjacent, adj[0], far[0])
+    return adj[0]
+
+
+def _block_dot(k: Kernel, kind: str, base: ir.Value, xrow: ir.Value, blk: ir.Value) -> ir.Value:
+    """<8 x i32> whose lanes add up to the integer dot of the block's 32 codes with x16[blk] (int16
+    pmaddwd: every pair sum exact). Q4_0 and Q4_1 use the raw nibbles 0..15 (Q4_0's -8 is taken off the whole
+    sub-block dot afterwards, see `_group`); Q8_0 and IQ4_NL the signed operand."""
+    b = k.b
+    if kind in ("q4_0", "q4_1"):
+        # one vpmovzxbw, then the nibbles in 16-bit lanes (opaque: LLVM would split the bytes first)
+        q = k.opaque(b.zext(k.load_vec(base, V16I8, CODE_OFFSET[kind]), V16I16))
+        lo, hi = b.and_(q, splat(V16I16, 15)), b.lshr(q, splat(V16I16, 4))
+    else:
+        c0, c1 = _codes_i8(k, kind, base)
+        lo, hi = b.sext(c0, V16I16), b.sext(c1, V16I16)
+    o = b.mul(blk, i64(QK))
+    return b.add(k.call("llvm.x86.avx2.pmadd.wd", V8I32, lo, k.load_vec(xrow, V16I16, o)),
+                 k.call("llvm.x86.avx2.pmadd.wd", V8I32, hi, k.load_vec(xrow, V16I16, b.add(o, i64(16)))))
+
+
+def _group(k: Kernel, kind: str, rowp: ir.Value, xrow: ir.Value, xsrow: ir.Value, irow: ir.Value, g: ir.Value,
+           tail: bool) -> ir.Value:
+    """The fp32 contributions of the 8 sub-blocks of group g (lane j = sub-block 8g+j): fp32(ia * (d_x*d_w))
+    (Q4_1: + fp32(s_x*m_w), rounded first). `tail`: the group may run past nb; its blocks past nb are read at
+    block nb-1 (never past the row) and their lanes masked to 0, like the DSP's masked lanes."""
+    b, a = k.b, k.a
+    bb = BLOCK_BYTES[kind]
+    b0 = b.mul(g, i64(8))
+    last = b.sub(a.nb, i64(1))
+    bases, ps = [], []
+    for j in range(8):
+        blk = b.add(b0, i64(j))
+        src = b.select(b.icmp_signed("<", blk, a.nb), blk, last) if tail else blk
+        bases.append(k.gep(rowp, b.mul(src, i64(bb))))
+        ps.append(_block_dot(k, kind, bases[j], xrow, blk))
+    ia = _tree8(k, ps)
+    if kind == "q4_0":  # sum (q-8) x = sum q x - 8 sum x: integers, exact (|ia| <= 2^15)
+        ia = b.sub(ia, b.shl(k.load_vec(xsrow, V8I32, b0), splat(V8I32, 3)))
+
+    def gather(byte_off: int) -> ir.Value:
+        v = ir.Constant(V8I16, ir.Undefined)
+        for j in range(8):
+            v = b.insert_element(v, k.load_as(bases[j], I16, byte_off), ir.Constant(I32, j))
+        return b.fpext(b.bitcast(v, vec(F16, 8)), V8F32)
+    dw = gather(0)
+    if kind == "q4_1":  # (d, s) pairs: 16 halves
+        pairs = b.fpext(b.bitcast(k.load_vec(irow, vec(I16, 16), b.mul(b0, i64(4))), vec(F16, 16)), vec(F32, 16))
+        ad = k.shuffle(pairs, None, list(range(0, 16, 2)))
+        asum = k.shuffle(pairs, None, list(range(1, 16, 2)))
+    else:
+        ad = b.fpext(b.bitcast(k.load_vec(irow, V8I16, b.mul(b0, i64(2))), vec(F16, 8)), V8F32)
+    v = b.fmul(b.sitofp(ia, V8F32), b.fmul(ad, dw))  # d_w*d_x exact; one rounding each
+    if kind == "q4_1":
+        v = b.fadd(v, b.fmul(asum, gather(2)))
+    if tail:
+        # sub-blocks past nb are masked (their lanes do not change): their scales may be garbage
+        live = b.icmp_signed("<", b.add(k.broadcast(b.trunc(b0, I32), 8), lanes(V8I32, range(8))),
+                             k.broadcast(b.trunc(a.nb, I32), 8))
+        v = b.select(live, v, ir.Constant(V8F32, [0.0] * 8))
+    return v
 
 
 def _hvx_dot(module: ir.Module, kind: str) -> str:
-    """hvx_dot_<kind>(w, wstride, nb, x16, img, imgstride, kq, m, y, ystride, ntotal, r0, r1): y[i, n] for the
-    weight rows n in [r0, r1) and the m activation rows i: x16 (m, (nb+8)*32) int16 = the image's int8 quants
-    widened, zero past nb*32; the fp16 scales (Q4_1: (d, s) pairs) are read from the image rows (img, stride
-    imgstride) at byte kq. Each weight row's codes and scales are decoded once onto the stack."""
+    """hvx_dot_<kind>(w, wstride, nb, x16, xs, img, imgstride, kq, m, y, ystride, ntotal, r0, r1): y[i, n] for
+    the weight rows n in [r0, r1) and the m activation rows i: x16 (m, npad*32) int16 = the image's int8 quants
+    widened, zero past nb*32 (npad = nb rounded up to 8), xs (m, npad) int32 = their sums per sub-block (used
+    by Q4_0); the fp16 scales (Q4_1: (d, s) pairs) are read from the image rows (img, stride imgstride) at byte
+    kq. The weight codes and scales are read from the ggml row for every activation row (for m > 1 the row is
+    in L1 after the first). Groups of 8 sub-blocks go to accumulator vector g % 4: the loop takes whole chunks
+    (4 groups) while every sub-block is inside the row, then up to 4 tail groups."""
     name = f"hvx_dot_{kind}"
     k = Kernel(module, name, HVX_ARGS)
     b, a = k.b, k.a
-    q41 = kind == "q4_1"
     ngroups = b.sdiv(b.add(a.nb, i64(7)), i64(8))
     npad = b.mul(ngroups, i64(8))
-    wq = b.alloca(I16, size=b.mul(npad, i64(QK)))   # the row's codes (int16), zero past nb
-    dw = b.alloca(F32, size=npad)                    # its d's, zero past nb
-    mw = b.alloca(F32, size=npad) if q41 else None
+    nfull = b.sdiv(b.sdiv(a.nb, i64(8)), i64(4))     # chunks whose 32 sub-blocks are all in the row
+    ntail = b.sub(ngroups, b.mul(nfull, i64(4)))     # 0..4 groups left
     zero8 = ir.Constant(V8F32, [0.0] * 8)
-    with k.loop(a.nb, npad, name="pad") as p:
-        k.store(f32(0.0), dw, p)
-        if q41:
-            k.store(f32(0.0), mw, p)
-        for j in range(4):
-            k.store_vec(ir.Constant(V8I16, [0] * 8), wq, b.add(b.mul(p, i64(QK)), i64(8 * j)))
+    acc = [k.var(V8F32, zero8, name=f"acc{j}") for j in range(4)]
+    res = k.var(F32, f32(0.0), name="res")
     with k.loop(a.r0, a.r1, name="row") as n:
         rowp = k.gep(a.w, b.mul(n, a.wstride))
-        with k.loop(0, a.nb, name="dec") as blk:
-            base = k.gep(rowp, b.mul(blk, i64(BLOCK_BYTES[kind])))
-            lo, hi = _codes_i8(k, kind, base)
-            o = b.mul(blk, i64(QK))
-            k.store_vec(b.sext(lo, V16I16), wq, o)
-            k.store_vec(b.sext(hi, V16I16), wq, b.add(o, i64(16)))
-            k.store(k.half_to_f32(k.load_as(base, I16, 0)), dw, blk)
-            if q41:
-                k.store(k.half_to_f32(k.load_as(base, I16, 2)), mw, blk)
         last = b.and_(b.icmp_signed("==", b.srem(a.ntotal, i64(2)), i64(1)),
                       b.icmp_signed("==", n, b.sub(a.ntotal, i64(1))))
         with k.loop(0, a.m, name="act") as mi:
             xrow = k.gep(a.x16, b.mul(mi, b.mul(npad, i64(QK))))
+            xsrow = k.gep(a.xs, b.mul(mi, npad))
             irow = k.gep(a.img, b.add(b.mul(mi, a.imgstride), a.kq))
-            acc = [k.var(V8F32, zero8, name=f"acc{j}") for j in range(4)]
-            with k.loop(0, ngroups, name="grp") as g:
-                ps = []
-                for j in range(8):
-                    o = b.mul(b.add(b.mul(g, i64(8)), i64(j)), i64(QK))
-                    ps.append(b.add(
-                        k.call("llvm.x86.avx2.pmadd.wd", V8I32, k.load_vec(wq, V16I16, o), k.load_vec(xrow, V16I16, o)),
-                        k.call("llvm.x86.avx2.pmadd.wd", V8I32, k.load_vec(wq, V16I16, b.add(o, i64(16))),
-                               k.load_vec(xrow, V16I16, b.add(o, i64(16))))))
-                ia = b.sitofp(_tree8(k, ps), V8F32)
-                b0 = b.mul(g, i64(8))
-                if q41:  # (d, s) pairs: 16 halves
-                    pairs = b.fpext(b.bitcast(k.load_vec(irow, vec(I16, 16), b.mul(b0, i64(4))), vec(F16, 16)),
-                                    vec(F32, 16))
-                    ad = k.shuffle(pairs, None, list(range(0, 16, 2)))
-                    asum = k.shuffle(pairs, None, list(range(1, 16, 2)))
-                else:
-                    ad = b.fpext(b.bitcast(k.load_vec(irow, V8I16, b.mul(b0, i64(2))), vec(F16, 8)), V8F32)
-                v = b.fmul(ia, b.fmul(ad, k.load_vec(dw, V8F32, b0)))  # d_w*d_x exact; one rounding each
-                if q41:
-                    v = b.fadd(v, b.fmul(asum, k.load_vec(mw, V8F32, b0)))
-                # sub-blocks past nb are masked (their lanes do not change): their scales may be garbage
-                live = b.icmp_signed("<", b.add(k.broadcast(b.trunc(b0, I32), 8), lanes(V8I32, range(8))),
-                                     k.broadcast(b.trunc(a.nb, I32), 8))
-                v = b.select(live, v, zero8)
-                slot = b.and_(g, i64(3))
+            for j in range(4):
+                b.store(zero8, acc[j])
+            with k.loop(0, nfull, name="chunk") as c:
                 for j in range(4):
-                    with k.if_(b.icmp_signed("==", slot, i64(j))):
-                        b.store(b.fadd(b.load(acc[j]), v), acc[j])
-            s = _reduce32(k, [b.load(x) for x in acc], last)
-            k.store(s, a.y, b.add(b.mul(mi, a.ystride), n))
+                    g = b.add(b.mul(c, i64(4)), i64(j))
+                    b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, irow, g, False)), acc[j])
+            for j in range(4):
+                with k.if_(b.icmp_signed(">", ntail, i64(j))):
+                    g = b.add(b.mul(nfull, i64(4)), i64(j))
+                    b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, irow, g, True)), acc[j])
+            vs = [b.load(x) for x in acc]
+            b.store(_reduce_far(k, vs), res)
+            with k.if_(last):
+                b.store(_reduce_adjacent(k, vs), res)
+            k.store(b.load(res), a.y, b.add(b.mul(mi, a.ystride), n))
     k.ret()
     return name
 
