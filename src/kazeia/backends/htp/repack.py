@@ -141,10 +141,37 @@ def repack_x4x2(raw: np.ndarray, qtype: GGMLType, k: int) -> np.ndarray:
     """ggml block rows (N, row_bytes) uint8 -> repacked rows (N, row_bytes) exactly as the host stores them."""
     _check(qtype, k)
     raw = _rows(raw, x4x2_row_bytes(qtype, k))
-    codes, d, m = _split_ggml(raw, qtype, k)
-    scales = d[..., None] if m is None else np.stack([d, m], axis=-1)  # Q4_1: (d, m) pairs
-    sbytes = np.ascontiguousarray(scales).view(np.uint8).reshape(raw.shape[0], -1)
-    return np.concatenate([_pack_codes(codes, qtype, k), sbytes], axis=1)
+    n, (_, ts) = raw.shape[0], GGML_QUANT_SIZES[qtype]
+    nsub, qb = k // QK, _qrow_bytes(qtype, k)
+    out = np.empty_like(raw)
+    # the d's (Q4_1: (d, m) pairs) in block order, copied as whole 2 (4) B words
+    word = np.uint32 if qtype == GGMLType.Q4_1 else np.uint16
+    w = np.dtype(word).itemsize
+    out[:, qb:].view(word)[:] = raw.view(word).reshape(n, nsub, ts // w)[..., 0]
+    if qtype == GGMLType.Q8_0:
+        out[:, :qb] = raw.reshape(n, nsub, ts)[..., 2:].reshape(n, k)
+    elif k % SUPER == 0:
+        qs = raw.view(np.uint16).reshape(n, nsub, ts // 2)[..., w // 2:]  # 8 words of nibbles per block
+        _pack_q4_superblocks(qs.reshape(n, k // SUPER, 8, 8), out[:, :qb].reshape(n, -1, 4, 32))
+    else:
+        out[:, :qb] = _pack_codes(_split_ggml(raw, qtype, k)[0], qtype, k)
+    return out
+
+
+_LOW4 = np.uint64(0x0F0F0F0F0F0F0F0F)  # the low nibble of each of 8 bytes
+
+
+def _pack_q4_superblocks(qs: np.ndarray, out: np.ndarray) -> None:
+    """x4x2 quant bytes of whole super-blocks straight from the ggml nibbles (the same bytes as _pack_codes of
+    _split_ggml's codes): qs (N, S, 8 blocks, 8 uint16 = 16 B) -> out (N, S, 4, 32) uint8. Byte 32i+p of a super-block
+    holds element 32i+p (block i) low and element 128+32i+p (block i+4) high; ggml keeps element p of a block
+    in the low nibble of byte p for p < 16 and in the high nibble of byte p-16 otherwise. Computed 8 bytes at
+    a time (uint64 lanes; every mask keeps each byte's bits inside that byte)."""
+    q = np.ascontiguousarray(qs).view(np.uint64).reshape(qs.shape[0], qs.shape[1], 2, 4, 2)
+    lo, hi = q[:, :, 0], q[:, :, 1]                       # blocks 0..3 and 4..7, 2 lanes of 8 B each
+    o = out.view(np.uint64)                                # (N, S, 4, 4): 16 B low half, 16 B high half
+    o[..., :2] = (lo & _LOW4) | ((hi & _LOW4) << np.uint64(4))
+    o[..., 2:] = ((lo >> np.uint64(4)) & _LOW4) | (hi & ~_LOW4)
 
 
 def decode_x4x2(rep: np.ndarray, qtype: GGMLType, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
