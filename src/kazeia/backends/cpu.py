@@ -209,10 +209,14 @@ def _f32_mirror(f16: np.ndarray) -> np.ndarray:
     """float32 copy of an F16 cache whose rows are mostly still zero (a fresh or cleared KV cache): zero pages
     (untouched, so they cost no memory) except the rows holding something, which are converted."""
     out = np.zeros(f16.shape, dtype=np.float32)
-    used = (f16.reshape(-1, f16.shape[-1]).view(np.uint16) != 0).any(axis=1)
+    flat = f16.reshape(-1, f16.shape[-1])
+    # a row is used when any of its bytes is not zero: tested 8 bytes at a time when the row allows it
+    # (the first store into a fresh cache scans all of it: 94 MB for the default model's -c 4096)
+    word = np.uint64 if flat.shape[1] % 4 == 0 and flat.flags.c_contiguous else np.uint16
+    used = (flat.view(word) != 0).any(axis=1)
     if used.any():
         idx = np.flatnonzero(used)
-        out.reshape(-1, f16.shape[-1])[idx] = f16.reshape(-1, f16.shape[-1])[idx]
+        out.reshape(-1, f16.shape[-1])[idx] = flat[idx]
     return out
 
 

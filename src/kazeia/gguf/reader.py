@@ -2,10 +2,10 @@
 
 The scan walks the header with every length checked against the bytes that remain before anything is
 read or allocated, so a corrupt count or dimension cannot make us loop or allocate past what the file
-could hold. Numeric arrays are read with numpy straight from the map and string arrays (the vocabulary and
-merges, ~100k entries) by one tight loop over their length prefixes: no per-element objects as gguf-py's
-reader builds (1.7 s for SmolLM2's vocabulary, ~0.05 s here). Values are those gguf-py's `contents()`
-gives (python scalars, str, lists; tested). Weight data stays in the map (zero-copy).
+could hold. Numeric arrays are read with numpy straight from the map, and string arrays (the vocabulary
+and merges, ~100k entries) too: numpy finds the length prefixes and one decode + split makes the strings,
+no per-element objects as gguf-py's reader builds (1.7 s for SmolLM2's vocabulary, ~0.02 s here). Values
+are those gguf-py's `contents()` gives (python scalars, str, lists; tested). Weight data stays in the map (zero-copy).
 Every problem becomes a `GGUFError` that names the file and the problem.
 """
 
@@ -123,12 +123,38 @@ class _Cursor:
         raise GGUFError(self.path, f"unknown array element type {etype} in '{key}'")
 
     def _strings(self, count: int, key: str) -> list[str]:
-        """`count` length-prefixed strings from the map, in one tight loop (no per-element numpy objects)."""
+        """`count` length-prefixed strings from the map: one tight loop finds where each starts, then numpy
+        puts a NUL where each length prefix was and the whole array is decoded and split by one C call each
+        (SmolLM2's 49k tokens + 49k merges: ~25 ms instead of ~90 ms for a decode per string)."""
+        first = self.pos
+        starts = self._string_starts(count, key)
+        if count == 0:
+            return []
+        region = np.frombuffer(self.buf, dtype=np.uint8, count=self.pos - first, offset=first).copy()
+        heads = np.asarray(starts, dtype=np.int64) - first - 8
+        region[heads] = 0
+        keep = np.ones(region.size, dtype=bool)
+        keep[(heads[:, None] + np.arange(1, 8)).ravel()] = False
+        joined = region[keep]
+        # a NUL inside a string, or bytes that are not UTF-8, take the per-string path (which names the string)
+        if np.count_nonzero(joined == 0) == count:
+            try:
+                return joined.tobytes().decode("utf-8").split("\x00")[1:]
+            except UnicodeDecodeError:
+                pass
+        return self._strings_one_by_one(starts, key)
+
+    def _string_starts(self, count: int, key: str) -> list[int]:
+        """Offsets of the `count` strings' bytes, every length checked against what the file holds; leaves
+        self.pos after the last string."""
+        fast = self._short_string_starts(count)
+        if fast is not None:
+            return fast
         buf, end = self.buf, len(self.buf)
         length = _U64.unpack_from
-        out = []
+        starts = []
         p = self.pos
-        for i in range(count):
+        for _ in range(count):
             if p + 8 > end:
                 self.pos = p
                 self.need(8, f"string length of '{key}'")
@@ -137,12 +163,46 @@ class _Cursor:
             if n > end - p:
                 self.pos = p
                 self.need(n, f"string of '{key}'")
+            starts.append(p)
+            p += n
+        self.pos = p
+        return starts
+
+    def _short_string_starts(self, count: int) -> list[int] | None:
+        """The common case found with numpy: every string shorter than 256 bytes, so each u64 length prefix
+        is one byte then seven zeros. Candidate prefixes are the offsets followed by seven zero bytes; they
+        are the array's strings exactly when the first one is here and each one's length leads to the
+        next. Any doubt (a long string, zero runs inside strings) returns None: the loop decides."""
+        first, avail = self.pos, len(self.buf) - self.pos
+        w = min(avail, count * 32 + 8)
+        while w >= 8:
+            b = np.frombuffer(self.buf, dtype=np.uint8, count=w, offset=first)
+            zero = b == 0
+            head = zero[1:w - 6].copy()                    # head[h]: bytes h+1 .. h+7 are all zero
+            for j in range(2, 8):
+                head &= zero[j:w - 7 + j]
+            cand = np.flatnonzero(head)[:count]
+            nxt = cand + 8 + b[cand].astype(np.int64)
+            linked = cand.size > 0 and cand[0] == 0
+            broken = np.flatnonzero(nxt[:-1] != cand[1:]) if linked else np.zeros(1, dtype=np.int64)
+            if linked and broken.size == 0 and cand.size == count and nxt[-1] <= w:
+                self.pos = first + int(nxt[-1])
+                return (cand + (first + 8)).tolist()
+            reach = int(nxt[broken[0]]) if linked and broken.size else (int(nxt[-1]) if linked else 0)
+            if not linked or reach < w - 8 or w == avail:
+                return None                                # the chain breaks inside the window: not this case
+            w = min(avail, 2 * w)                          # the chain runs past the window: look further
+        return None
+
+    def _strings_one_by_one(self, starts: list[int], key: str) -> list[str]:
+        buf, length = self.buf, _U64.unpack_from
+        out = []
+        for i, p in enumerate(starts):
+            (n,) = length(buf, p - 8)
             try:
                 out.append(str(buf[p:p + n], "utf-8"))
             except UnicodeDecodeError:
                 raise GGUFError(self.path, f"string #{i} of '{key}' is not valid UTF-8 at offset {p}") from None
-            p += n
-        self.pos = p
         return out
 
     def skip_value(self, vtype: int, key: str, depth: int = 0) -> None:
