@@ -320,23 +320,44 @@ class MatmulUnit:
         return out
 
     def _leave_hvx_bytes(self, dsp: Dsp, plan: MatmulPlan, rw: RepackedWeight, y: np.ndarray) -> None:
-        """Each thread's src0 ring ends holding its last weight rows, its dst area its last output rows."""
+        """Each thread's src0 ring ends holding its last weight rows, its dst area its last output rows.
+
+        The ring images depend only on the weight and the layout, so each weight keeps them for the layouts it
+        has run with (`RepackedWeight.ring_images`, a few dozen rows per weight: ~50 MB for a 4B model): a
+        decode repacks each weight's last rows once instead of on every token. The bytes written are the same."""
         vt = dsp.vtcm
         nt = plan.n_threads or 1
         N = rw.n
         per = -(-N // nt)
         per += per & 1
+        areas = {a.name: a for a in plan.areas}
+        stride = plan.row_stride or rw.row_bytes
+        rings = [areas.get(f"src0[{t}]") for t in range(nt)]
+        key = ("hvx-rings", nt, stride, tuple(r.size if r is not None else 0 for r in rings))
+        images = rw.ring_images.get(key)
+        if images is None:
+            images = rw.ring_images[key] = tuple(self._ring_image(rw, r, t * per, min(N, (t + 1) * per), stride)
+                                                 for t, r in enumerate(rings))
         for t in range(nt):
             r0, r1 = t * per, min(N, (t + 1) * per)
             if r0 >= r1:
                 continue
-            for a in plan.areas:
-                if a.name == f"src0[{t}]" and a.size:
-                    stride = plan.row_stride or rw.row_bytes
-                    last = rw.x4x2_rows(max(r0, r1 - a.size // stride), r1)
-                    buf = np.zeros((last.shape[0], stride), dtype=np.uint8)
-                    buf[:, : rw.row_bytes] = last
-                    vt.write(a.offset, buf.reshape(-1)[: a.size])
-                elif a.name == f"dst[{t}]" and a.size:
-                    rowsb = np.ascontiguousarray(y[-2:, r0:r1]).view(np.uint8).reshape(-1)
-                    vt.write(a.offset, rowsb[: a.size])
+            if images[t] is not None:
+                vt.write(rings[t].offset, images[t])
+            dst = areas.get(f"dst[{t}]")
+            if dst is not None and dst.size:
+                rowsb = np.ascontiguousarray(y[-2:, r0:r1]).view(np.uint8).reshape(-1)
+                vt.write(dst.offset, rowsb[: dst.size])
+
+    @staticmethod
+    def _ring_image(rw: RepackedWeight, ring, r0: int, r1: int, stride: int) -> np.ndarray | None:
+        """The bytes thread ring `ring` holds after streaming weight rows r0..r1: the last rows that fit, as x4x2
+        rows zero-padded to `stride`, cut to the ring; None when the thread has no rows or no ring."""
+        if r0 >= r1 or ring is None or not ring.size:
+            return None
+        last = rw.x4x2_rows(max(r0, r1 - ring.size // stride), r1)
+        buf = np.zeros((last.shape[0], stride), dtype=np.uint8)
+        buf[:, : rw.row_bytes] = last
+        img = buf.reshape(-1)[: ring.size]
+        img.flags.writeable = False
+        return img
