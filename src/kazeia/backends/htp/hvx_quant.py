@@ -9,6 +9,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from kazeia.backends.htp.fp16 import (
+    FP16_MAX,
     f32_to_f16_plain,
     fp16_bits,
     fp16_from_bytes,
@@ -147,6 +148,32 @@ def _padded_fp16(x: np.ndarray) -> tuple[np.ndarray, int]:
     return xh, k
 
 
+_TABLES: dict[str, np.ndarray] = {}
+
+
+def _fp16_table(name: str) -> np.ndarray:
+    """`hvx_inverse_f16` (uint16 bits out) or `hf_to_int8` (int8 out) evaluated once at every one of the 65536
+    fp16 bit patterns: both are functions of the fp16 value alone, so indexing the table by an input's bits
+    gives exactly what calling the function gives (NaN payloads included)."""
+    t = _TABLES.get(name)
+    if t is None:
+        bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+        with np.errstate(all="ignore"):
+            t = hvx_inverse_f16(bits) if name == "inverse" else hf_to_int8(from_fp16_bits(bits))
+        t = _TABLES[name] = t
+    return t
+
+
+def _fp16_hw_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> the uint16 bits of round_fp16_hw(x): RNE, every |x| > 65504 -> +-inf, NaN kept."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = x.astype(np.float16).view(np.uint16)
+        big = np.abs(x) > FP16_MAX  # False for NaN
+    if big.any():
+        bits[big] = np.where(np.signbit(x[big]), 0xFC00, 0x7C00).astype(np.uint16)
+    return bits
+
+
 def _quantize_groups(xh: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """fp16 rows (M, Kp) -> (int8 quants (M, Kp), fp16 scale per group (M, Kp/group) as float32)."""
     m, kp = xh.shape
@@ -155,9 +182,9 @@ def _quantize_groups(xh: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray
     amax = from_fp16_bits((fp16_bits(g) & 0x7FFF).max(axis=-1))
     with np.errstate(over="ignore", invalid="ignore"):
         d = round_fp16_hw(amax * np.float32(_INV127))                 # qf16 multiply by fp16(1/127)
-        inv = from_fp16_bits(hvx_inverse_f16(fp16_bits(d)))
-        scaled = round_fp16_hw(g * inv[..., None])                    # exact fp32 product, one fp16 rounding
-    return hf_to_int8(scaled).reshape(m, kp), d
+        inv = from_fp16_bits(_fp16_table("inverse")[fp16_bits(d)])    # hvx_inverse_f16
+        scaled = _fp16_hw_bits(g * inv[..., None])                    # exact fp32 product, one fp16 rounding
+    return _fp16_table("int8")[scaled].reshape(m, kp), d              # hf_to_int8
 
 
 def _image(m: int, stride: int, prev: np.ndarray | None) -> np.ndarray:
