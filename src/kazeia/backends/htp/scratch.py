@@ -10,6 +10,7 @@ cleared or left as the profile's rule for that op says (src1_shortcut.src1_cache
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -80,13 +81,36 @@ def op_scratch(node: Tensor, settings: HtpSettings) -> OpScratch:
     return no_scratch(shortcut_name(node), vt)
 
 
+def _layout_key(node: Tensor) -> tuple | None:
+    """Everything op_scratch reads of a node (op, params, route path, and type/ne/nb of the node and its
+    sources), or None when a param is unhashable (then the layout is not kept)."""
+    try:
+        params = tuple(sorted(node.params.items()))
+        hash(params)
+    except TypeError:
+        return None
+    srcs = tuple(None if t is None else (t.type, t.ne, t.nb) for t in node.src)
+    return node.op, node.type, node.ne, node.nb, node.route_path, params, srcs
+
+
 class ScratchWriter:
     def __init__(self, settings: HtpSettings, profile: Profile) -> None:
         self.settings = settings
         self.profile = profile
+        self._layouts: dict[tuple, OpScratch] = {}
 
     def layout(self, node: Tensor) -> OpScratch:
-        return op_scratch(node, self.settings)
+        """op_scratch of the node, kept by what it depends on: a decode runs the same few hundred layouts every
+        token (OpScratch is frozen; nobody writes its info)."""
+        key = _layout_key(node)
+        if key is None:
+            return op_scratch(node, self.settings)
+        sc = self._layouts.get(key)
+        if sc is None:
+            if len(self._layouts) > 4096:  # shapes of runs long past (growing KV lengths): start again
+                self._layouts.clear()
+            sc = self._layouts[key] = op_scratch(node, self.settings)
+        return sc
 
     def write(self, dsp: Dsp, node: Tensor, sc: OpScratch) -> None:
         """Leave the op's bytes in every area it writes (the gated-delta-net ops' kernels write their own)."""
@@ -105,10 +129,7 @@ class ScratchWriter:
             n = area.written if area.written is not None else area.size
             if n <= 0:
                 continue
-            m = _AREA.match(area.name)
-            base = m.group("base") if m else area.name
-            t = int(m.group("t")) if m and m.group("t") else 0
-            h = int(m.group("h")) if m and m.group("h") else 0
+            base, t, h = _area_parts(area.name)
             tensor = srcs.get(base) or node
             if tensor is None or tensor.buffer is None:
                 continue
@@ -135,6 +156,15 @@ class ScratchWriter:
         if effect == "reset" and sc.status != "VTCM_TOO_SMALL":
             octx.src1_spad_src = None
             octx.src1_spad_kind = None
+
+
+@functools.lru_cache(maxsize=4096)
+def _area_parts(name: str) -> tuple[str, int, int]:
+    """An area name -> (the tensor it streams, thread, half): "src0[3].1" -> ("src0", 3, 1)."""
+    m = _AREA.match(name)
+    if not m:
+        return name, 0, 0
+    return m.group("base"), int(m.group("t") or 0), int(m.group("h") or 0)
 
 
 def _stream(rows: np.ndarray, start: int, nbytes: int) -> np.ndarray:
