@@ -81,10 +81,23 @@ class MatmulUnit:
         self.settings = settings
         self.profile = profile
         self.weights = weights if weights is not None else shared_store()
+        self._plans: dict[tuple, MatmulPlan] = {}
 
     # --- op_matmul ---
     def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
-        return self._op_matmul(dsp, octx, op, plan_for_node(op.node, self.settings))
+        return self._op_matmul(dsp, octx, op, self._plan(op.node))
+
+    def _plan(self, node: Tensor) -> MatmulPlan:
+        """plan_for_node with this unit's settings, kept by what it reads of the node (type, ne and nb of both
+        sources, the route path): a decode plans the same few shapes every token. MatmulPlan is frozen."""
+        w, x = node.src[0], node.src[1]
+        key = (w.type, w.ne, w.nb, x.type, x.ne, x.nb, node.route_path)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 4096:
+                self._plans.clear()
+            plan = self._plans[key] = plan_for_node(node, self.settings)
+        return plan
 
     def _op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
         node = op.node
