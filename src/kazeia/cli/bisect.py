@@ -68,6 +68,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_device_args(p)
     p.add_argument("-n", "--n-predict", type=V.integer(0), default=0, help="greedy tokens to generate after the prompt")
+    p.add_argument("--stop-after", default=None, metavar="NODE",
+                   help="each step runs the graph only through NODE (e.g. l_out-0: a death in the layers up to it "
+                        "is decided there); the oracle then judges NODE's output against the reference's")
     _add_search_args(p, check=True)
 
 
@@ -110,7 +113,8 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
     return RunSpec(model=args.model, prompt=args.prompt, n_prompt=args.n_prompt, device=args.device.upper(),
                    htp_profile=args.htp_profile, vtcm=args.vtcm, faults=list(args.fault or []), env=env,
                    cpu_ops=args.cpu_ops, cpu_nodes=args.cpu_nodes, ubatch=args.ubatch_size, ctx=args.ctx_size,
-                   flash_attn=args.flash_attn != "off", n_predict=getattr(args, "n_predict", 0) or 0)
+                   flash_attn=args.flash_attn != "off", n_predict=getattr(args, "n_predict", 0) or 0,
+                   stop_after=getattr(args, "stop_after", None))
 
 
 def make_judge(args: argparse.Namespace) -> B.Judge:

@@ -23,9 +23,9 @@ MAX_PROMPT_CHARS = 64 << 20  # -f: the largest context (262144 tokens) at a few 
 def set_threads(n: int | None) -> None:
     if n is None or n <= 0:
         return
-    from kazeia.engine.threads import set_threads as set_engine_threads
+    from kazeia.debug.runner import set_threads as set_run_threads  # children of the forensic tools get it too
 
-    set_engine_threads(n)
+    set_run_threads(n)
 
 
 def add_model_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
@@ -144,7 +144,13 @@ def open_session(args: argparse.Namespace, model: Model | None = None, device: s
     ngl = getattr(args, "n_gpu_layers", None)
     if ngl is not None and 0 <= ngl <= model.args.n_layer:  # more than the layer count (99): all on the device
         router.n_gpu_layers, router.n_layer = ngl, model.args.n_layer
-    sched = Scheduler(backends, router)
+    stop = getattr(args, "stop_after", None)
+    if stop:
+        from kazeia.debug.prefix import PrefixScheduler
+
+        sched = PrefixScheduler(backends, router, stop)
+    else:
+        sched = Scheduler(backends, router)
     trace = make_trace(args)
     if trace is not None:
         sched.add_hook(trace)

@@ -10,6 +10,7 @@ from kazeia.cli.common import add_common, add_device_args, add_model_args, open_
 from kazeia.engine.chat import ChatSession
 from kazeia.engine.generate import GenerationResult, Sampler, SamplingParams, generate
 from kazeia.engine.tokenizer import StreamDecoder
+from kazeia.errors import KazeiaError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -35,6 +36,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("-sys", "--system-prompt", default=None, help="chat: system message")
     g.add_argument("--reasoning", choices=["on", "off"], default=None, help="Qwen3 thinking on/off (chat)")
     g.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
+    g.add_argument("--stop-after", default=None, metavar="NODE",
+                   help="forensics: run each graph only through the node NODE (e.g. l_out-0; --oplog names), print "
+                        "its output's statistics and whether the device died; no logits, so -n 0")
     g.add_argument("--no-warmup", action="store_true", help="accepted for llama-cli command lines: there is no "
                                                             "warm-up run here to skip")
     add_common(p)
@@ -80,6 +84,8 @@ def main(args: argparse.Namespace) -> int:
     if args.conversation or args.single_turn:
         return _chat(args, s, sampler)
     ids = prompt_tokens(args, s)
+    if getattr(args, "stop_after", None):
+        return _prefix_run(args, s, ids)
     if not args.no_display_prompt and args.n_prompt is None:
         sys.stdout.write(s.tok.decode(ids))
         sys.stdout.flush()
@@ -90,6 +96,18 @@ def main(args: argparse.Namespace) -> int:
         _end_text(dec)
     print(_stats(res), file=sys.stderr)
     return 130 if res.stop == "interrupted" else 0
+
+
+def _prefix_run(args: argparse.Namespace, s, ids: list[int]) -> int:
+    """--stop-after: the prompt through one node (debug/prefix.py); a device death ends it as any run."""
+    from kazeia.debug.stats import values_stats
+
+    if args.n_predict != 0 or args.conversation or args.single_turn:
+        raise KazeiaError(f"--stop-after {args.stop_after} computes no logits to generate from: give -n 0")
+    s.ctx.decode(ids)
+    print(f"stopped after {args.stop_after} ({len(ids)} prompt tokens): {values_stats(s.scheduler.output).short()}",
+          file=sys.stderr)
+    return 0
 
 
 def _chat(args: argparse.Namespace, s, sampler: Sampler) -> int:

@@ -9,13 +9,14 @@ from dataclasses import asdict
 
 import numpy as np
 
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import RunSpec, apply_threads, run
 from kazeia.errors import KazeiaError
 
 
 def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         job = json.load(f)
+    apply_threads(job)
     spec = RunSpec(**job["spec"])
     try:
         res = run(spec, all_logits=job.get("all_logits", False))
@@ -28,11 +29,12 @@ def main(argv: list[str]) -> int:
 
         res = RunResult(ok=False, error="the run ran out of memory (MemoryError)", killed="out of memory")
     d = asdict(res)
-    logits = d.pop("logits")
-    d["logits_path"] = None
-    if logits is not None:
-        d["logits_path"] = os.path.join(os.path.dirname(job["out"]), "logits.npy")
-        np.save(d["logits_path"], np.asarray(logits))
+    for key in ("logits", "stop_output"):  # arrays go beside the JSON
+        a = d.pop(key)
+        d[f"{key}_path"] = None
+        if a is not None:
+            d[f"{key}_path"] = os.path.join(os.path.dirname(job["out"]), f"{key}.npy")
+            np.save(d[f"{key}_path"], np.asarray(a))
     with open(job["out"], "w") as f:
         json.dump(d, f)
     return 0

@@ -23,7 +23,16 @@ import numpy as np
 
 from kazeia.backends.base import Hook, OpInfo
 from kazeia.backends.weights import WeightCache
-from kazeia.debug.runner import RunResult, RunSpec, build_context, close_backends, run, shared_cache
+from kazeia.debug.runner import (
+    RunResult,
+    RunSpec,
+    apply_threads,
+    build_context,
+    child_threads,
+    close_backends,
+    run,
+    shared_cache,
+)
 from kazeia.debug.stats import tensor_hash
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Tensor
@@ -77,7 +86,7 @@ def hashed_run_child(spec: RunSpec, timeout: float = 600.0) -> HashedRun:
         job = os.path.join(tmp, "job.json")
         out = os.path.join(tmp, "out.json")
         with open(job, "w") as f:
-            json.dump({"spec": asdict(spec), "out": out}, f)
+            json.dump({"spec": asdict(spec), "out": out, "threads": child_threads()}, f)
         try:
             proc = subprocess.run([sys.executable, "-m", "kazeia.debug.determinism", job], capture_output=True,
                                   text=True, timeout=timeout)
@@ -95,6 +104,7 @@ def hashed_run_child(spec: RunSpec, timeout: float = 600.0) -> HashedRun:
 def _child_main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         job = json.load(f)
+    apply_threads(job)
     r = hashed_run(RunSpec(**job["spec"]))
     logits_path = None
     if r.logits is not None:

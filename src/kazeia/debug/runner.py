@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from kazeia.backends.weights import WeightCache
+from kazeia.debug.prefix import PrefixScheduler
 from kazeia.engine.context import Context, Model
 from kazeia.engine.default_model import default_model_path
 from kazeia.engine.devices import DeviceOptions, make_backends
@@ -52,6 +53,7 @@ class RunSpec:
     ctx: int = 4096
     flash_attn: bool = True
     n_predict: int = 0  # greedy tokens to generate after the prompt
+    stop_after: str | None = None  # a prefix run: each graph only through this node (debug/prefix.py; no logits)
 
     @property
     def model_path(self) -> str:
@@ -107,6 +109,8 @@ class RunSpec:
             a += ["-c", str(self.ctx)]
         if not self.flash_attn:
             a += ["-fa", "off"]
+        if self.stop_after:
+            a += ["--stop-after", self.stop_after]
         a += ["-n", str(self.n_predict), "--temp", "0"]
         return a
 
@@ -121,7 +125,8 @@ class RunResult:
     ok: bool
     seconds: float = 0.0
     n_prompt: int = 0
-    logits: np.ndarray | None = None  # last micro-batch's logits, rows per `all_logits`
+    logits: np.ndarray | None = None  # last micro-batch's logits, rows per `all_logits` (None for a prefix run)
+    stop_output: np.ndarray | None = None  # a prefix run: the stop node's output in the last micro-batch
     tokens: list[int] = field(default_factory=list)
     death: dict | None = None  # DeviceDeathError fields: message, code, last_enqueued, faulting, cause, kind
     error: str | None = None  # any other error (op status, bad input)
@@ -142,6 +147,31 @@ class RunResult:
 
 _MODELS: dict[str, Model] = {}
 _CPU_CACHE: WeightCache | None = None
+_TOKENIZERS: dict[int, tuple] = {}  # id(model.file) -> (the file, its tokenizer)
+
+
+_THREADS: int | None = None  # this process's -t: every child process a forensic tool starts gets the same
+
+
+def set_threads(n: int) -> None:
+    """The -t flag, for this process and for the child processes the forensic tools start (kernels are bitwise
+    reproducible at a fixed thread count, so a child must not pick its own)."""
+    global _THREADS
+    from kazeia.engine.threads import set_threads as set_engine_threads
+
+    set_engine_threads(n)
+    _THREADS = n
+
+
+def child_threads(share: int = 1) -> int | None:
+    """The -t a child process gets (None: this process was given none); `share`: children running at once."""
+    return None if _THREADS is None else max(1, _THREADS // max(1, share))
+
+
+def apply_threads(job: dict) -> None:
+    """In a child: the thread count its parent put in the job."""
+    if job.get("threads"):
+        set_threads(int(job["threads"]))
 
 
 def shared_cache() -> WeightCache:
@@ -160,14 +190,22 @@ def load_model(path: str) -> Model:
     return _MODELS[key]
 
 
+def tokenizer(model: Model) -> GGUFTokenizer:
+    """The model's tokenizer, read once per loaded model (a forensic tool runs the same prompt many times)."""
+    key = id(model.file)
+    if key not in _TOKENIZERS or _TOKENIZERS[key][0] is not model.file:
+        _TOKENIZERS[key] = (model.file, GGUFTokenizer.from_gguf(model.file))
+    return _TOKENIZERS[key][1]
+
+
 def prompt_ids(spec: RunSpec, model: Model, tok: GGUFTokenizer | None = None) -> list[int]:
     if spec.tokens is not None:
         return list(spec.tokens)
     if spec.n_prompt is not None:
-        tok = tok or GGUFTokenizer.from_gguf(model.file)
+        tok = tok or tokenizer(model)
         return synthetic_prompt(spec.n_prompt, model.args.n_vocab, tok.is_control)
     if spec.prompt:
-        tok = tok or GGUFTokenizer.from_gguf(model.file)
+        tok = tok or tokenizer(model)
         return tok.encode(spec.prompt)
     raise KazeiaError("the run needs a prompt, --n-prompt or tokens")
 
@@ -183,7 +221,7 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
 
         policy = Policy.load(spec.policy)
         router.gates.append(PolicyGate(policy))
-    sched = Scheduler(backends, router)
+    sched = PrefixScheduler(backends, router, spec.stop_after) if spec.stop_after else Scheduler(backends, router)
     n_ctx = min(spec.ctx, model.args.n_ctx_train)
     ctx = Context(model, sched, n_ctx=n_ctx, n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
                   type_k=GGMLType.F16, type_v=GGMLType.F16)
@@ -212,10 +250,14 @@ def run(spec: RunSpec, hooks=(), all_logits: bool = False, ctx: Context | None =
     for h in hooks:
         ctx.scheduler.add_hook(h)
     ids = prompt_ids(spec, ctx.model)
+    if spec.stop_after and spec.n_predict:
+        raise KazeiaError(f"--stop-after {spec.stop_after} computes no logits to generate from: it needs -n 0")
     res = RunResult(ok=False, n_prompt=len(ids))
     t0 = time.perf_counter()
     try:
         logits = ctx.decode(ids, all_logits=all_logits)
+        if isinstance(ctx.scheduler, PrefixScheduler):
+            res.stop_output, logits = ctx.scheduler.output, None
         res.logits = logits
         for _ in range(spec.n_predict):
             tid = int(np.argmax(logits[-1]))
@@ -260,7 +302,7 @@ def run_child(spec: RunSpec, timeout: float = 600.0, all_logits: bool = False) -
         spec_path = os.path.join(tmp, "spec.json")
         out_path = os.path.join(tmp, "result.json")
         with open(spec_path, "w") as f:
-            json.dump({"spec": asdict(spec), "all_logits": all_logits, "out": out_path}, f)
+            json.dump({"spec": asdict(spec), "all_logits": all_logits, "out": out_path, "threads": child_threads()}, f)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, "-m", "kazeia.debug.child", spec_path], capture_output=True,
@@ -275,6 +317,5 @@ def run_child(spec: RunSpec, timeout: float = 600.0, all_logits: bool = False) -
                              error=f"child exited with status {proc.returncode}: {' | '.join(tail)}")
         with open(out_path) as f:
             d = json.load(f)
-        logits = np.load(d.pop("logits_path")) if d.get("logits_path") else None
-        d.pop("logits_path", None)
-        return RunResult(logits=logits, **d)
+        arrays = {k: np.load(path) if (path := d.pop(f"{k}_path", None)) else None for k in ("logits", "stop_output")}
+        return RunResult(**arrays, **d)

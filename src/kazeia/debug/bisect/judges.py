@@ -137,10 +137,11 @@ class OracleJudge:
         if not res.ok:
             text = failure_text(res) or "failed"
             return Outcome(classify(text, self.fail_regex), first_line(text), time.perf_counter() - t0)
-        if not self.needs_reference or res.logits is None:
+        got = res.stop_output if spec.stop_after else res.logits  # a prefix run: its stop node's output
+        if not self.needs_reference or got is None:
             return Outcome(PASS, "ok (death check only: the fail regex cannot match a numeric failure)",
                            time.perf_counter() - t0)
-        v = judge_logits(res.logits, self.reference_logits(spec), self.threshold, name=spec.device)
+        v = judge_logits(got, self.reference_logits(spec), self.threshold, name=spec.device)
         if v.ok:
             return Outcome(PASS, f"ok ({v.reason})", time.perf_counter() - t0)
         return Outcome(classify(v.reason, self.fail_regex), v.reason, time.perf_counter() - t0)
@@ -148,9 +149,10 @@ class OracleJudge:
     def reference_spec(self, spec: RunSpec) -> RunSpec:
         return RunSpec(model=spec.model, prompt=spec.prompt, n_prompt=spec.n_prompt, tokens=spec.tokens,
                        device=self.reference, ubatch=spec.ubatch, ctx=spec.ctx, flash_attn=spec.flash_attn,
-                       n_predict=spec.n_predict)
+                       n_predict=spec.n_predict, stop_after=spec.stop_after)
 
     def reference_logits(self, spec: RunSpec) -> np.ndarray:
+        """The reference run's logits (a prefix run's: its stop node's output), run once per configuration."""
         rspec = self.reference_spec(spec)
         key = hashlib.blake2b(json.dumps(asdict(rspec), sort_keys=True).encode(), digest_size=8).hexdigest()
         if key in self._refs:
@@ -161,6 +163,8 @@ class OracleJudge:
             return self._refs[key]
         self.reference_runs += 1
         res = self._run(rspec)
+        if rspec.stop_after:
+            res.logits = res.stop_output
         if not res.ok or res.logits is None:
             raise KazeiaError(f"the reference run on {self.reference} failed ({res.signature()}): cannot judge; "
                               f"reproduce with: {rspec.command()}")

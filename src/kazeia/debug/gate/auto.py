@@ -33,6 +33,7 @@ from kazeia.backends.htp.cost import PHONE_CPU, graph_seconds, hmx_matmul_second
 from kazeia.backends.htp.plan import matmul_node
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.debug.gate.classes import OpClass, enumerate_classes
+from kazeia.debug.runner import child_threads, load_model
 from kazeia.engine.context import Model
 from kazeia.engine.policy import Policy, Rule
 from kazeia.graph.rowsplit import row_pieces, split_path
@@ -115,7 +116,7 @@ def auto_policy(model_path: str, settings: HtpSettings, ubatch: int = 512, jobs:
     if use_cache and os.path.exists(path):
         pol = Policy.load(path)
         return AutoResult(pol, path, True, seconds=time.perf_counter() - t0, classes=-1)
-    model = Model.load(model_path)
+    model = load_model(model_path)  # the process's loaded model (investigate, bisect, gate share one mmap)
     classes, _ = enumerate_classes(model, settings, ubatch)
     res = AutoResult(Policy(source=source, path=path), path, False, classes=len(classes))
     verdicts = _validate(model_path, classes, settings, {c.key: [None] for c in classes}, jobs, progress, res)
@@ -152,7 +153,8 @@ def _validate(model_path: str, classes: list[OpClass], settings: HtpSettings, pa
 
     def one(item):
         cs, cases = item
-        return cs, {(d["m"], d["path"]): d for d in _run_child(model_path, cs[0].weights[0], cases, settings)}
+        return cs, {(d["m"], d["path"]): d for d in _run_child(model_path, cs[0].weights[0], cases, settings,
+                                                                 child_threads(share=jobs))}
 
     if progress:
         progress(0, total, "starting")
@@ -168,12 +170,13 @@ def _validate(model_path: str, classes: list[OpClass], settings: HtpSettings, pa
     return out
 
 
-def _run_child(model_path: str, weight: str, cases: list[tuple[int, str]], settings: HtpSettings) -> list[dict]:
+def _run_child(model_path: str, weight: str, cases: list[tuple[int, str]], settings: HtpSettings,
+               threads: int | None = None) -> list[dict]:
     env = {"GGML_HEXAGON_USE_HMX": str(int(settings.use_hmx)), "GGML_HEXAGON_NHVX": str(settings.nhvx),
            "GGML_HEXAGON_ARCH": str(settings.arch)}
     job = {"model": model_path, "weight": weight, "cases": [[m, p] for m, p in cases],
            "settings": {"profile": settings.profile, "vtcm": settings.vtcm_bytes, "faults": list(settings.faults),
-                        "env": env}}
+                        "env": env}, "threads": threads}
     with tempfile.TemporaryDirectory(prefix="kazeia-gate-") as tmp:
         jp = os.path.join(tmp, "job.json")
         with open(jp, "w") as f:

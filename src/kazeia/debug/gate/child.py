@@ -19,6 +19,7 @@ from kazeia.backends.htp.backend import HtpBackend
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.ref import RefBackend
 from kazeia.debug.judge import judge, op_threshold
+from kazeia.debug.runner import apply_threads
 from kazeia.engine.context import Model
 from kazeia.errors import DeviceDeathError, DeviceOpError, KazeiaError
 from kazeia.graph import builder as gb
@@ -65,6 +66,7 @@ def _case(model: Model, weight: str, m: int, path: str, settings: HtpSettings, s
 def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         job = json.load(f)
+    apply_threads(job)
     try:
         model = Model.load(job["model"])
         s = job["settings"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 from kazeia.debug.investigate.table import Context
-from kazeia.debug.judge import Verdict, judge_logits
+from kazeia.debug.judge import WHOLE_MODEL_NMSE, Verdict, judge, judge_logits
+from kazeia.debug.prefix import layer_end, layers_text
 from kazeia.debug.runner import RunResult, RunSpec, run
 
 SYNC_ENV = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"}
@@ -29,9 +30,52 @@ def logits_verdict(cx: Context, r: RunResult) -> Verdict | None:
     return judge_logits(r.logits, cx.findings.reference_logits, name=cx.spec.device)
 
 
+def judge_arrays(got, ref, op: str, name: str) -> Verdict | None:
+    """A prefix run's stop output against the CPU's, by the whole-run threshold (None if either is missing)."""
+    if got is None or ref is None:
+        return None
+    return judge(got, ref, WHOLE_MODEL_NMSE, op=op, name_a=name)
+
+
 def rerun(cx: Context, spec: RunSpec) -> tuple[RunResult, Verdict | None]:
+    """Run `spec`; its logits judged against the CPU reference, or for a prefix run (stop_after) its stop node's
+    output against the CPU's through the same node."""
     r = run(spec)
+    if spec.stop_after:
+        ref = prefix_reference(cx, spec)
+        return r, judge_arrays(r.stop_output, ref, op=spec.stop_after, name=spec.device)
     return r, logits_verdict(cx, r)
+
+
+def through(cx: Context, *ops: str | None) -> str | None:
+    """The layer end (l_out-<il>) a prefix run needs to decide what happens to `ops` (the latest of them in graph
+    order): a death is decided by the ops enqueued up to it, so later layers cannot change a death's verdict.
+    None (run the whole graph) when the graph order is unknown, an op is not in it, or the run generates tokens."""
+    order = cx.findings.graph_order
+    names = [op for op in ops if op]
+    if not order or not names or cx.spec.n_predict or any(op not in order for op in names):
+        return None
+    return layer_end(order, max(names, key=order.index))
+
+
+def prefix_spec(spec: RunSpec, stop: str | None) -> RunSpec:
+    return spec.with_(stop_after=stop) if stop else spec
+
+
+def ran(cx: Context, spec: RunSpec) -> str:
+    """What a run covered, for the report: '' for a whole run, else 'layers 0..k of n (through l_out-k)'."""
+    return layers_text(spec.stop_after, cx.findings.graph_order or []) if spec.stop_after else ""
+
+
+def prefix_reference(cx: Context, spec: RunSpec):
+    """The CPU reference's output of spec.stop_after (a CPU prefix run of the same prompt, made once per node)."""
+    key = (spec.stop_after, spec.n_prompt, spec.prompt, tuple(spec.tokens or ()))
+    refs = cx.prefix_refs
+    if key not in refs:
+        r = run(spec.with_(device="CPU", htp_profile=None, faults=[], env={}, gates=[], policy=None, cpu_ops=None,
+                           cpu_nodes=None, cpu_node_range=None))
+        refs[key] = r.stop_output
+    return refs[key]
 
 
 def dump_op(cx: Context, name: str, at: str) -> tuple[str, list]:

@@ -33,18 +33,23 @@ class RoutingTrial:
     died: bool
     died_in: str | None  # the op the DSP died in, when it died
     error: str | None
-    logits: Verdict | None  # against the CPU reference run
+    logits: Verdict | None  # against the CPU reference run (a prefix run: its stop node against the CPU's)
     command: str
+    ran: str = ""  # a prefix run: 'layers 0..k of n (through l_out-k)'; '' for a whole run
 
     @property
     def completes(self) -> bool:
+        """Completes what it ran (for a prefix run, the layers `ran` names)."""
         return not self.died and self.error is None
 
     def outcome(self) -> str:
         if self.died:
-            return "still dies" + (f" (in {self.died_in})" if self.died_in else "")
+            return "still dies" + (f" (in {self.died_in}; ran {self.ran})" if self.died_in and self.ran else
+                                   f" (in {self.died_in})" if self.died_in else "")
         if self.error:
             return f"fails: {self.error}"
+        if self.ran:
+            return f"completes {self.ran}" + (f", {self.logits.reason} vs CPU" if self.logits is not None else "")
         return "completes" + (f", logits {self.logits.reason}" if self.logits is not None else "")
 
 
@@ -58,6 +63,7 @@ class Findings:
     facts: FactsHook | None = None
     matmul_plans: list[OpPlan] | None = None  # every MUL_MAT the HTP takes, planned with the run's settings
     logits: Verdict | None = None  # the run's logits against the CPU reference
+    graph_order: list[str] | None = None  # node names of the reference run's (last) graph, in execution order
     # localise / misattribution
     sync_reproduces: bool | None = None
     faulting: str | None = None
@@ -93,6 +99,7 @@ class Findings:
     predicted_ranges: list[tuple[int, int]] | None = None
     m_limit: int | None = None  # the largest M the prediction looked at
     m_result: Any = None  # kazeia.debug.bisect.MResult
+    m_ran: str | None = None  # what the runs of the M search covered, when they were prefix runs
     failing_range: tuple[int, int] | None = None
     # rows
     rows: Any = None  # kazeia.debug.bisect.RowsResult

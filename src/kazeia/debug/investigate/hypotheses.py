@@ -41,7 +41,7 @@ def fp16_overflow(f: Findings) -> Hypothesis:
                               f"{FP16_MAX:g}")
     if hmx_off is not None and hmx_off.completes:
         h.evidence_against.append("with HMX off the same activations are converted to fp16 by the HVX path and the "
-                                  "run completes")
+                                  "run completes" + (f" {hmx_off.ran}" if hmx_off.ran else ""))
     h.status = "ruled out" if big < FP16_MAX / 8 else "inconclusive"
     return h
 
@@ -75,8 +75,9 @@ def shape_alone(f: Findings) -> Hypothesis:
             f"delta debugging over its input rows: {f.rows.message}")
     if f.failing_range:
         lo, hi = f.failing_range
+        runs = f"real runs ({f.m_ran}) confirm" if f.m_ran else "real runs confirm"
         h.evidence_for.append(f"the plan arithmetic predicts failure exactly for M in {lo}..{hi} (up to M="
-                              f"{f.m_limit}) and real runs confirm the boundaries")
+                              f"{f.m_limit}) and {runs} the boundaries")
     h.status = _status(h)
     return h
 

@@ -14,6 +14,7 @@ def reproduce(cx: Context) -> tuple[str, str]:
     ref = run(spec.with_(device="CPU", htp_profile=None, faults=[], env={}, gates=[]),
               hooks=(scan,) if scan is not None else ())
     f.reference_logits = ref.logits
+    f.graph_order = [p["node"] for p in ref.placements]
     f.matmul_plans = scan.plans if scan is not None else None
     f.facts = FactsHook()
     r = f.first = run(spec, hooks=(f.facts,))
@@ -36,4 +37,5 @@ def reproduce(cx: Context) -> tuple[str, str]:
     return cx.inv.outcome, spec.command()
 
 
-REPRODUCE = StepDef("reproduce", reproduce, gives=("reference_logits", "first", "facts", "matmul_plans", "logits"))
+REPRODUCE = StepDef("reproduce", reproduce, gives=("reference_logits", "graph_order", "first", "facts", "matmul_plans",
+                                                   "logits"))

@@ -24,6 +24,7 @@ class Context:
     inv: Investigation
     settings: HtpSettings | None  # the HTP settings of the investigated run (None: not an HTP run)
     findings: Findings = field(default_factory=Findings)
+    prefix_refs: dict = field(default_factory=dict)  # CPU outputs of prefix runs' stop nodes (common.prefix_reference)
 
     def fact(self, key: str, value) -> None:
         """A line of the report's Facts table."""

@@ -10,6 +10,7 @@ from kazeia.backends.htp.plan import MatmulPlan, plan_for_node
 from kazeia.backends.htp.profiles import get_profile
 from kazeia.backends.htp.support import MAX_SRC1_ROWS
 from kazeia.backends.htp.vtcm import HMX_SCALES_BYTES, HMX_TILE_BYTES
+from kazeia.debug.investigate.common import prefix_spec, ran, through
 from kazeia.debug.investigate.facts import OpPlan, dies
 from kazeia.debug.investigate.figures import plot_plan_vs_m
 from kazeia.debug.investigate.table import Context, StepDef
@@ -103,15 +104,21 @@ def threshold_step(cx: Context) -> tuple[str, str]:
                 f"M={m} is not in them"), ""
     death = f.death or f.first.death
     judge = OracleJudge(fail_regex=re.escape(death["message"]), isolate=False)  # the death this run showed
-    f.m_result = bisect_m(cx.spec.with_(n_prompt=m, prompt=None, tokens=None), judge, fail_m=m, predicted=here,
-                          limit=limit)
+    # whether the faulting op dies at an M is decided by the layers up to its own: prefix runs (debug/prefix.py)
+    spec = prefix_spec(cx.spec.with_(n_prompt=m, prompt=None, tokens=None), through(cx, f.faulting))
+    f.m_ran = ran(cx, spec) or None
+    f.m_result = bisect_m(spec, judge, fail_m=m, predicted=here, limit=limit)
+    runs = f"runs of {f.m_ran}" if f.m_ran else "runs"
     if f.m_result.confirmed:
         f.failing_range = here
-        cx.fact("failing prompt lengths (M)", f"{here[0]}..{here[1]} (predicted by the plan, boundaries confirmed)")
-    return f"predicted {f.predicted_ranges}; runs: {f.m_result.message}", f"kazeia bisect m ... --n-prompt {m}"
+        cx.fact("failing prompt lengths (M)", f"{here[0]}..{here[1]} (predicted by the plan, boundaries confirmed by "
+                                              f"{runs})")
+    stop = f" --stop-after {spec.stop_after}" if spec.stop_after else ""
+    return (f"predicted {f.predicted_ranges}; {runs}: {f.m_result.message}",
+            f"kazeia bisect m ... --n-prompt {m}{stop}")
 
 
 PLAN = StepDef("VTCM plan of the faulting op", plan_step, needs=("faulting", "matmul_plans"),
                gives=("plan", "plan_robust", "dsp_log"))
 THRESHOLD = StepDef("failing prompt lengths", threshold_step, needs=("plan",),
-                    gives=("m_limit", "predicted_ranges", "m_result", "failing_range"))
+                    gives=("m_limit", "predicted_ranges", "m_result", "failing_range", "m_ran"))
