@@ -219,41 +219,55 @@ class MatmulUnit:
     def _leave_hmx_bytes(self, dsp: Dsp, plan: MatmulPlan, rw: RepackedWeight, xs: np.ndarray,
                          a16: np.ndarray, y: np.ndarray) -> None:
         """VTCM after the kernel: the last M chunk's activation tiles, the last column chunks' raw rows, weight
-        tiles and output tiles in their ping-pong buffers, and the 256 B scale block."""
+        tiles and output tiles in their ping-pong buffers, and the 256 B scale block.
+
+        The images are deferred writes (`Vtcm.write_lazy`): made only if something reads those bytes before a
+        later op overwrites them (a stale-read fault, a snapshot, a dump), which in a plain run is never. What
+        they capture is copied now (src1 rows, the previous activation bytes) or immutable (the mapped weight
+        rows, this op's private output)."""
         vt = dsp.vtcm
         M, N = y.shape
+        K = xs.shape[1]
         mc, nc = plan.mc, plan.nc
         names = {a.name for a in plan.areas}
         m0 = (max(M - 1, 0) // mc) * mc
+        m_pad = -(-(M - m0) // 32) * 32  # rows of the last M chunk's tiles
         a = plan.area("activation")
         # rows past M in the last tile: zero-filled (since #22724) or whatever the area held before
         prev = None if self.profile.zero_fill_m_tail else np.frombuffer(
-            vt.read(a.offset, min(a.size, -(-(M - m0) // 32) * 32 * xs.shape[1] * 2)), dtype=np.uint8)
-        act = stage_activations(xs[m0:], prev=prev)
-        vt.write(a.offset, act[: a.size])
+            vt.read(a.offset, min(a.size, m_pad * K * 2)), dtype=np.uint8)
+        x_last = np.array(xs[m0:], dtype=np.float32)  # src1's buffer is reused by later ops
+        vt.write_lazy(a.offset, min(a.size, m_pad * K * 2), lambda: stage_activations(x_last, prev=prev)[: a.size])
+
+        def lazy(area, n0: int, n1: int) -> None:
+            ar = plan.area(area)
+            if area.startswith("wt") or area == "weight":
+                nbytes, make = (n1 - n0) * K * 2, lambda: weight_to_tiles(rw.w16_rows(n0, n1))
+            elif area.startswith("out"):
+                nbytes, make = m_pad * (n1 - n0) * 2, lambda: output_to_tiles(y[m0:, n0:n1])
+            else:  # qweight: the raw x4x2 rows of chunk j, at the plan's row stride
+                nbytes, make = (n1 - n0) * plan.row_stride, lambda: self._qweight_rows(rw, n0, n1, plan.row_stride)
+            vt.write_lazy(ar.offset, min(nbytes, ar.size), lambda: make()[: ar.size])
+
         n_chunks = -(-N // nc)
         if "wt0" not in names:  # F16 kernel: [weight][activation][output][scratch0][scratch1][scales]
             n0 = (n_chunks - 1) * nc
-            wa, oa = plan.area("weight"), plan.area("output")
-            vt.write(wa.offset, weight_to_tiles(rw.w16_rows(n0, N))[: wa.size])
-            vt.write(oa.offset, output_to_tiles(y[m0:, n0:])[: oa.size])
+            lazy("weight", n0, N)
+            lazy("output", n0, N)
         else:
             # what each area holds when the 4-stage pipeline ends (pipeline.py replays its program order)
             for area, j in pipeline.final_contents(n_chunks).items():
-                n0, n1 = j * nc, min(N, (j + 1) * nc)
-                ar = plan.area(area)
-                if area.startswith("wt"):
-                    data = weight_to_tiles(rw.w16_rows(n0, n1))
-                elif area.startswith("out"):
-                    data = output_to_tiles(y[m0:, n0:n1])
-                else:  # qweight: the raw x4x2 rows of chunk j, at the plan's row stride
-                    raw = rw.x4x2_rows(n0, n1)
-                    buf = np.zeros((raw.shape[0], plan.row_stride), dtype=np.uint8)
-                    buf[:, : min(raw.shape[1], plan.row_stride)] = raw[:, : plan.row_stride]
-                    data = buf.reshape(-1)
-                vt.write(ar.offset, data[: ar.size])
+                lazy(area, j * nc, min(N, (j + 1) * nc))
         s = plan.area("scales")
         vt.write(s.offset, V.hmx_scale_block(1.0))
+
+    @staticmethod
+    def _qweight_rows(rw: RepackedWeight, n0: int, n1: int, stride: int) -> np.ndarray:
+        """The x4x2 rows n0..n1 as the DMA leaves them in `qweight`: `stride` bytes a row, zero-padded."""
+        raw = rw.x4x2_rows(n0, n1)
+        buf = np.zeros((raw.shape[0], stride), dtype=np.uint8)
+        buf[:, : min(raw.shape[1], stride)] = raw[:, :stride]
+        return buf.reshape(-1)
 
     # --- HVX ---
     def _hvx(self, dsp: Dsp, octx: OpContext, op: OpDesc, reason: str, plan: MatmulPlan) -> OpRecord:

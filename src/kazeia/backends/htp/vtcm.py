@@ -22,7 +22,7 @@ All offsets are bytes from `vtcm_base`. Upstream file/function names in comments
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +90,23 @@ class VtcmAccessError(Exception):
         self.access = access
 
 
+@dataclass
+class _LazyWrite:
+    """A deferred `Vtcm.write`: `live` are the byte ranges no later write has covered yet."""
+
+    offset: int
+    nbytes: int
+    make: Callable[[], np.ndarray]
+    live: list[tuple[int, int]]
+
+    def land(self, mem: np.ndarray) -> None:
+        raw = np.ascontiguousarray(self.make()).reshape(-1).view(np.uint8)
+        if raw.size != self.nbytes:
+            raise ValueError(f"deferred VTCM write at {self.offset:#x} made {raw.size} B, announced {self.nbytes}")
+        for a, b in self.live:
+            mem[a:b] = raw[a - self.offset:b - self.offset]
+
+
 class Vtcm:
     """A VTCM block: `size` bytes whose contents persist across ops and batches and are never cleared.
 
@@ -101,13 +118,20 @@ class Vtcm:
         if size <= 0:
             raise ValueError("VTCM size must be positive")
         if fill is None:
-            self.mem = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+            self._mem = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
         else:
-            self.mem = np.full(size, fill, dtype=np.uint8)
+            self._mem = np.full(size, fill, dtype=np.uint8)
+        self._pending: list[_LazyWrite] = []
+
+    @property
+    def mem(self) -> np.ndarray:
+        """The whole byte array, every deferred write made first."""
+        self._flush(0, self.size)
+        return self._mem
 
     @property
     def size(self) -> int:
-        return int(self.mem.size)
+        return int(self._mem.size)
 
     def check(self, offset: int, nbytes: int, access: str = "access") -> None:
         if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
@@ -115,7 +139,8 @@ class Vtcm:
 
     def read(self, offset: int, nbytes: int) -> bytes:
         self.check(offset, nbytes, "read")
-        return self.mem[offset:offset + nbytes].tobytes()
+        self._flush(offset, offset + nbytes)
+        return self._mem[offset:offset + nbytes].tobytes()
 
     def write(self, offset: int, data: bytes | bytearray | memoryview | np.ndarray) -> None:
         if isinstance(data, np.ndarray):
@@ -123,18 +148,51 @@ class Vtcm:
         else:
             raw = np.frombuffer(data, dtype=np.uint8)
         self.check(offset, raw.size, "write")
-        self.mem[offset:offset + raw.size] = raw
+        self._cover(offset, offset + raw.size)
+        self._mem[offset:offset + raw.size] = raw
+
+    def write_lazy(self, offset: int, nbytes: int, make: Callable[[], np.ndarray]) -> None:
+        """`write(offset, make())`, with `make` called only when some byte of it is read (read, view, mem).
+
+        For images an op leaves behind that usually nothing reads before the next op overwrites them (the HMX
+        weight tiles): the bytes anyone sees are the same as with `write`, and the range is checked now.
+        `make` must return exactly `nbytes` bytes and depend only on what it captured."""
+        self.check(offset, nbytes, "write")
+        self._cover(offset, offset + nbytes)
+        if nbytes:
+            self._pending.append(_LazyWrite(offset, nbytes, make, [(offset, offset + nbytes)]))
 
     def fill(self, offset: int, nbytes: int, value: int = 0) -> None:
         self.check(offset, nbytes, "write")
-        self.mem[offset:offset + nbytes] = value
+        self._cover(offset, offset + nbytes)
+        self._mem[offset:offset + nbytes] = value
 
     def view(self, offset: int, dtype: Any, count: int) -> np.ndarray:
         """A writable view (no copy) of `count` elements of `dtype` at `offset`."""
         dt = np.dtype(dtype)
         nbytes = count * dt.itemsize
         self.check(offset, nbytes, "view")
-        return self.mem[offset:offset + nbytes].view(dt)
+        self._flush(offset, offset + nbytes)
+        return self._mem[offset:offset + nbytes].view(dt)
+
+    def _cover(self, lo: int, hi: int) -> None:
+        """Bytes lo..hi are written now: no deferred write may land there later."""
+        if self._pending and hi > lo:
+            for p in self._pending:
+                p.live = [(a, b) for x, y in p.live for a, b in ((x, min(y, lo)), (max(x, hi), y)) if a < b]
+            self._pending = [p for p in self._pending if p.live]
+
+    def _flush(self, lo: int, hi: int) -> None:
+        """Make every deferred write that still owns a byte of lo..hi (all of its live bytes)."""
+        if not self._pending:
+            return
+        keep = []
+        for p in self._pending:
+            if any(a < hi and lo < b for a, b in p.live):
+                p.land(self._mem)
+            else:
+                keep.append(p)
+        self._pending = keep
 
     def view_f16(self, offset: int, count: int) -> np.ndarray:
         return self.view(offset, np.float16, count)
