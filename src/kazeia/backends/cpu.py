@@ -24,6 +24,9 @@ if "NUMPY_MADVISE_HUGEPAGE" not in os.environ:
     np._core.multiarray._set_madvise_hugepage(False)
 
 
+WEIGHT_TILE_BYTES = 64 << 20  # rows of a weight dequantized at a time when its whole copy is not kept
+
+
 class NumpyBackend(Backend, NumpyOps):
     """Shared plumbing of `cpu` and `ref`: loading sources, weight matrices, writing results."""
 
@@ -75,7 +78,24 @@ class NumpyBackend(Backend, NumpyOps):
         return self.weights.get(key, lambda: np.ascontiguousarray(self.load(t)[0, 0]))
 
     def weight_matmul(self, t: Tensor, y: np.ndarray) -> np.ndarray:
+        key = (t.weight_name or t.name, t.data_addr, t.type, self.ft)
+        w = self.weights.cached(key)
+        if w is not None:
+            return y @ w.T
+        if not self.weights.admits(t.ne[1] * t.ne[0] * np.dtype(self.ft).itemsize):
+            return self._tiled_weight_matmul(t, y)
         return y @ self.weight_matrix(t).T
+
+    def _tiled_weight_matmul(self, t: Tensor, y: np.ndarray) -> np.ndarray:
+        """y @ W^T with W dequantized WEIGHT_TILE_BYTES of rows at a time (a weight the cache does not keep:
+        the whole float64 copy of a 4B model's FFN matrix alone is 200 MB, a K=5120 one 700 MB)."""
+        n, k = t.ne[1], t.ne[0]
+        out = np.empty((y.shape[0], n), dtype=np.result_type(y.dtype, self.ft))
+        step = max(1, WEIGHT_TILE_BYTES // (k * np.dtype(self.ft).itemsize))
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            out[:, r0:r1] = y @ self.load_rows(t, slice(r0, r1)).T
+        return out
 
     def store(self, t: Tensor, values: np.ndarray) -> None:
         out = array(t)
