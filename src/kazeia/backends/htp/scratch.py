@@ -173,6 +173,8 @@ def _stream(rows: np.ndarray, start: int, nbytes: int) -> np.ndarray:
     stride = -(-row_bytes // V.VLEN) * V.VLEN
     n_rows = max(1, -(-nbytes // stride))
     sel = rows[start:start + n_rows] if start < rows.shape[0] else rows[-n_rows:]
+    if stride == row_bytes and sel.shape[0] == n_rows and sel.flags.c_contiguous:
+        return sel.reshape(-1)[:nbytes]  # rows already 128 B-aligned and all there: no padding to add
     buf = np.zeros((n_rows, stride), dtype=np.uint8)
     buf[: sel.shape[0], :row_bytes] = sel
     return buf.reshape(-1)[:nbytes]
