@@ -120,6 +120,19 @@ def test_mechanism_range_and_gate(crash_report, matmuls):
 
 
 @pytest.mark.slow
+def test_the_death_trials_and_m_runs_say_which_layers_they_ran(crash_report):
+    """The routing trials and the M confirmation run the graph through the faulting op's layer only (a prefix):
+    the report says so wherever it quotes them."""
+    inv, _, _ = crash_report
+    ran = "layers 0..0 of 2 (through l_out-0)"
+    route = next(s for s in inv.steps if s.name == "route op classes away")
+    assert f"HMX off (GGML_HEXAGON_USE_HMX=0): completes {ran}, [l_out-0] NMSE" in route.summary
+    assert f"FLASH_ATTN_EXT on the CPU: still dies (in ffn_out-0; ran {ran})" in route.summary
+    assert f"boundaries confirmed by runs of {ran}" in inv.facts["failing prompt lengths (M)"]
+    assert any(f"real runs ({ran}) confirm the boundaries" in e for e in _hyp(inv, "shape alone").evidence_for)
+
+
+@pytest.mark.slow
 def test_rules_out_fp16_overflow_and_nonfinite_with_measurements(crash_report):
     inv, _, _ = crash_report
     fp16 = _hyp(inv, "fp16 overflow")

@@ -43,6 +43,12 @@ def values_stats(a: np.ndarray) -> Stats:
     a = np.asarray(a)
     if not np.issubdtype(a.dtype, np.floating):
         a = a.astype(np.float64)
+    if a.size:
+        mn, mx = a.min(), a.max()  # NaN and inf propagate: both finite means every value is
+        if np.isfinite(mn) and np.isfinite(mx):
+            f64 = a.astype(np.float64, order="C").reshape(-1)  # the values in the order the masked path takes them
+            return Stats(int(a.size), float(max(abs(mn), abs(mx))), 0, 0, 0, int(a.size - np.count_nonzero(a)),
+                         float(mn), float(mx), float(f64.mean()))
     nan = np.isnan(a)
     pinf = np.isposinf(a)
     ninf = np.isneginf(a)
