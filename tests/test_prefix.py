@@ -71,3 +71,25 @@ def test_kazeia_run_stop_after(tiny_qwen3_q4, capsys):
     assert "stopped after l_out-0 (8 prompt tokens): amax=" in capsys.readouterr().err
     assert main(["run", "-m", tiny_qwen3_q4, "--n-prompt", "8", "--stop-after", "l_out-0", "-n", "4"]) == 2
     assert "give -n 0" in capsys.readouterr().err
+
+
+def _oracle_outcome(model: str, isolate: bool, **kw):
+    from kazeia.debug.bisect import OracleJudge
+
+    spec = RunSpec(model=model, n_prompt=1, device="HTP0", htp_profile="2026-05", stop_after="l_out-0", **kw)
+    return OracleJudge(isolate=isolate)(spec)
+
+
+def test_the_oracle_judges_a_prefix_on_its_stop_node(tiny_qwen3_q4):
+    """With 64 KiB of VTCM the 2026-05 HVX path gets M=1 wrong already in layer 0 (the whole run's logits are wrong
+    too); with the default VTCM layer 0 is right. The judge compares l_out-0 with a CPU prefix of the same prompt."""
+    bad = _oracle_outcome(tiny_qwen3_q4, isolate=False, vtcm=65536)
+    assert bad.outcome == "fail" and bad.detail.startswith("[l_out-0] NMSE")
+    good = _oracle_outcome(tiny_qwen3_q4, isolate=False)
+    assert good.outcome == "pass" and "[l_out-0] NMSE" in good.detail
+
+
+@pytest.mark.slow
+def test_a_prefix_in_a_child_process_brings_its_stop_output_back(tiny_qwen3_q4):
+    bad = _oracle_outcome(tiny_qwen3_q4, isolate=True, vtcm=65536)
+    assert bad.outcome == "fail" and bad.detail.startswith("[l_out-0] NMSE")

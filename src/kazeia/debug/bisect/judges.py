@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from kazeia.backends.weights import WeightCache
-from kazeia.debug.judge import WHOLE_MODEL_NMSE, judge, judge_logits
+from kazeia.debug.judge import WHOLE_MODEL_NMSE, judge
 from kazeia.debug.runner import RunResult, RunSpec, build_context, external_kill, run, run_child
 from kazeia.errors import KazeiaError
 
@@ -141,7 +141,7 @@ class OracleJudge:
         if not self.needs_reference or got is None:
             return Outcome(PASS, "ok (death check only: the fail regex cannot match a numeric failure)",
                            time.perf_counter() - t0)
-        v = judge_logits(got, self.reference_logits(spec), self.threshold, name=spec.device)
+        v = judge(got, self.reference_logits(spec), self.threshold, op=spec.stop_after or "logits", name_a=spec.device)
         if v.ok:
             return Outcome(PASS, f"ok ({v.reason})", time.perf_counter() - t0)
         return Outcome(classify(v.reason, self.fail_regex), v.reason, time.perf_counter() - t0)
