@@ -77,13 +77,14 @@ class Executor:
         # (S, H, T, D) with S = 1 (ne3): work on 3-D stacks of C-contiguous matrices so numpy uses BLAS
         q, k, v = (self.io.load(s)[0] for s in n.src[:3])  # (H, T, D), (Hkv, n_kv, D), (Hkv, n_kv, Dv)
         mask = self.io.load(n.src[3])[0, 0] if len(n.src) > 3 and n.src[3] is not None else None  # (T', n_kv)
-        g = q.shape[0] // k.shape[0]
-        k = np.repeat(k, g, axis=0)
-        v = np.repeat(v, g, axis=0)
+        hkv = k.shape[0]
+        # GQA: query head h reads KV head h // (H / Hkv). The KV matrices are broadcast over the g heads of their group
+        # (stride 0) instead of repeated: numpy calls the same BLAS product on the same C-contiguous matrices.
+        v = np.ascontiguousarray(v)[:, None]                              # (Hkv, 1, n_kv, Dv)
         scale = np.float32(n.params["scale"])
         q16 = round_fp16(q)
-        kt = np.ascontiguousarray(k.transpose(0, 2, 1))
-        s = np.matmul(q16, kt)
+        kt = np.ascontiguousarray(k.transpose(0, 2, 1))[:, None]          # (Hkv, 1, D, n_kv)
+        s = self._grouped(np.matmul, q16, kt, hkv)
         # HMX: the S tile is read out as fp16 with the qk scale applied by the output conversion block
         s = round_fp16(s * scale) if use_hmx else s * scale
         if mask is not None:
@@ -98,10 +99,16 @@ class Executor:
             o = np.zeros(q.shape[:-1] + (v.shape[-1],), dtype=np.float32)
             for j in range(0, p.shape[-1], FA_KV_BLOCK):  # per KV block: fp16 read-out, fp32 accumulation
                 pj = np.ascontiguousarray(p16[..., j:j + FA_KV_BLOCK])
-                vj = np.ascontiguousarray(v[:, j:j + FA_KV_BLOCK])
-                o += round_fp16(np.matmul(pj, vj))
+                vj = np.ascontiguousarray(v[:, :, j:j + FA_KV_BLOCK])
+                o += round_fp16(self._grouped(np.matmul, pj, vj, hkv))
         else:
-            o = np.matmul(p, v)
+            o = self._grouped(np.matmul, p, v, hkv)
         o = o / np.where(l == 0, 1.0, l)
         self.io.store(n, o.transpose(1, 0, 2)[None])  # (T, H, Dv): dst ne = [Dv, H, T]
+
+    @staticmethod
+    def _grouped(matmul, a: np.ndarray, b: np.ndarray, hkv: int) -> np.ndarray:
+        """(H, T, X) @ (Hkv, 1, X, Y) -> (H, T, Y), head h against matrix h // (H / Hkv)."""
+        h = a.shape[0]
+        return matmul(a.reshape(hkv, h // hkv, *a.shape[1:]), b).reshape(h, a.shape[1], b.shape[-1])
 
