@@ -50,14 +50,22 @@ def _pair(k, name: str):
     return k[name], k[name + "_par"]
 
 
-def round_hw(x: np.ndarray) -> np.ndarray:
-    """round_fp16_hw(x) (RNE to fp16, |x| > 65504 -> +-inf, NaN kept) as a new float32 array."""
+def round_hw(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """round_fp16_hw(x) (RNE to fp16, |x| > 65504 -> +-inf, NaN kept) as a new float32 array, or into `out`
+    (same shape, float32; `out` may be `x` itself)."""
     k = lib()
     x = np.asarray(x)
+    if out is not None:
+        if out.shape != x.shape or out.dtype != np.float32:
+            raise ValueError(f"round_hw out must be float32 of shape {x.shape}")
+        if k is None or x.dtype != np.float32 or x.size < ROUND_ROW or not (
+                x.flags.c_contiguous and out.flags.c_contiguous):
+            out[...] = round_fp16_hw(x)
+            return out
     if k is None or x.dtype != np.float32 or x.size < ROUND_ROW:
         return round_fp16_hw(x)
     xc = np.ascontiguousarray(x)
-    y = np.empty_like(xc)
+    y = np.empty_like(xc) if out is None else out
     flat_x, flat_y = xc.reshape(-1), y.reshape(-1)
     rows = xc.size // ROUND_ROW
     _run(_pair(k, "round_f16_hw"), (_ptr(xc), _ptr(y)), rows, 64, xc.size >= PARALLEL_MIN_ELEMS)

@@ -191,21 +191,27 @@ def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: flo
     1.0: a stale HMX bias/scale). A weight that fits one tile (TILE_WEIGHT_BYTES) gives the bits of the one-GEMM
     form; a larger one may differ from it in the last fp32 bit of some outputs (BLAS sums the edge columns of
     a call its own way), which the fp16 read-out occasionally keeps. `patch(r0, w16_tile)` may replace a tile
-    before it is used (fault injections)."""
+    before it is used (fault injections).
+
+    The tiles are dequantized into one scratch (reused: no fresh pages per tile) and each GEMM writes its
+    columns of y in place (the same calls, C-contiguous operands; only the output's row stride differs); the
+    read-out is elementwise, so it runs once over the whole y."""
     a = np.ascontiguousarray(a16, dtype=np.float32)
     if a.shape[1] != w.k:
         raise ValueError(f"K mismatch: {a.shape} vs ({w.n}, {w.k})")
     y = np.empty((a.shape[0], w.n), dtype=np.float32)
     step = weight_tile_rows(w.k)
+    scratch = np.empty(min(step, w.n) * w.k, dtype=np.float32)
     with np.errstate(all="ignore"):
         for r0 in range(0, w.n, step):
             r1 = min(w.n, r0 + step)
-            t = w.w16_rows(r0, r1)
+            t = w.w16_rows(r0, r1, out=scratch)
             if patch is not None:
                 t = patch(r0, t)
-            p = a @ t.T
-            y[:, r0:r1] = round_hw(p if scale == 1.0 else p * np.float32(scale))
-    return y
+            np.matmul(a, t.T, out=y[:, r0:r1])
+        if scale != 1.0:
+            y *= np.float32(scale)
+        return round_hw(y, out=y)
 
 
 def hmx_mul_mat(w: RepackedWeight, x: np.ndarray, arch: int | None = None) -> np.ndarray:

@@ -316,16 +316,24 @@ class RepackedWeight:
             raise ValueError(f"{self.qtype.name} has no block offsets")
         return from_fp16_bits(self.fields()[2])
 
-    def w16_rows(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+    def w16_rows(self, r0: int = 0, r1: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """(R, k) float32 of fp16 values: rows r0..r1 of the matrix the HMX path multiplies (what its dequant
-        tasks scatter into weight tiles; see hmx_matmul.py), computed from the ggml blocks (htp/fast.py)."""
-        r1 = self.n if r1 is None else r1
+        tasks scatter into weight tiles; see hmx_matmul.py), computed from the ggml blocks (htp/fast.py).
+        `out`: a C-contiguous float32 scratch of at least R*k elements to write them into (its head is
+        returned, shaped (R, k)); the caller's matmul reuses one for all its tiles."""
+        r1 = self.n if r1 is None else min(r1, self.n)
+        rows = max(0, r1 - max(0, r0))
+        if out is None:
+            out = np.empty(rows * self.k, dtype=np.float32)
+        elif out.dtype != np.float32 or not out.flags.c_contiguous or out.size < rows * self.k:
+            raise ValueError(f"w16_rows needs a C-contiguous float32 scratch of {rows * self.k} elements")
+        dst = out.reshape(-1)[: rows * self.k].reshape(rows, self.k)
         if self.qtype == GGMLType.F16:
-            return from_fp16_bits(np.ascontiguousarray(self.ggml[r0:r1]).view(np.uint16))
+            np.copyto(dst, self.ggml[r0:r1].view(np.float16))  # exact widening, as from_fp16_bits
+            return dst
         b8, b16 = self.blocks(r0, r1)
-        out = np.empty((b8.shape[0], self.nsub, QK), dtype=np.float32)
-        fast.hmx_weight_rows(b8, b16, self.qtype, out, IQ4_NL_VALUES, F16_LUT)
-        return out.reshape(b8.shape[0], self.k)
+        fast.hmx_weight_rows(b8, b16, self.qtype, dst.reshape(rows, self.nsub, QK), IQ4_NL_VALUES, F16_LUT)
+        return dst
 
     @property
     def w16(self) -> np.ndarray:
