@@ -43,6 +43,22 @@ def _qt(t: GGMLType) -> str:
     return type_name(t)
 
 
+def _contiguous_runs(pieces: list[tuple[int, np.ndarray]]) -> tuple[tuple[int, np.ndarray], ...]:
+    """(offset, bytes) pieces in offset order -> the same bytes as runs, adjacent pieces joined (read-only)."""
+    runs: list[tuple[int, list[np.ndarray]]] = []
+    for off, data in pieces:
+        if runs and runs[-1][0] + sum(d.size for d in runs[-1][1]) == off:
+            runs[-1][1].append(data)
+        else:
+            runs.append((off, [data]))
+    out = []
+    for off, parts in runs:
+        data = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        data.flags.writeable = False
+        out.append((off, data))
+    return tuple(out)
+
+
 class WeightStore:
     """The REPACK buffer: one `RepackedWeight` per weight, made when the weight is first used (as set_tensor
     repacks it). A RepackedWeight is a view of the weight's memory-mapped ggml rows (the x4x2 repack is a byte
@@ -349,9 +365,10 @@ class MatmulUnit:
     def _leave_hvx_bytes(self, dsp: Dsp, plan: MatmulPlan, rw: RepackedWeight, y: np.ndarray) -> None:
         """Each thread's src0 ring ends holding its last weight rows, its dst area its last output rows.
 
-        The ring images depend only on the weight and the layout, so each weight keeps them for the layouts it
-        has run with (`RepackedWeight.ring_images`, a few dozen rows per weight: ~50 MB for a 4B model): a
-        decode repacks each weight's last rows once instead of on every token. The bytes written are the same."""
+        The ring images depend only on the weight and the layout, so each weight keeps them, as runs of adjacent
+        rings written at once, for the last few layouts it has run with (`RepackedWeight.ring_images`, 96 rows
+        per weight and layout: ~50 MB for a 4B model's decode): a decode repacks each weight's last rows once
+        instead of on every token. The bytes written are the same."""
         vt = dsp.vtcm
         nt = plan.n_threads or 1
         N = rw.n
@@ -360,17 +377,20 @@ class MatmulUnit:
         areas = {a.name: a for a in plan.areas}
         stride = plan.row_stride or rw.row_bytes
         rings = [areas.get(f"src0[{t}]") for t in range(nt)]
-        key = ("hvx-rings", nt, stride, tuple(r.size if r is not None else 0 for r in rings))
-        images = rw.ring_images.get(key)
-        if images is None:
-            images = rw.ring_images[key] = tuple(self._ring_image(rw, r, t * per, min(N, (t + 1) * per), stride)
-                                                 for t, r in enumerate(rings))
+        key = ("hvx-rings", nt, stride, tuple((r.offset, r.size) if r is not None else None for r in rings))
+        segments = rw.ring_images.get(key)
+        if segments is None:
+            if len(rw.ring_images) >= 4:  # layouts differ by M (the src1 area before the rings): keep a few
+                rw.ring_images.clear()
+            images = [(r.offset, self._ring_image(rw, r, t * per, min(N, (t + 1) * per), stride))
+                      for t, r in enumerate(rings)]
+            segments = rw.ring_images[key] = _contiguous_runs([(o, im) for o, im in images if im is not None])
+        for offset, data in segments:  # the rings are disjoint: one write per run of adjacent rings
+            vt.write(offset, data)
         for t in range(nt):
             r0, r1 = t * per, min(N, (t + 1) * per)
             if r0 >= r1:
                 continue
-            if images[t] is not None:
-                vt.write(rings[t].offset, images[t])
             dst = areas.get(f"dst[{t}]")
             if dst is not None and dst.size:
                 rowsb = np.ascontiguousarray(y[-2:, r0:r1]).view(np.uint8).reshape(-1)

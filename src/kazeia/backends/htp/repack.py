@@ -245,9 +245,9 @@ class RepackedWeight:
         self.ggml = _rows(ggml, self.row_bytes)
         if self.ggml.shape[0] != self.n:
             raise ValueError(f"expected {self.n} rows, got {self.ggml.shape[0]}")
-        # what the ops leave of this weight in VTCM, by layout (read-only byte images of a few rows each; see
+        # what the ops leave of this weight in VTCM, by layout: (offset, read-only bytes) runs of a few rows (see
         # matmul.MatmulUnit._leave_hvx_bytes): made once per layout, not on every use
-        self.ring_images: dict[tuple, tuple[np.ndarray | None, ...]] = {}
+        self.ring_images: dict[tuple, tuple[tuple[int, np.ndarray], ...]] = {}
 
     @classmethod
     def from_ggml(cls, raw: np.ndarray, qtype: GGMLType, k: int) -> RepackedWeight:
