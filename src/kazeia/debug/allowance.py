@@ -61,8 +61,7 @@ def conversion_floor(ref: RefBackend, node: Tensor) -> np.ndarray | None:
     xq = reference_activations(xv, w.type)
     if xq is None:
         return None
-    W = ref.weight_matrix(w)
-    return (xq.reshape(-1, w.ne[0]) @ W.T).reshape(node.ne[::-1])
+    return ref.weight_matmul(w, xq.reshape(-1, w.ne[0])).reshape(node.ne[::-1])  # tiled when not kept
 
 
 def conversion_allowance(converted: np.ndarray | None, exact: np.ndarray) -> float | None:
