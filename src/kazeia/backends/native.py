@@ -30,6 +30,11 @@ _jit = None
 _trackers: list = []
 _available: bool | None = None
 NEEDED = ("avx2", "fma", "f16c")
+# "large": every reference to a constant, another section or a process symbol is a 64-bit absolute address.
+# With the small model a rip-relative 32-bit offset must reach them, and the JIT's memory manager may place a
+# library's sections (or libc) more than 2 GB apart once a multi-GB GGUF is mapped: LLVM then aborts the
+# process (RuntimeDyldELF: isInt<32>(RealOffset)). The hot loops keep their constants in registers.
+CODE_MODEL = "large"
 
 
 def available() -> bool:
@@ -64,6 +69,7 @@ def _source_digest(module: str) -> str:
         spec = importlib.util.find_spec(mod)
         h.update(Path(spec.origin).read_bytes())
     h.update(llvmlite.__version__.encode())
+    h.update(CODE_MODEL.encode())
     h.update(llvm.get_host_cpu_name().encode())
     h.update(llvm.get_host_cpu_features().flatten().encode())
     return h.hexdigest()[:24]
@@ -76,7 +82,7 @@ def _target_machine():
     llvm.initialize_native_asmprinter()
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-                                        opt=3, reloc="pic", codemodel="default")
+                                        opt=3, reloc="pic", codemodel=CODE_MODEL)
 
 
 def _compile(module: str, tm) -> tuple[bytes, dict]:
