@@ -177,9 +177,14 @@ class Vtcm:
 
     def _cover(self, lo: int, hi: int) -> None:
         """Bytes lo..hi are written now: no deferred write may land there later."""
-        if self._pending and hi > lo:
-            for p in self._pending:
+        if not self._pending or hi <= lo:
+            return
+        hit = False
+        for p in self._pending:
+            if p.offset < hi and lo < p.offset + p.nbytes:  # most writes miss most deferred images
                 p.live = [(a, b) for x, y in p.live for a, b in ((x, min(y, lo)), (max(x, hi), y)) if a < b]
+                hit = True
+        if hit:
             self._pending = [p for p in self._pending if p.live]
 
     def _flush(self, lo: int, hi: int) -> None:
