@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from kazeia.backends.htp.dsp import Dsp, OpContext, OpRecord
+from kazeia.backends.htp.fast import f16_to_f32
 from kazeia.backends.htp.fp16 import round_fp16
 from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpDesc
 from kazeia.backends.htp.hybrid_kernels import KERNELS_DSP
@@ -16,7 +17,7 @@ from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.scratch import ScratchWriter
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
-from kazeia.graph.tensor import SCALAR_DTYPES, Tensor, array
+from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
 
 
 class DspOps(NumpyOps):
@@ -27,7 +28,7 @@ class DspOps(NumpyOps):
     def load(self, t: Tensor) -> np.ndarray:
         if t.type not in SCALAR_DTYPES:
             raise TypeError(f"{t.name}: the DSP reads {t.type.name} only through matmul")
-        return np.asarray(array(t), dtype=np.float32)
+        return f16_to_f32(array(t)) if t.type == GGMLType.F16 else np.asarray(array(t), dtype=np.float32)
 
     def load_rows(self, t: Tensor, sel: np.ndarray) -> np.ndarray:
         return np.asarray(array(t)[0, 0, sel], dtype=np.float32)

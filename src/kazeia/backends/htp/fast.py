@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from kazeia.backends import jit, native
-from kazeia.backends.htp.fp16 import f32_to_f16_shuffled, round_fp16_hw
+from kazeia.backends.htp.fp16 import FP16_MAX, f32_to_f16_shuffled, from_fp16_bits, round_fp16_hw
 
 GGMLType = GGMLQuantizationType
 KIND = {GGMLType.Q4_0: 0, GGMLType.Q4_1: 1, GGMLType.Q8_0: 2, GGMLType.IQ4_NL: 3}  # type codes of htp/kernels.py
@@ -73,6 +73,47 @@ def round_hw(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     if tail < xc.size:
         flat_y[tail:] = round_fp16_hw(flat_x[tail:])
     return y
+
+
+F16_LOAD_MIN_ELEMS = 1 << 14     # fp16 arrays below this are widened by numpy
+
+
+def f16_to_f32(a: np.ndarray) -> np.ndarray:
+    """np.asarray(a, dtype=np.float32) of a float16 array (a KV cache view: (1, heads, cells, D), strided), the
+    same bits, NaN payloads included, in the same memory order numpy picks (numpy widens fp16 in software:
+    ~2 ns an element, this ~7x less)."""
+    k = lib()
+    if (k is None or a.dtype != np.float16 or a.ndim != 4 or a.shape[0] != 1 or a.size < F16_LOAD_MIN_ELEMS
+            or a.shape[3] % 8 or a.strides[3] != 2):
+        return np.asarray(a, dtype=np.float32)
+    out = np.empty_like(a, dtype=np.float32)  # order "K", as np.asarray lays its copy out
+    if out.strides[3] != 4:
+        return np.asarray(a, dtype=np.float32)
+    _, n2, n1, d = a.shape
+    k["f16_rows_f32"](_ptr(a), a.strides[2], a.strides[1], n1, d, _ptr(out), out.strides[2] // 4,
+                      out.strides[1] // 4, 0, n2 * n1)
+    return out
+
+
+def q8_groups(x: np.ndarray, k: int, kp: int, group: int, tinv: np.ndarray,
+              ti8: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """hvx_quant._quantize_groups of the rows x (M, k) float32 zero-padded to kp: (int8 quants (M, kp), fp16
+    scales (M, kp/group) as float32), the same bits, from the two fp16 tables of hvx_quant (`tinv` uint16,
+    `ti8` int8, both indexed by fp16 bits). None when the native kernels are missing or a value is outside
+    what the kernel takes (|x| > 65504, inf or NaN): the numpy quantizer handles those."""
+    lk = lib()
+    m = x.shape[0]
+    if lk is None or m == 0:
+        return None
+    xc = np.ascontiguousarray(x, dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        if not np.abs(xc).max() <= FP16_MAX:  # False for NaN too
+            return None
+    q = np.empty((m, kp), dtype=np.int8)
+    d = np.empty((m, kp // group), dtype=np.uint16)
+    tinv, ti8 = np.ascontiguousarray(tinv, dtype=np.uint16), np.ascontiguousarray(ti8, dtype=np.int8)
+    lk["q8_groups"](_ptr(xc), k, k, kp, group, _ptr(tinv), _ptr(ti8), _ptr(q), kp, _ptr(d), 0, m)
+    return q, from_fp16_bits(d)
 
 
 def shuffled_fp16(x: np.ndarray, arch: int | None = None) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from kazeia.backends.htp import fast
 from kazeia.backends.htp.fp16 import (
     FP16_MAX,
     f32_to_f16_plain,
@@ -187,6 +188,20 @@ def _quantize_groups(xh: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray
     return _fp16_table("int8")[scaled].reshape(m, kp), d              # hf_to_int8
 
 
+def _quantize_rows(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """`_quantize_groups` of the padded fp16 rows of x, and K: by the native kernel (htp/fast.py, the same bits)
+    when it takes these values, else by numpy."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim == 2 and x.shape[1] % QK == 0:  # else _padded_fp16 says what is wrong
+        k = x.shape[1]
+        r = fast.q8_groups(x, k, _round_up(k, SUPER), group, _fp16_table("inverse"), _fp16_table("int8"))
+        if r is not None:
+            return r[0], r[1], k
+    xh, k = _padded_fp16(x)
+    q, d = _quantize_groups(xh, group)
+    return q, d, k
+
+
 def _image(m: int, stride: int, prev: np.ndarray | None) -> np.ndarray:
     if prev is None:
         return np.zeros((m, stride), dtype=np.uint8)
@@ -224,9 +239,8 @@ def quantize_q8x4x2(x: np.ndarray, group: int = 128, prev: np.ndarray | None = N
     """
     if group not in GROUP_SIZES:
         raise ValueError(f"group must be one of {GROUP_SIZES}")
-    xh, k = _padded_fp16(x)
-    m, kp = xh.shape
-    q, d = _quantize_groups(xh, group)
+    q, d, k = _quantize_rows(x, group)
+    m, kp = q.shape
     sub_group = (np.arange(kp // QK) * QK) // group              # group of every sub-block (incl. padding)
     sbytes = fp16_to_bytes(d[:, sub_group])
     return _write_rows(_image(m, q8x4x2_row_size(k), prev), q, sbytes, k)

@@ -44,6 +44,7 @@ BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "iq4_nl": 18}
 CODE_OFFSET = {"q4_0": 2, "q4_1": 4, "q8_0": 2, "iq4_nl": 2}
 IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 V8I16, V4F64 = vec(I16, 8), vec(F64, 4)
+INV127 = 2.0 ** -7 * (1 + 8 / 1024)  # hvx_quant.INV127_F16 (0x2008), the quantizer's fp16 1/127, as a float
 
 
 def _hw16(k: Kernel, v: ir.Value) -> ir.Value:
@@ -68,6 +69,102 @@ def _round_kernel(module: ir.Module) -> str:
         k.store_vec(_hw16(k, k.load_vec(k.a.x, V8F32, o)), k.a.y, o)
     k.ret()
     return "round_f16_hw"
+
+
+def _f16_rows_kernel(module: ir.Module) -> str:
+    """f16_rows_f32(src, nb1, nb2, n1, d, dst, os1, os2, r0, r1): the fp16 rows r in [r0, r1) of a strided
+    2-level view (row r = c + n1*h at byte src + h*nb2 + c*nb1, d elements, d a multiple of 8) widened to
+    float32 into dst (row r at element h*os2 + c*os1). vcvtph2ps is exact except that it quiets NaN; numpy
+    keeps the payload as it is (sign | 0x7F800000 | mant << 13), so NaN lanes take that pattern instead: the
+    same bits as numpy."""
+    k = Kernel(module, "f16_rows_f32", [("src", ptr(I8)), ("nb1", I64), ("nb2", I64), ("n1", I64), ("d", I64),
+                                        ("dst", ptr(F32)), ("os1", I64), ("os2", I64), ("r0", I64), ("r1", I64)])
+    b, a = k.b, k.a
+    v8i16 = vec(I16, 8)
+    with k.loop(a.r0, a.r1, name="row") as r:
+        h2, c1 = b.sdiv(r, a.n1), b.srem(r, a.n1)
+        base = b.add(b.mul(h2, a.nb2), b.mul(c1, a.nb1))
+        obase = b.add(b.mul(h2, a.os2), b.mul(c1, a.os1))
+        with k.loop(0, b.sdiv(a.d, i64(8)), name="j") as j:
+            h = k.load_vec(k.gep(a.src, base), v8i16, b.mul(j, i64(16)))  # src is a byte pointer
+            wide = b.fpext(b.bitcast(h, vec(F16, 8)), V8F32)
+            hz = b.zext(h, V8I32)
+            is_nan = b.and_(b.icmp_unsigned("==", b.and_(hz, splat(V8I32, 0x7C00)), splat(V8I32, 0x7C00)),
+                            b.icmp_unsigned("!=", b.and_(hz, splat(V8I32, 0x3FF)), splat(V8I32, 0)))
+            nan = b.or_(b.or_(b.shl(b.and_(hz, splat(V8I32, 0x8000)), splat(V8I32, 16)), splat(V8I32, 0x7F800000)),
+                        b.shl(b.and_(hz, splat(V8I32, 0x3FF)), splat(V8I32, 13)))
+            out = b.select(is_nan, b.bitcast(nan, V8F32), wide)
+            k.store_vec(out, a.dst, b.add(obase, b.mul(j, i64(8))))
+    k.ret()
+    return "f16_rows_f32"
+
+
+def _hw_bits8(k: Kernel, v: ir.Value) -> ir.Value:
+    """<8 x float> -> <8 x i16>: the fp16 bits of round_fp16_hw (RNE, |x| > 65504 -> +-inf; a NaN comes out
+    quiet, as the float32 products this is used on always are)."""
+    b = k.b
+    h = k.call("llvm.x86.vcvtps2ph.256", V8I16, v, ir.Constant(I32, 0))
+    bits = b.bitcast(v, V8I32)
+    mag = b.bitcast(b.and_(bits, splat(V8I32, 0x7FFFFFFF)), V8F32)
+    big = b.fcmp_ordered(">", mag, splat(V8F32, 65504.0))
+    inf = b.trunc(b.or_(b.lshr(b.and_(bits, splat(V8I32, -0x80000000)), splat(V8I32, 16)),
+                        splat(V8I32, 0x7C00)), V8I16)
+    return b.select(big, inf, h)
+
+
+def _q8_groups_kernel(module: ir.Module) -> str:
+    """q8_groups(x, xstride, k, kp, group, tinv, ti8, q, qstride, dbits, r0, r1): hvx_quant._quantize_groups
+    of the rows r in [r0, r1) of x (float32, every |x| <= 65504: the caller checks), zero past k up to kp:
+    per group of `group` elements amax = the max fp16 bit pattern of |x|, d = fp16_hw(amax * fp16(1/127)),
+    inv = tinv[d] (hvx_inverse_f16), q = ti8[fp16_hw(x * inv)] (hf_to_int8); d's bits go to dbits (row r at
+    r*kp/group). The two tables are hvx_quant's, indexed by fp16 bits as there."""
+    k = Kernel(module, "q8_groups", [("x", ptr(F32)), ("xstride", I64), ("k", I64), ("kp", I64), ("group", I64),
+                                     ("tinv", ptr(I16)), ("ti8", ptr(I8)), ("q", ptr(I8)), ("qstride", I64),
+                                     ("dbits", ptr(I16)), ("r0", I64), ("r1", I64)])
+    b, a = k.b, k.a
+    ngroups = b.sdiv(a.kp, a.group)
+    amax_v = k.var(V8I16, name="amax")
+    zero16 = ir.Constant(V8I16, [0] * 8)
+    inv127 = f32(INV127)
+    with k.loop(a.r0, a.r1, name="row") as r:
+        xrow = k.gep(a.x, b.mul(r, a.xstride))
+        qrow = k.gep(a.q, b.mul(r, a.qstride))
+        with k.loop(0, ngroups, name="g") as g:
+            g0 = b.mul(g, a.group)
+            b.store(zero16, amax_v)
+            with k.loop(0, a.group, 8, name="e") as e:
+                idx = b.add(g0, e)
+                with k.if_(b.icmp_signed("<", idx, a.k)):
+                    h = b.and_(_hw_bits8(k, k.load_vec(xrow, V8F32, idx)), splat(V8I16, 0x7FFF))
+                    m = b.load(amax_v)
+                    b.store(b.select(b.icmp_signed(">", h, m), h, m), amax_v)
+            m = b.load(amax_v)
+            am = b.extract_element(m, ir.Constant(I32, 0))
+            for lane in range(1, 8):
+                x_l = b.extract_element(m, ir.Constant(I32, lane))
+                am = b.select(b.icmp_signed(">", x_l, am), x_l, am)
+            amax_f = k.half_to_f32(am)
+            prod = k.broadcast(b.fmul(amax_f, inv127), 8)
+            d = b.extract_element(_hw_bits8(k, prod), ir.Constant(I32, 0))
+            k.store(d, a.dbits, b.add(b.mul(r, ngroups), g))
+            inv = k.broadcast(k.half_to_f32(k.load(a.tinv, b.zext(d, I64))), 8)
+            with k.loop(0, a.group, 8, name="e2") as e:
+                idx = b.add(g0, e)
+                inside = b.icmp_signed("<", idx, a.k)
+                with k.if_(inside):
+                    xv = k.load_vec(xrow, V8F32, idx)
+                    xh = b.fpext(b.bitcast(_hw_bits8(k, xv), vec(F16, 8)), V8F32)  # x as fp16, exactly widened
+                    sb = _hw_bits8(k, b.fmul(xh, inv))
+                    for lane in range(8):
+                        bits = b.zext(b.extract_element(sb, ir.Constant(I32, lane)), I64)
+                        k.store(k.load(a.ti8, bits), qrow, b.add(idx, i64(lane)))
+                with k.if_(b.not_(inside)):  # padding: +0.0 quantized the same way
+                    sb = _hw_bits8(k, b.fmul(ir.Constant(V8F32, [0.0] * 8), inv))
+                    for lane in range(8):
+                        bits = b.zext(b.extract_element(sb, ir.Constant(I32, lane)), I64)
+                        k.store(k.load(a.ti8, bits), qrow, b.add(idx, i64(lane)))
+    k.ret()
+    return "q8_groups"
 
 
 # --- HMX weight tiles --------------------------------------------------------------------------------------
@@ -285,7 +382,8 @@ def _hvx_dot(module: ir.Module, kind: str) -> str:
 def build() -> tuple[ir.Module, dict[str, str]]:
     module = ir.Module(name="kazeia_simd_htp")
     sigs = {}
-    for name, sig in ((_round_kernel(module), "v:ppii"),
+    for name, sig in ((_round_kernel(module), "v:ppii"), (_f16_rows_kernel(module), "v:piiiipiiii"),
+                      (_q8_groups_kernel(module), "v:piiiipppipii"),
                       *((_hmx_weight(module, kind), "v:piipiii") for kind in BLOCK_BYTES),
                       *((_hvx_dot(module, kind), HVX_SIG) for kind in BLOCK_BYTES)):
         sigs[name] = sig
