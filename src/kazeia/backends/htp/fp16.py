@@ -31,15 +31,22 @@ def round_fp16(x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).astype(np.float32)
 
 
-def round_fp16_hw(x: np.ndarray) -> np.ndarray:
-    """RNE rounding to fp16 where every finite |x| > 65504 overflows to +-inf (HVX/HMX converter model)."""
+def round_fp16_hw_bits(x: np.ndarray) -> np.ndarray:
+    """The uint16 fp16 bit patterns of `round_fp16_hw(x)`: RNE, every |x| > 65504 -> +-inf, NaN kept."""
     x = np.asarray(x)
-    y = round_fp16(x)
-    with np.errstate(invalid="ignore"):
+    if x.dtype != np.float64:
+        x = x.astype(np.float32, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = x.astype(np.float16).view(np.uint16)
         big = np.abs(x) > FP16_MAX  # False for NaN, so NaN stays NaN
     if big.any():
-        y[big] = np.copysign(np.inf, x[big]).astype(np.float32)
-    return y
+        bits[big] = np.where(np.signbit(x[big]), 0xFC00, 0x7C00).astype(np.uint16)
+    return bits
+
+
+def round_fp16_hw(x: np.ndarray) -> np.ndarray:
+    """RNE rounding to fp16 where every finite |x| > 65504 overflows to +-inf (HVX/HMX converter model)."""
+    return round_fp16_hw_bits(x).view(np.float16).astype(np.float32)
 
 
 def fp16_bits(x: np.ndarray) -> np.ndarray:

@@ -10,7 +10,6 @@ from gguf import GGMLQuantizationType
 
 from kazeia.backends.htp import fast
 from kazeia.backends.htp.fp16 import (
-    FP16_MAX,
     f32_to_f16_plain,
     fp16_bits,
     fp16_from_bytes,
@@ -18,6 +17,7 @@ from kazeia.backends.htp.fp16 import (
     from_fp16_bits,
     round_fp16,
     round_fp16_hw,
+    round_fp16_hw_bits,
 )
 from kazeia.backends.htp.repack import QK, SUPER
 
@@ -165,16 +165,6 @@ def _fp16_table(name: str) -> np.ndarray:
     return t
 
 
-def _fp16_hw_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> the uint16 bits of round_fp16_hw(x): RNE, every |x| > 65504 -> +-inf, NaN kept."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        bits = x.astype(np.float16).view(np.uint16)
-        big = np.abs(x) > FP16_MAX  # False for NaN
-    if big.any():
-        bits[big] = np.where(np.signbit(x[big]), 0xFC00, 0x7C00).astype(np.uint16)
-    return bits
-
-
 def _quantize_groups(xh: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """fp16 rows (M, Kp) -> (int8 quants (M, Kp), fp16 scale per group (M, Kp/group) as float32)."""
     m, kp = xh.shape
@@ -184,7 +174,7 @@ def _quantize_groups(xh: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray
     with np.errstate(over="ignore", invalid="ignore"):
         d = round_fp16_hw(amax * np.float32(_INV127))                 # qf16 multiply by fp16(1/127)
         inv = from_fp16_bits(_fp16_table("inverse")[fp16_bits(d)])    # hvx_inverse_f16
-        scaled = _fp16_hw_bits(g * inv[..., None])                    # exact fp32 product, one fp16 rounding
+        scaled = round_fp16_hw_bits(g * inv[..., None])                    # exact fp32 product, one fp16 rounding
     return _fp16_table("int8")[scaled].reshape(m, kp), d              # hf_to_int8
 
 
