@@ -146,9 +146,9 @@ def open_session(args: argparse.Namespace, model: Model | None = None, device: s
         router.n_gpu_layers, router.n_layer = ngl, model.args.n_layer
     stop = getattr(args, "stop_after", None)
     if stop:
-        from kazeia.debug.prefix import PrefixScheduler
+        from kazeia.debug.prefix import make_scheduler
 
-        sched = PrefixScheduler(backends, router, stop)
+        sched = make_scheduler(backends, router, stop)
     else:
         sched = Scheduler(backends, router)
     trace = make_trace(args)

@@ -10,7 +10,6 @@ from kazeia.cli.common import add_common, add_device_args, add_model_args, open_
 from kazeia.engine.chat import ChatSession
 from kazeia.engine.generate import GenerationResult, Sampler, SamplingParams, generate
 from kazeia.engine.tokenizer import StreamDecoder
-from kazeia.errors import KazeiaError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -100,10 +99,10 @@ def main(args: argparse.Namespace) -> int:
 
 def _prefix_run(args: argparse.Namespace, s, ids: list[int]) -> int:
     """--stop-after: the prompt through one node (debug/prefix.py); a device death ends it as any run."""
+    from kazeia.debug.prefix import check_prefix_run
     from kazeia.debug.stats import values_stats
 
-    if args.n_predict != 0 or args.conversation or args.single_turn:
-        raise KazeiaError(f"--stop-after {args.stop_after} computes no logits to generate from: give -n 0")
+    check_prefix_run(args.stop_after, args.n_predict)  # (-cnv took the chat path before this)
     s.ctx.decode(ids)
     print(f"stopped after {args.stop_after} ({len(ids)} prompt tokens): {values_stats(s.scheduler.output).short()}",
           file=sys.stderr)

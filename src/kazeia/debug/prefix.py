@@ -55,6 +55,17 @@ class PrefixScheduler(Scheduler):
         return view
 
 
+def make_scheduler(backends, router=None, stop_after: str | None = None) -> Scheduler:
+    """The scheduler of a run: a PrefixScheduler when it stops after a node, else the plain one."""
+    return PrefixScheduler(backends, router, stop_after) if stop_after else Scheduler(backends, router)
+
+
+def check_prefix_run(stop_after: str | None, n_predict: int) -> None:
+    """A prefix run computes no logits, so it cannot generate: refuse -n other than 0 in one line."""
+    if stop_after and n_predict != 0:
+        raise KazeiaError(f"--stop-after {stop_after} computes no logits to generate from: give -n 0")
+
+
 def layer_end(order: list[str], op: str) -> str | None:
     """The node that ends the layer holding `op` (the first l_out-<il> at or after it in graph order `order`),
     or None when `op` is not in the graph, no layer end follows it, or it is in the last layer (its prefix is the
@@ -74,5 +85,3 @@ def layers_text(stop: str, order: list[str]) -> str:
     n = sum(1 for x in order if LAYER_END.match(x))
     m = LAYER_END.match(stop)
     return f"layers 0..{m.group(1)} of {n} (through {stop})" if m else f"the graph through {stop}"
-
-

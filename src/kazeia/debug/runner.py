@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from kazeia.backends.weights import WeightCache
-from kazeia.debug.prefix import PrefixScheduler
+from kazeia.debug.prefix import PrefixScheduler, check_prefix_run, make_scheduler
 from kazeia.engine.context import Context, Model
 from kazeia.engine.default_model import default_model_path
 from kazeia.engine.devices import DeviceOptions, make_backends
 from kazeia.engine.generate import synthetic_prompt
-from kazeia.engine.scheduler import Router, Scheduler
+from kazeia.engine.scheduler import Router
 from kazeia.engine.tokenizer import GGUFTokenizer
 from kazeia.errors import DeviceDeathError, DeviceOpError, KazeiaError
 from kazeia.graph.tensor import GGMLType
@@ -135,6 +135,11 @@ class RunResult:
     killed: str | None = None  # the child died of something else than the run: 'killed by SIGKILL', 'out of memory'
 
     @property
+    def output(self) -> np.ndarray | None:
+        """What a judge compares: the stop node's output of a prefix run, else the logits."""
+        return self.stop_output if self.stop_output is not None else self.logits
+
+    @property
     def failed(self) -> bool:
         return not self.ok
 
@@ -221,7 +226,7 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
 
         policy = Policy.load(spec.policy)
         router.gates.append(PolicyGate(policy))
-    sched = PrefixScheduler(backends, router, spec.stop_after) if spec.stop_after else Scheduler(backends, router)
+    sched = make_scheduler(backends, router, spec.stop_after)
     n_ctx = min(spec.ctx, model.args.n_ctx_train)
     ctx = Context(model, sched, n_ctx=n_ctx, n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
                   type_k=GGMLType.F16, type_v=GGMLType.F16)
@@ -250,8 +255,7 @@ def run(spec: RunSpec, hooks=(), all_logits: bool = False, ctx: Context | None =
     for h in hooks:
         ctx.scheduler.add_hook(h)
     ids = prompt_ids(spec, ctx.model)
-    if spec.stop_after and spec.n_predict:
-        raise KazeiaError(f"--stop-after {spec.stop_after} computes no logits to generate from: it needs -n 0")
+    check_prefix_run(spec.stop_after, spec.n_predict)
     res = RunResult(ok=False, n_prompt=len(ids))
     t0 = time.perf_counter()
     try:

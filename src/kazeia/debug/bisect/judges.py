@@ -137,7 +137,7 @@ class OracleJudge:
         if not res.ok:
             text = failure_text(res) or "failed"
             return Outcome(classify(text, self.fail_regex), first_line(text), time.perf_counter() - t0)
-        got = res.stop_output if spec.stop_after else res.logits  # a prefix run: its stop node's output
+        got = res.output  # a prefix run: its stop node's output
         if not self.needs_reference or got is None:
             return Outcome(PASS, "ok (death check only: the fail regex cannot match a numeric failure)",
                            time.perf_counter() - t0)
@@ -163,15 +163,13 @@ class OracleJudge:
             return self._refs[key]
         self.reference_runs += 1
         res = self._run(rspec)
-        if rspec.stop_after:
-            res.logits = res.stop_output
-        if not res.ok or res.logits is None:
+        if not res.ok or res.output is None:
             raise KazeiaError(f"the reference run on {self.reference} failed ({res.signature()}): cannot judge; "
                               f"reproduce with: {rspec.command()}")
-        if np.isnan(res.logits).any():
+        if np.isnan(res.output).any():
             raise KazeiaError(f"reference invalid: the {self.reference} logits hold NaN; reproduce with: "
                               f"{rspec.command()}")
-        self._refs[key] = np.asarray(res.logits)
+        self._refs[key] = np.asarray(res.output)
         if path:
             os.makedirs(self.cache_dir, exist_ok=True)
             np.save(path, self._refs[key])
