@@ -73,13 +73,14 @@ class NumpyBackend(Backend, NumpyOps):
             return array(t)[0, 0, sel].astype(self.ft)
         return dequantize(rows(t)[0, 0, sel], t.type, self.ft)
 
+    def _weight_key(self, t: Tensor) -> tuple:
+        return (t.weight_name or t.name, t.data_addr, t.type, self.ft)
+
     def weight_matrix(self, t: Tensor) -> np.ndarray:
-        key = (t.weight_name or t.name, t.data_addr, t.type, self.ft)
-        return self.weights.get(key, lambda: np.ascontiguousarray(self.load(t)[0, 0]))
+        return self.weights.get(self._weight_key(t), lambda: np.ascontiguousarray(self.load(t)[0, 0]))
 
     def weight_matmul(self, t: Tensor, y: np.ndarray) -> np.ndarray:
-        key = (t.weight_name or t.name, t.data_addr, t.type, self.ft)
-        w = self.weights.cached(key)
+        w = self.weights.cached(self._weight_key(t))
         if w is not None:
             return y @ w.T
         if not self.weights.admits(t.ne[1] * t.ne[0] * np.dtype(self.ft).itemsize):
