@@ -112,6 +112,14 @@ def _hw_bits8(k: Kernel, v: ir.Value) -> ir.Value:
     return b.select(big, inf, h)
 
 
+def _store_int8(k: Kernel, sb: ir.Value, qrow: ir.Value, idx: ir.Value) -> None:
+    """q[idx + lane] = ti8[sb[lane]] for the 8 fp16 bit patterns sb (hf_to_int8 by its table)."""
+    b = k.b
+    for lane in range(8):
+        bits = b.zext(b.extract_element(sb, ir.Constant(I32, lane)), I64)
+        k.store(k.load(k.a.ti8, bits), qrow, b.add(idx, i64(lane)))
+
+
 def _q8_groups_kernel(module: ir.Module) -> str:
     """q8_groups(x, xstride, k, kp, group, tinv, ti8, q, qstride, dbits, r0, r1): hvx_quant._quantize_groups
     of the rows r in [r0, r1) of x (float32, every |x| <= 65504: the caller checks), zero past k up to kp:
@@ -154,15 +162,9 @@ def _q8_groups_kernel(module: ir.Module) -> str:
                 with k.if_(inside):
                     xv = k.load_vec(xrow, V8F32, idx)
                     xh = b.fpext(b.bitcast(_hw_bits8(k, xv), vec(F16, 8)), V8F32)  # x as fp16, exactly widened
-                    sb = _hw_bits8(k, b.fmul(xh, inv))
-                    for lane in range(8):
-                        bits = b.zext(b.extract_element(sb, ir.Constant(I32, lane)), I64)
-                        k.store(k.load(a.ti8, bits), qrow, b.add(idx, i64(lane)))
+                    _store_int8(k, _hw_bits8(k, b.fmul(xh, inv)), qrow, idx)
                 with k.if_(b.not_(inside)):  # padding: +0.0 quantized the same way
-                    sb = _hw_bits8(k, b.fmul(ir.Constant(V8F32, [0.0] * 8), inv))
-                    for lane in range(8):
-                        bits = b.zext(b.extract_element(sb, ir.Constant(I32, lane)), I64)
-                        k.store(k.load(a.ti8, bits), qrow, b.add(idx, i64(lane)))
+                    _store_int8(k, _hw_bits8(k, b.fmul(ir.Constant(V8F32, [0.0] * 8), inv)), qrow, idx)
     k.ret()
     return "q8_groups"
 
