@@ -16,7 +16,6 @@ disk as object code, linked in-process by LLVM's ORC JIT and called through ctyp
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import hashlib
 import importlib
@@ -173,63 +172,96 @@ def set_threads(n: int) -> None:
     _n_threads = max(1, min(int(n), os.cpu_count() or 1))
 
 
-class _Job:
-    __slots__ = ("fn", "args", "started", "cancelled", "done")
-
-    def __init__(self, fn, args: tuple) -> None:
-        self.fn, self.args = fn, args
-        self.started = self.cancelled = False
-        self.done = threading.Semaphore(0)
-
-
 class _Pool:
-    """Worker threads, each taking jobs from its queue and running their ctypes call (without the GIL)."""
+    """Worker threads that wait for jobs in native code (simd_pool.py: a mailbox per worker, spun on for about
+    SPIN pauses after each job, then a semaphore), each running its ctypes kernel without the GIL."""
 
     STACK = 32 << 20  # the kernels keep their quantized activations on the stack
+    SPIN = 40_000     # idle pauses (with a sched_yield every 32) before a worker sleeps: ~2 ms here
 
     def __init__(self, n: int) -> None:
-        self.queues = [collections.deque() for _ in range(n)]
+        import numpy as np
+
+        from kazeia.backends import simd_pool as mb
+
+        self.mb = mb
+        self.lib = library("kazeia.backends.simd_pool")
+        self.slots = np.zeros((n, mb.SLOT_WORDS), dtype=np.int64)  # one mailbox per worker
+        self.ptrs = [self.slots.ctypes.data + 8 * mb.SLOT_WORDS * i for i in range(n)]
         self.wake = [threading.Semaphore(0) for _ in range(n)]
+        self.job = 0
+        self.busy = threading.Lock()  # one poster at a time (a second concurrent caller runs alone)
         old = threading.stack_size(self.STACK)
         try:
             for i in range(n):
-                threading.Thread(target=self._run, args=(i,), daemon=True, name=f"kazeia-native-{i}").start()
+                threading.Thread(target=self._serve, args=(i,), daemon=True, name=f"kazeia-native-{i}").start()
         finally:
             threading.stack_size(old)
 
-    def _run(self, i: int) -> None:
-        q, wake = self.queues[i], self.wake[i]
+    def _serve(self, i: int) -> None:
+        serve, exchange, pending = self.lib["pool_serve"], self.lib["pool_exchange"], self.lib["pool_pending"]
+        p, wake, sleeping = self.ptrs[i], self.wake[i], self.mb.SLEEPING
         while True:
+            serve(p, self.SPIN)  # returns after SPIN idle pauses
+            exchange(p, sleeping, 1)
+            if pending(p) and exchange(p, sleeping, 0) == 1:
+                continue  # a job came in between: nobody released the semaphore for it
             wake.acquire()
-            job = q.popleft()
-            if job.cancelled:  # the caller finished every chunk before this thread got here
-                continue
-            job.started = True  # (set and read with the GIL held: no race with the caller's check)
-            try:
-                job.fn(*job.args)
-            finally:
-                job.done.release()
+
+    def run(self, fn, args: tuple, n: int) -> None:
+        """fn(*args) on this thread and on n workers (n <= len(workers)); returns when all have finished."""
+        if len(args) > self.mb.MAX_ARGS or not self.busy.acquire(blocking=False):
+            fn(*args)
+            return
+        try:
+            self.job += 1
+            job, mb, exchange = self.job, self.mb, self.lib["pool_exchange"]
+            addr = _address(fn)
+            for w in range(n):
+                slot = self.slots[w]
+                slot[mb.ARGS:mb.ARGS + len(args)] = args
+                slot[mb.FN] = addr
+                slot[mb.STATE] = job  # (x86 keeps these stores in order: the worker sees SEQ last)
+                slot[mb.SEQ] = job
+                if exchange(self.ptrs[w], mb.SLEEPING, 0) == 1:
+                    self.wake[w].release()
+            fn(*args)
+            finish = self.lib["pool_finish"]
+            for w in range(n):
+                finish(self.ptrs[w], job)  # cancels a job no worker took; else waits for it
+        finally:
+            self.busy.release()
+
+
+_addresses: dict[int, tuple[object, int]] = {}
+
+
+def _address(fn) -> int:
+    hit = _addresses.get(id(fn))
+    if hit is None or hit[0] is not fn:
+        hit = _addresses[id(fn)] = (fn, ctypes.cast(fn, ctypes.c_void_p).value)
+    return hit[1]
+
+
+def _forget_pool() -> None:
+    """In a forked child the workers do not exist: make a new pool on first use."""
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def run(fn, args: tuple, parallel: bool = True) -> None:
     """Run a chunked kernel (one whose threads claim work from counters passed in `args`, zeroed by the
     caller: irkit.chunked) on this thread and, when `parallel`, on `threads()-1` workers too. A worker that
-    has not started by the time this thread has claimed every chunk is not waited for (it then finds no
-    work); one that has started is waited for."""
+    has not taken the job by the time this thread has claimed every chunk is not waited for (the job is
+    cancelled); one that has taken it is waited for. `args` are integers and pointers only."""
     global _pool
     t = _n_threads if parallel else 1
     if t <= 1:
         fn(*args)
         return
-    if _pool is None or len(_pool.queues) < t - 1:
+    if _pool is None or len(_pool.ptrs) < t - 1:
         _pool = _Pool(t - 1)
-    jobs = [_Job(fn, args) for _ in range(t - 1)]
-    for w, job in enumerate(jobs):
-        _pool.queues[w].append(job)
-        _pool.wake[w].release()
-    fn(*args)
-    for job in jobs:
-        if not job.started:
-            job.cancelled = True
-        else:
-            job.done.acquire()
+    _pool.run(fn, args, t - 1)
