@@ -5,6 +5,8 @@ bytes in VTCM in its own fixed layout and clears (or, per profile, forgets to cl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from kazeia.backends.htp.dsp import Dsp, OpContext, OpRecord
@@ -14,7 +16,8 @@ from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, 
 from kazeia.backends.htp.hybrid_kernels import KERNELS_DSP
 from kazeia.backends.htp.matmul import MatmulUnit, WeightStore
 from kazeia.backends.htp.profiles import Profile
-from kazeia.backends.htp.scratch import ScratchWriter
+from kazeia.backends.htp.scratch import ScratchProgram, ScratchWriter
+from kazeia.backends.htp.scratch_layouts import OpScratch
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
 from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
@@ -41,6 +44,20 @@ class DspOps(NumpyOps):
         scatter_rows(array(t), idx, vals)
 
 
+@dataclass(slots=True)
+class BoundOp:
+    """What the executor works out once per (non-matmul) node: its VTCM layout and path, the scratch writes
+    it leaves (scratch.ScratchProgram) and its effect on the src1 shortcut, with what they were worked out from."""
+
+    node: Tensor
+    src: tuple
+    route_path: str | None
+    sc: OpScratch
+    path: str
+    program: ScratchProgram
+    effect: str
+
+
 FA_KV_BLOCK = 128  # KV rows per HMX flash-attention step (fp16 P@V partial results are rounded per step)
 
 
@@ -51,13 +68,16 @@ class Executor:
         self.io = DspOps()
         self.matmul = MatmulUnit(settings, profile, weights)
         self.scratch = ScratchWriter(settings, profile)
+        self._bound: dict[int, BoundOp] = {}
 
     def execute(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
         node = op.node
         if node.op == "MUL_MAT":
             return self.matmul.op_matmul(dsp, octx, op, batch)
-        sc = self.scratch.layout(node)
-        path = sc.info.get("path", "hvx")
+        b = self._bound.get(id(node))
+        if b is None or b.node is not node or b.src is not node.src or b.route_path != node.route_path:
+            b = self._bind(node)
+        sc, path = b.sc, b.path
         if sc.status == "VTCM_TOO_SMALL":
             # the op returns before touching anything: dst keeps whatever it held
             dsp.farf("ERROR", f"{node.desc()}: VTCM reservation {sc.vtcm} is too small, needed {sc.used}")
@@ -70,8 +90,21 @@ class Executor:
             KERNELS_DSP[node.op](self.io, dsp.vtcm, node, sc)
         else:
             KERNELS[node.op](self.io, node)
-        self.scratch.after_op(dsp, octx, op, batch, path, sc)
+        self.scratch.after_op(dsp, octx, op, batch, path, sc, b.program, b.effect)
         return OpRecord(path=path, status=STATUS_OK)
+
+    def _bind(self, node: Tensor) -> BoundOp:
+        """The node's layout, scratch program and src1 effect, kept by node: a decode runs the same graph's
+        nodes every token, so each op is planned once (what the layout depends on is the node's shapes, params
+        and route path; a node whose sources or route path changed is bound again)."""
+        if len(self._bound) > 16384:  # nodes of graphs long gone
+            self._bound.clear()
+        sc = self.scratch.layout(node)
+        path = sc.info.get("path", "hvx")
+        b = BoundOp(node, node.src, node.route_path, sc, path, self.scratch.program(node, sc),
+                    self.scratch.src1_effect(node, path))
+        self._bound[id(node)] = b
+        return b
 
     # --- flash attention ---
     def _flash_attn(self, n: Tensor, use_hmx: bool) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from kazeia.backends.htp.dsp import Dsp, DspFault, OpContext, OpRecord
 from kazeia.backends.htp.host import OpBatch, OpDesc
 from kazeia.backends.htp.matmul_hmx import HmxPath
-from kazeia.backends.htp.matmul_hvx import HvxPath
+from kazeia.backends.htp.matmul_hvx import HvxPath, LeaveProgram
 from kazeia.backends.htp.plan import MatmulPlan, plan_for_node, src_layout
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.repack import RepackedWeight
@@ -64,6 +64,7 @@ class MatmulUnit(HmxPath, HvxPath):
         self.profile = profile
         self.weights = weights if weights is not None else shared_store()
         self._plans: dict[tuple, MatmulPlan] = {}
+        self._leave_programs: dict[int, LeaveProgram] = {}  # by id of a kept plan (matmul_hvx.LeaveProgram)
 
     # --- op_matmul ---
     def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:

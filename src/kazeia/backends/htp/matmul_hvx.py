@@ -6,6 +6,8 @@ A mixin of MatmulUnit: it uses the unit's `settings`, `profile` and `weights` (t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from kazeia.backends.htp import cost
@@ -15,6 +17,7 @@ from kazeia.backends.htp.hvx_matmul import hvx_matmul, hvx_matmul_f16_ddr
 from kazeia.backends.htp.hvx_quant import activation_row_size, q8_spill_bytes, quantize_activations
 from kazeia.backends.htp.plan import MatmulPlan, src_layout
 from kazeia.backends.htp.repack import RepackedWeight
+from kazeia.backends.htp.vtcm import Area
 from kazeia.graph.tensor import GGMLType, Tensor, array, type_name
 
 _KIND = {GGMLType.Q4_1: "q8_1x4x2", GGMLType.F16: "f16"}
@@ -38,6 +41,37 @@ def _contiguous_runs(pieces: list[tuple[int, np.ndarray]]) -> tuple[tuple[int, n
         data.flags.writeable = False
         out.append((off, data))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class LeaveProgram:
+    """Where an HVX matmul of a plan leaves its bytes, worked out once per plan: each thread's ring with the
+    weight rows it streams (`ring_key` names the images in `RepackedWeight.ring_images`) and each thread's dst
+    area with its output columns (offset, first column, end column, area size)."""
+
+    plan: MatmulPlan
+    n: int
+    stride: int
+    rings: tuple[tuple[Area, int, int], ...]
+    ring_key: tuple
+    dsts: tuple[tuple[int, int, int, int], ...]
+
+    @classmethod
+    def of(cls, plan: MatmulPlan, n: int, row_bytes: int) -> LeaveProgram:
+        nt = plan.n_threads or 1
+        per = -(-n // nt)
+        per += per & 1
+        areas = {a.name: a for a in plan.areas}
+        stride = plan.row_stride or row_bytes
+        rings = [areas.get(f"src0[{t}]") for t in range(nt)]
+        key = ("hvx-rings", nt, stride, tuple((r.offset, r.size) if r is not None else None for r in rings))
+        spans = [(t * per, min(n, (t + 1) * per)) for t in range(nt)]
+        dsts = []
+        for t, (r0, r1) in enumerate(spans):
+            dst = areas.get(f"dst[{t}]")
+            if r0 < r1 and dst is not None and dst.size:
+                dsts.append((dst.offset, r0, r1, dst.size))
+        return cls(plan, n, stride, tuple((r, r0, r1) for r, (r0, r1) in zip(rings, spans)), key, tuple(dsts))
 
 
 class HvxPath:
@@ -126,32 +160,27 @@ class HvxPath:
         rings written at once, for the last few layouts it has run with (`RepackedWeight.ring_images`, 96 rows
         per weight and layout: ~50 MB for a 4B model's decode): a decode repacks each weight's last rows once
         instead of on every token. The bytes written are the same."""
-        vt = dsp.vtcm
-        nt = plan.n_threads or 1
-        N = rw.n
-        per = -(-N // nt)
-        per += per & 1
-        areas = {a.name: a for a in plan.areas}
-        stride = plan.row_stride or rw.row_bytes
-        rings = [areas.get(f"src0[{t}]") for t in range(nt)]
-        key = ("hvx-rings", nt, stride, tuple((r.offset, r.size) if r is not None else None for r in rings))
-        segments = rw.ring_images.get(key)
+        prog = self._leave_programs.get(id(plan))
+        if prog is None or prog.plan is not plan or prog.n != rw.n:
+            if len(self._leave_programs) > 4096:
+                self._leave_programs.clear()
+            prog = self._leave_programs[id(plan)] = LeaveProgram.of(plan, rw.n, rw.row_bytes)
+        segments = rw.ring_images.get(prog.ring_key)
         if segments is None:
             if len(rw.ring_images) >= 4:  # layouts differ by M (the src1 area before the rings): keep a few
                 rw.ring_images.clear()
-            images = [(r.offset, self._ring_image(rw, r, t * per, min(N, (t + 1) * per), stride))
-                      for t, r in enumerate(rings)]
-            segments = rw.ring_images[key] = _contiguous_runs([(o, im) for o, im in images if im is not None])
-        for offset, data in segments:  # the rings are disjoint: one write per run of adjacent rings
-            vt.write(offset, data)
-        for t in range(nt):
-            r0, r1 = t * per, min(N, (t + 1) * per)
-            if r0 >= r1:
-                continue
-            dst = areas.get(f"dst[{t}]")
-            if dst is not None and dst.size:
+            images = [(r.offset, self._ring_image(rw, r, r0, r1, prog.stride)) for r, r0, r1 in prog.rings]
+            segments = rw.ring_images[prog.ring_key] = _contiguous_runs([(o, im) for o, im in images
+                                                                        if im is not None])
+        runs = list(segments)  # the rings are disjoint: one write per run of adjacent rings
+        if y.shape[0] == 1 and y.dtype == np.float32 and y.flags.c_contiguous:
+            out = y.reshape(-1).view(np.uint8)  # one output row: each thread's columns are a slice of it
+            runs += [(offset, out[4 * r0:4 * r0 + min(4 * (r1 - r0), size)]) for offset, r0, r1, size in prog.dsts]
+        else:
+            for offset, r0, r1, size in prog.dsts:
                 rowsb = np.ascontiguousarray(y[-2:, r0:r1]).view(np.uint8).reshape(-1)
-                vt.write(dst.offset, rowsb[: dst.size])
+                runs.append((offset, rowsb[:size]))
+        dsp.vtcm.write_runs(runs)
 
     @staticmethod
     def _ring_image(rw: RepackedWeight, ring, r0: int, r1: int, stride: int) -> np.ndarray | None:

@@ -32,7 +32,7 @@ from kazeia.backends.htp.scratch_layouts import (
 )
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.src1_shortcut import src1_cache_effect
-from kazeia.graph.tensor import Tensor, array
+from kazeia.graph.tensor import SCALAR_DTYPES, Tensor, array
 
 _AREA = re.compile(r"^(?P<base>[a-z0-9_]+)(\[(?P<t>\d+)\])?(\.(?P<h>\d))?$")
 
@@ -98,6 +98,7 @@ class ScratchWriter:
         self.settings = settings
         self.profile = profile
         self._layouts: dict[tuple, OpScratch] = {}
+        self._programs: dict[tuple, ScratchProgram] = {}
 
     def layout(self, node: Tensor) -> OpScratch:
         """op_scratch of the node, kept by what it depends on: a decode runs the same few hundred layouts every
@@ -112,50 +113,111 @@ class ScratchWriter:
             sc = self._layouts[key] = op_scratch(node, self.settings)
         return sc
 
-    def write(self, dsp: Dsp, node: Tensor, sc: OpScratch) -> None:
-        """Leave the op's bytes in every area it writes (the gated-delta-net ops' kernels write their own)."""
+    def write(self, dsp: Dsp, node: Tensor, sc: OpScratch, program: ScratchProgram | None = None) -> None:
+        """Leave the op's bytes in every area it writes (the gated-delta-net ops' kernels write their own).
+        `program`: `self.program(node, sc)`, when the caller keeps it (the executor binds one per node)."""
         if not sc.writes or sc.info.get("kernel_writes"):
             return
-        srcs = {"src0": node.src[0] if node.src else None,
-                "src1": node.src[1] if len(node.src) > 1 else None,
-                "q": node.src[0] if node.src else None,
-                "k": node.src[1] if len(node.src) > 1 else None,
-                "v": node.src[2] if len(node.src) > 2 else None,
-                "mask": node.src[3] if len(node.src) > 3 else None}
-        cache: dict[int, np.ndarray] = {}
-        per_thread = self._thread_starts(node, sc)
-        block = int(sc.info.get("rows_per_half") or 0)
-        for area in sc.writes:
-            n = area.written if area.written is not None else area.size
-            if n <= 0:
+        if program is None:
+            program = self.program(node, sc)
+        cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        runs = []
+        for slot, offset, nbytes, start, byte0 in program:
+            tensor = node if slot < 0 else node.src[slot]
+            if tensor.buffer is None:
                 continue
-            base, t, h = _area_parts(area.name)
-            tensor = srcs.get(base) or node
-            if tensor is None or tensor.buffer is None:
-                continue
-            rows = cache.get(id(tensor))
-            if rows is None:
-                rows = cache[id(tensor)] = _rows2d(tensor)
-            start = per_thread[t] + h * block if t < len(per_thread) else 0
-            dsp.vtcm.write(area.offset, _stream(rows, start, n))
+            hit = cache.get(slot)
+            if hit is None:
+                rows = _rows2d(tensor)
+                hit = cache[slot] = (rows, rows.reshape(-1))
+            if byte0 >= 0:  # rows already 128 B-aligned and all there: a slice of the tensor's bytes
+                runs.append((offset, hit[1][byte0:byte0 + nbytes]))
+            else:
+                runs.append((offset, _stream(hit[0], start, nbytes)))
+        dsp.vtcm.write_runs(runs)
 
-    @staticmethod
-    def _thread_starts(node: Tensor, sc: OpScratch) -> list[int]:
-        nrows = node.src[0].nrows if node.src else node.nrows
-        nt = max(1, sc.n_threads)
-        per = -(-nrows // nt)
-        return [min(i * per, nrows) for i in range(nt)]
+    def program(self, node: Tensor, sc: OpScratch) -> ScratchProgram:
+        """`scratch_program(node, sc)`, kept with the layout when `sc` is the one `layout(node)` keeps."""
+        key = _layout_key(node)
+        if key is None or self._layouts.get(key) is not sc:
+            return scratch_program(node, sc)
+        prog = self._programs.get(key)
+        if prog is None:
+            if len(self._programs) > 4096:
+                self._programs.clear()
+            prog = self._programs[key] = scratch_program(node, sc)
+        return prog
 
     def after_op(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch, path: str,
-                 sc: OpScratch | None = None) -> None:
+                 sc: OpScratch | None = None, program: ScratchProgram | None = None,
+                 effect: str | None = None) -> None:
+        """The op's scratch bytes, then its effect on the src1 shortcut (`effect`: `src1_effect(node, path)`,
+        when the caller keeps it)."""
         node = op.node
         sc = sc or self.layout(node)
-        self.write(dsp, node, sc)
-        p = path if node.op in ("MUL_MAT", "FLASH_ATTN_EXT") else None
-        effect = src1_cache_effect(shortcut_name(node), self.profile.name, p)
+        self.write(dsp, node, sc, program)
+        if effect is None:
+            effect = self.src1_effect(node, path)
         if effect == "reset" and sc.status != "VTCM_TOO_SMALL":
             octx.src1_spad_src = None
             octx.src1_spad_kind = None
+
+    def src1_effect(self, node: Tensor, path: str) -> str:
+        """What the op does to the src1 shortcut under this profile (src1_shortcut.src1_cache_effect)."""
+        p = path if node.op in ("MUL_MAT", "FLASH_ATTN_EXT") else None
+        return src1_cache_effect(shortcut_name(node), self.profile.name, p)
+
+
+# (slot, VTCM offset, bytes, first row, first byte or -1) per area an op writes: slot is the source index the
+# area streams (-1: the op's dst); first byte >= 0 when the run is a plain slice of the tensor's row bytes
+ScratchProgram = tuple[tuple[int, int, int, int, int], ...]
+_SLOTS = {"src0": 0, "src1": 1, "q": 0, "k": 1, "v": 2, "mask": 3}
+
+
+def scratch_program(node: Tensor, sc: OpScratch) -> ScratchProgram:
+    """The writes `ScratchWriter.write` makes for the op's layout, worked out from shapes only: for every area
+    with bytes written, which tensor's rows it streams from which row (thread t's first block in half 0, its
+    second in half 1), and whether those bytes are a plain slice of the tensor (128 B-aligned rows, all there)."""
+    per_thread = _thread_starts(node, sc)
+    block = int(sc.info.get("rows_per_half") or 0)
+    out = []
+    for area in sc.writes:
+        n = area.written if area.written is not None else area.size
+        if n <= 0:
+            continue
+        base, t, h = _area_parts(area.name)
+        slot = _SLOTS.get(base)
+        if slot is None or slot >= len(node.src) or node.src[slot] is None:
+            slot = -1  # the op's own rows (dst areas, and areas of a missing source, as before)
+        tensor = node if slot < 0 else node.src[slot]
+        start = per_thread[t] + h * block if t < len(per_thread) else 0
+        out.append((slot, area.offset, n, start, _slice_start(tensor, start, n)))
+    return tuple(out)
+
+
+def _thread_starts(node: Tensor, sc: OpScratch) -> list[int]:
+    """The first row of each thread's share of the op's rows (src0's, or the op's own without sources)."""
+    nrows = node.src[0].nrows if node.src else node.nrows
+    nt = max(1, sc.n_threads)
+    per = -(-nrows // nt)
+    return [min(i * per, nrows) for i in range(nt)]
+
+
+def _slice_start(t: Tensor, start: int, nbytes: int) -> int:
+    """The byte where `_stream(_rows2d(t), start, nbytes)` starts inside the tensor's row bytes when it is a
+    plain slice of them (rows a multiple of 128 B, every row it takes there), else -1."""
+    dt = SCALAR_DTYPES.get(t.type)
+    if dt is None or t.ne[0] == 0:
+        return -1
+    row_bytes = t.ne[0] * np.dtype(dt).itemsize
+    n_total = t.nelements // t.ne[0]
+    if row_bytes % V.VLEN:
+        return -1
+    n_rows = max(1, -(-nbytes // row_bytes))
+    first = start if start < n_total else n_total - n_rows
+    if first < 0 or first + n_rows > n_total:
+        return -1
+    return first * row_bytes
 
 
 @functools.lru_cache(maxsize=4096)

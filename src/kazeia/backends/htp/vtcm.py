@@ -151,6 +151,19 @@ class Vtcm:
         self._cover(offset, offset + raw.size)
         self._mem[offset:offset + raw.size] = raw
 
+    def write_runs(self, runs: Iterable[tuple[int, np.ndarray]]) -> None:
+        """`write(offset, data)` for each (offset, data) in order, data already flat uint8 (C-contiguous): the
+        bound op programs of a decode (scratch.py, matmul_hvx.py) write a few thousand small runs a token, so
+        the conversions and calls of `write` are left out; the checks and the bytes are the same."""
+        mem, size = self._mem, self._mem.size
+        for offset, raw in runs:
+            end = offset + raw.size
+            if offset < 0 or end > size:
+                raise VtcmAccessError(offset, raw.size, size, "write")
+            if self._pending:
+                self._cover(offset, end)
+            mem[offset:end] = raw
+
     def write_lazy(self, offset: int, nbytes: int, make: Callable[[], np.ndarray]) -> None:
         """`write(offset, make())`, with `make` called only when some byte of it is read (read, view, mem).
 
