@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kazeia.backends import cpu_native
 from kazeia.backends.base import Backend
 from kazeia.backends.fast_ops import FAST_KERNELS
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
@@ -133,10 +134,19 @@ class CpuBackend(NumpyBackend):
         self._pending: dict[tuple, list] = {}  # group -> [fused product of this graph run, members still to store]
         self._mirrors: dict[int, tuple[Tensor, int, np.ndarray]] = {}  # id(root) -> (root, version, float32)
         self._sets: dict[tuple, tuple[tuple, WeightSet]] = {}  # weight ids -> (their places, GEMV descriptors)
+        # per graph: (graph, where the allocator placed it, node id -> (node, bound call, hook details), groups)
+        self._plans: dict[int, tuple[Graph, tuple, dict, dict]] = {}
+        self._bound: dict[int, tuple] = {}
+        self.native_groups: dict[tuple, object] = {}  # fused key -> cpu_native._Group of the current graph
+        self.run_id = 0  # counts graph runs: a fused group computes its product once per run
+        self.rope_tables: dict[tuple, tuple] = {}  # rope cos/sin of this graph run (cpu_native)
 
     def begin_graph(self, graph: Graph) -> None:
         super().begin_graph(graph)
         self._pending.clear()
+        self.run_id += 1
+        self.rope_tables.clear()
+        self._begin_plan(graph)
         if not self.fuse_matmuls:
             self._fused = {}
             return
@@ -147,7 +157,38 @@ class CpuBackend(NumpyBackend):
             hit = self._groups[id(graph)] = (graph, _matmul_groups(graph))
         self._fused = hit[1]
 
+    def _begin_plan(self, graph: Graph) -> None:
+        """The bound native calls of this graph (kept while the allocator keeps its places; bound lazily)."""
+        where = (graph.allocated_in, graph.allocated_plan)
+        hit = self._plans.get(id(graph))
+        if hit is None or hit[0] is not graph or hit[1][0] is None or hit[1][0] is not where[0] \
+                or hit[1][1] is not where[1]:
+            if len(self._plans) > 16:
+                self._plans.clear()
+            hit = self._plans[id(graph)] = (graph, where, {}, {})
+        self._bound, self.native_groups = hit[2], hit[3]
+
+    def _bind(self, node: Tensor) -> tuple:
+        """(node, bound call or None, hook details) for a node of the current graph."""
+        i, g = self.node_index.get(id(node)), getattr(self, "_indexed", None)  # (set by Backend.begin_graph)
+        if i is None or g is None or i >= len(g.nodes) or g.nodes[i] is not node or not cpu_native.native.available():
+            return (node, None, None)
+        if node.op == "MUL_MAT":
+            got = cpu_native.bind_matmul(self, node, self._fused.get(id(node)))
+            return (node, None, None) if got is None else (node, got[0], got[1])
+        return (node, cpu_native.bind(self, node), {})
+
     def compute(self, node: Tensor) -> None:
+        e = self._bound.get(id(node))
+        if e is None or e[0] is not node:
+            e = self._bound[id(node)] = self._bind(node)
+        if e[1] is not None:
+            if self.hooks:
+                self.emit_start(node, self._info(node, self.path_name, **e[2]))
+            e[1]()
+            if self.hooks:
+                self.emit_complete(node, self._info(node, self.path_name, **e[2]))
+            return
         m = self._fused.get(id(node))
         if m is None:
             return super().compute(node)
@@ -177,6 +218,16 @@ class CpuBackend(NumpyBackend):
             return None
         return _same_view(t, t.root, e[2])
 
+    def mirror_of(self, root: Tensor) -> np.ndarray | None:
+        """The float32 mirror of an F16 tensor outside the compute buffer (a KV cache) that a store into it must
+        keep current: made from the buffer when there is none (or an expired one), None for other tensors."""
+        if root.type != GGMLType.F16 or root.buffer is None or root.buffer.usage == BufferUsage.COMPUTE:
+            return None
+        e = self._mirrors.get(id(root))
+        if e is None or e[0] is not root or e[1] != root.buffer.version:
+            e = self._mirrors[id(root)] = (root, root.buffer.version, _f32_mirror(array(root)))
+        return e[2]
+
     def foreign_write(self, root: Tensor) -> None:
         self._mirrors.pop(id(root), None)
 
@@ -197,13 +248,13 @@ class CpuBackend(NumpyBackend):
         return dequantize_rows(rows(t)[0, 0], t.type, t.ne[0])
 
     def weight_matmul(self, t: Tensor, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        return self._weight_set((t,)).matmul(y, out)
+        return self.weight_set((t,)).matmul(y, out)
 
     def _fused_product(self, ws: tuple[Tensor, ...], y: np.ndarray) -> np.ndarray:
         """y @ [W1; W2; ...]^T as one (M, sum N) array, each weight's product written into its columns."""
-        return self._weight_set(ws).matmul(y)
+        return self.weight_set(ws).matmul(y)
 
-    def _weight_set(self, ws: tuple[Tensor, ...]) -> WeightSet:
+    def weight_set(self, ws: tuple[Tensor, ...]) -> WeightSet:
         """The qmatmul.WeightSet of these weights, kept while every weight stays where it was (the check
         `array()` makes for its views)."""
         key = tuple(map(id, ws))

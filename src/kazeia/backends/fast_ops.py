@@ -86,7 +86,7 @@ def _fa_blocks(be, kt, vt, qs, mask, seen, out, S, Hkv, g, T, D, H) -> None:
 _rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _angles(pos: np.ndarray, p: dict) -> tuple[np.ndarray, np.ndarray]:
+def angles(pos: np.ndarray, p: dict) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin (T, n_dims/2) * attn_factor, float32, computed once per positions and parameters (Q and K of
     every layer share them)."""
     key = (pos.tobytes(), p["n_dims"], p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
@@ -107,7 +107,7 @@ def _rope(be: NumpyOps, n: Tensor) -> None:
         return KERNELS["ROPE"](be, n)
     x = be.load(n.src[0])  # (ne3, T, H, D)
     nd = p["n_dims"]
-    cos, sin = _angles(array(n.src[1]).reshape(-1), p)
+    cos, sin = angles(array(n.src[1]).reshape(-1), p)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     out = array(n)
     if nd < x.shape[-1]:

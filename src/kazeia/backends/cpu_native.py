@@ -1,0 +1,325 @@
+"""Graph nodes of the `cpu` backend bound to the native small-op kernels (simd_ops.py) and to the GEMV itself.
+
+`bind(backend, node)` returns a callable that runs the node with every argument worked out in advance (addresses,
+strides, sizes), or None when the node is outside what the kernels do (the numpy fast paths of fast_ops.py, or
+the plain kernels, run it then: they are also the whole story where `native.available()` is False). CpuBackend
+keeps the bound calls per graph and drops them when the graph allocator places the graph anew, so a decode step
+pays one ctypes call per op instead of numpy's dozen calls and temporaries.
+
+Addresses are taken once: a bound call is valid while its tensors stay where they were (graph.allocated_in and
+graph.allocated_plan unchanged; weights and KV caches never move).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+import numpy as np
+
+from kazeia.backends import native
+from kazeia.backends.fast_ops import angles
+from kazeia.backends.numpy_ops import KERNELS
+from kazeia.backends.qmatmul import GEMV_CHUNK, NATIVE_DEQUANT, QK, dequantize_rows
+from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
+from kazeia.graph.tensor import GGMLType, Tensor, TFlag, array, rows
+
+FA_MAX_T = 8          # query rows up to which flash attention runs natively (more: numpy's batched BLAS products)
+FA_MAX_KV = 1 << 16   # KV cells the native flash attention keeps scores for on the stack
+_EL = {GGMLType.F32: 4, GGMLType.F16: 2}
+_KIND = {GGMLType.F32: "f32", GGMLType.F16: "f16"}
+
+
+def lib() -> dict | None:
+    return native.library("kazeia.backends.simd_ops") if native.available() else None
+
+
+def addr(t: Tensor) -> int:
+    return t.buffer.data.__array_interface__["data"][0] + t.offset
+
+
+def _rows(t: Tensor) -> tuple[int, int] | None:
+    """(number of rows, row stride in elements) when t's rows (dims 1..3 flattened) are equally spaced and each
+    row is contiguous; else None."""
+    el = _EL.get(t.type)
+    if el is None or t.nb[0] != el:
+        return None
+    n, rs = 1, None
+    for d in (1, 2, 3):
+        if t.ne[d] == 1:
+            continue
+        if rs is None:
+            rs = t.nb[d]
+        elif t.nb[d] != rs * n:
+            return None
+        n *= t.ne[d]
+    return n, (rs or t.nb[1]) // el
+
+
+_KERNELS_AT_IMPORT = dict(KERNELS)
+
+
+def _plain(be, node: Tensor) -> bool:
+    """The backend would run this op by its own kernel: nobody (a test) has patched KERNELS since."""
+    return KERNELS.get(node.op) is _KERNELS_AT_IMPORT.get(node.op)
+
+
+def bind(be, node: Tensor) -> Callable[[], None] | None:
+    binder = _BINDERS.get(node.op)
+    if binder is None or not _plain(be, node):
+        return None
+    if any(s is not None and s.buffer is None for s in node.src) or node.buffer is None:
+        return None
+    return binder(be, node, lib())
+
+
+def _f32(*ts: Tensor | None) -> bool:
+    return all(t is not None and t.type == GGMLType.F32 for t in ts)
+
+
+def _bind_rms_norm(be, n: Tensor, L) -> Callable | None:
+    x = n.src[0]
+    rx, ry = _rows(x), _rows(n)
+    if not _f32(x, n) or rx is None or ry is None or x.ne != n.ne:
+        return None
+    fn, args = L["rms_norm"], (addr(x), addr(n), rx[0], x.ne[0], rx[1], ry[1], float(n.params["eps"]))
+    return lambda: fn(*args)
+
+
+def _bind_binary(name: str):
+    def binder(be, n: Tensor, L) -> Callable | None:
+        a, b = n.src[0], n.src[1]
+        ra, rb, ry = _rows(a), _rows(b), _rows(n)
+        if not _f32(a, b, n) or ra is None or rb is None or ry is None or a.ne != n.ne or b.ne[0] != a.ne[0]:
+            return None
+        if b.ne == a.ne:
+            brs = rb[1]
+        elif b.ne[1:] == (1, 1, 1):
+            brs = 0  # one row of b for every row of a (a norm weight over the tokens)
+        else:
+            return None
+        fn, args = L[name], (addr(a), addr(b), addr(n), ra[0], a.ne[0], ra[1], brs, ry[1])
+        return lambda: fn(*args)
+    return binder
+
+
+def _bind_glu(be, n: Tensor, L) -> Callable | None:
+    if n.params["glu_op"] != "SWIGLU" or len(n.src) < 2 or n.src[1] is None:
+        return None
+    a, b = n.src[0], n.src[1]
+    if n.params.get("swapped"):
+        a, b = b, a
+    ra, rb, ry = _rows(a), _rows(b), _rows(n)
+    if not _f32(a, b, n) or ra is None or rb is None or ry is None or not a.ne == b.ne == n.ne:
+        return None
+    fn, args = L["swiglu"], (addr(a), addr(b), addr(n), ra[0], a.ne[0], ra[1], rb[1], ry[1])
+    return lambda: fn(*args)
+
+
+def _bind_rope(be, n: Tensor, L) -> Callable | None:
+    p = n.params
+    x, pos = n.src[0], n.src[1]
+    if p.get("ext_factor", 0.0) != 0.0 or p["mode"] not in (ROPE_NORM, ROPE_NEOX) or not _f32(x, n) or x.ne != n.ne:
+        return None
+    nd = p["n_dims"]
+    if x.nb[0] != 4 or n.nb[0] != 4 or nd % 2 or nd > x.ne[0] or pos.type != GGMLType.I32 or pos.ne[0] != x.ne[2]:
+        return None
+    fn = L["rope_neox" if p["mode"] == ROPE_NEOX else "rope_norm"]
+    head = (addr(x), addr(n))
+    tail = (x.ne[3], x.ne[2], x.ne[1], x.ne[0], nd, x.nb[1] // 4, x.nb[2] // 4, x.nb[3] // 4,
+            n.nb[1] // 4, n.nb[2] // 4, n.nb[3] // 4)
+    pos_view = array(pos).reshape(-1)
+    key = (id(pos), nd, p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
+    tables = be.rope_tables  # key -> (cos, sin, their addresses) of this graph run (cleared by begin_graph)
+
+    def run() -> None:
+        hit = tables.get(key)
+        if hit is None:  # the first rope of this run with these positions: every other Q and K rope shares it
+            cos, sin = angles(pos_view, p)
+            hit = tables[key] = (cos, sin, cos.ctypes.data, sin.ctypes.data)
+        fn(*head, hit[2], hit[3], *tail)
+    return run
+
+
+def _bind_set_rows(be, n: Tensor, L) -> Callable | None:
+    src, ids = n.src[0], n.src[1]
+    rs, rd = _rows(src), _rows(n)
+    if (src.type != GGMLType.F32 or n.type != GGMLType.F16 or ids.type != GGMLType.I64 or rs is None or rd is None
+            or src.ne[2:] != (1, 1) or n.ne[2:] != (1, 1) or ids.ne[1:] != (1, 1, 1) or ids.nb[0] != 8
+            or ids.ne[0] != src.ne[1] or src.ne[0] != n.ne[0]):
+        return None
+    fn = L["set_rows_f16"]
+    root = n.root
+    el0 = (n.offset - root.offset) // 2  # the view's first element in its root (and in the root's mirror)
+    head = (addr(src), addr(ids), addr(n))
+    tail = (ids.ne[0], src.ne[0], rs[1], rd[1], n.ne[1])
+
+    def run() -> None:
+        m = be.mirror_of(root)  # the cache's float32 mirror follows the store (numpy's flash attention reads it)
+        if fn(*head, m.ctypes.data + 4 * el0 if m is not None else 0, *tail) != 0:
+            raise IndexError(f"{n.name}: row id out of range [0, {n.ne[1]})")
+    return run
+
+
+def _bind_get_rows(be, n: Tensor, L) -> Callable | None:
+    """GET_ROWS of a 2-D table (an embedding weight, or F32 rows) at 1-D I32 ids into contiguous F32 rows."""
+    a, ids = n.src[0], n.src[1]
+    ro = _rows(n)
+    if (ids.type != GGMLType.I32 or ids.ne[1:] != (1, 1, 1) or a.ne[2:] != (1, 1) or n.type != GGMLType.F32
+            or ro is None or ro[1] != a.ne[0] or n.ne != (a.ne[0], ids.ne[0], 1, 1)):
+        return None
+    sel, out, nrows = array(ids).reshape(-1), array(n)[0, 0], a.ne[1]
+    if a.flags & TFlag.WEIGHT and a.type in NATIVE_DEQUANT and a.ne[0] % QK == 0:
+        raw, qt, k = rows(a)[0, 0], a.type, a.ne[0]
+
+        def fetch(i):
+            dequantize_rows(raw[i], qt, k, out)
+    elif a.type == GGMLType.F32 and not a.flags & TFlag.WEIGHT:
+        src = array(a)[0, 0]
+
+        def fetch(i):
+            out[...] = src[i]
+    else:
+        return None
+
+    def run() -> None:
+        if sel.size == 1:
+            i = int(sel[0])
+            bad = not 0 <= i < nrows
+            i = slice(i, i + 1)
+        else:
+            i = sel
+            bad = int(sel.min()) < 0 or int(sel.max()) >= nrows
+        if bad:
+            raise IndexError(f"{n.name}: row id out of range [0, {nrows})")
+        fetch(i)
+    return run
+
+
+def _bind_cpy(be, n: Tensor, L) -> Callable | None:
+    """CPY of contiguous F32 rows to F16 rows of the same shape (the KQ mask's cast): the F16 row store."""
+    src = n.src[0]
+    rs, rd = _rows(src), _rows(n)
+    if src.type != GGMLType.F32 or n.type != GGMLType.F16 or rs is None or rd is None or src.ne != n.ne:
+        return None
+    ids = np.arange(rs[0], dtype=np.int64)
+    fn, args = L["set_rows_f16"], (addr(src), ids.ctypes.data, addr(n), 0, rs[0], n.ne[0], rs[1], rd[1], rs[0])
+
+    def run() -> None:
+        fn(*args)
+        ids  # noqa: B018 - the kernel reads it
+    return run
+
+
+def _fa_params(n: Tensor) -> list[int] | None:
+    q, k, v, m = n.src[:4]
+    S, H, T, D = q.ne[3], q.ne[2], q.ne[1], q.ne[0]
+    ek, em = _EL.get(k.type), _EL.get(m.type)
+    if (ek is None or em is None or v.type != k.type or q.type != GGMLType.F32 or n.type != GGMLType.F32
+            or q.nb[0] != 4 or k.nb[0] != ek or v.nb[0] != ek or m.nb[0] != em or n.nb[0] != 4):
+        return None
+    Hkv, n_kv = k.ne[2], k.ne[1]
+    if (T > FA_MAX_T or n_kv > FA_MAX_KV or H % Hkv or v.ne[2] != Hkv or v.ne[1] != n_kv or k.ne[0] != D
+            or m.ne[0] < n_kv or m.ne[2] != 1 or n.ne != (v.ne[0], H, T, S)):
+        return None
+    if k.ne[3] not in (1, S) or v.ne[3] not in (1, S) or m.ne[1] < T or S % m.ne[3]:
+        return None
+
+    def seq(t: Tensor, el: int) -> int:
+        return t.nb[3] // el if t.ne[3] > 1 else 0
+
+    return [S, H, T, D, v.ne[0], Hkv, n_kv, q.nb[1] // 4, q.nb[2] // 4, q.nb[3] // 4,
+            k.nb[1] // ek, k.nb[2] // ek, seq(k, ek), v.nb[1] // ek, v.nb[2] // ek, seq(v, ek),
+            m.nb[1] // em, seq(m, em), m.ne[1], m.ne[3], n.nb[1] // 4, n.nb[2] // 4, n.nb[3] // 4]
+
+
+def _bind_flash_attn(be, n: Tensor, L) -> Callable | None:
+    p = n.params
+    if p.get("max_bias", 0.0) > 0.0 or p.get("softcap", 0.0) or len(n.src) < 4 or n.src[3] is None:
+        return None
+    prm = _fa_params(n)
+    if prm is None:
+        return None
+    q, k, v, m = n.src[:4]
+    desc = np.array(prm, dtype=np.int64)
+    fn = L[f"flash_attn_{_KIND[k.type]}_{_KIND[m.type]}"]
+    args = (desc.ctypes.data, addr(q), addr(k), addr(v), addr(m), addr(n), float(np.float32(p["scale"])))
+
+    def run() -> None:
+        fn(*args)
+        desc  # noqa: B018 - the call reads desc's memory: keep it alive with the bound call
+    return run
+
+
+# --- weight matmuls (M = 1): the GEMV straight from the bound addresses ---------------------------------------
+
+
+class _Group:
+    """Weights sharing one input (Q/K/V, gate/up): their GEMV writes one scratch row; each member copies its
+    columns when it runs (a member's own memory may still hold a live tensor when the first one runs)."""
+
+    def __init__(self, be, ws: tuple[Tensor, ...], x: Tensor) -> None:
+        s = be.weight_set(ws)
+        self.scratch = np.empty(s.n, dtype=np.float32)
+        self.call = _gemv_call(s, addr(x), self.scratch.ctypes.data)
+        self.run_id = -1
+
+
+def _gemv_call(s, xp: int, yp: int, cols: list[int] | None = None) -> Callable[[], None] | None:
+    """The call computing y[c0 + r] = x . W_g[r] for every weight g of WeightSet s (one row of x at xp), y at yp
+    (float32 address; cols: each weight's first column, default the set's own)."""
+    L = native.library("kazeia.backends.simd_cpu")
+    desc = np.array(s.desc, dtype=np.int64)
+    if cols is not None:
+        desc[:, 3] = cols
+    nw = desc.shape[0]
+    ctr = np.zeros(nw, dtype=np.int64)
+    parallel = s.parallel and native.threads() > 1
+    fn = L[f"matvec_{s.kind}_m1"]
+    args = (desc.ctypes.data, nw, s.k // QK, xp, 0, yp, 0, ctr.ctypes.data, GEMV_CHUNK if parallel else 1 << 40)
+    cp, cn = ctr.ctypes.data, ctr.nbytes
+    run, memset = native.run, ctypes.memset
+
+    def call() -> None:
+        memset(cp, 0, cn)
+        run(fn, args, parallel)
+        desc, ctr  # noqa: B018 - the kernel reads their memory
+    return call
+
+
+def _gemv_ok(be, ws: tuple[Tensor, ...], x: Tensor) -> bool:
+    if not native.available() or x.type != GGMLType.F32 or x.nb[0] != 4 or x.nelements != x.ne[0]:
+        return False
+    return be.weight_set(ws).kind is not None
+
+
+def bind_matmul(be, n: Tensor, member) -> tuple[Callable[[], None], dict] | None:
+    """The bound call of a MUL_MAT node on a 2-D weight with one row of input, and its hook details (fused=...),
+    or None. `member`: the node's place in a fused group (CpuBackend._Member), or None."""
+    w, x = n.src[0], n.src[1]
+    if not _plain(be, n) or n.type != GGMLType.F32 or n.nb[0] != 4 or n.nelements != n.ne[0]:
+        return None
+    if member is None:
+        if not (w.flags & TFlag.WEIGHT and w.ne[2] == w.ne[3] == 1) or not _gemv_ok(be, (w,), x):
+            return None
+        return _gemv_call(be.weight_set((w,)), addr(x), addr(n)), {}
+    if not _gemv_ok(be, member.weights, x):
+        return None
+    groups = be.native_groups
+    g = groups.get(member.key)
+    if g is None:
+        g = groups[member.key] = _Group(be, member.weights, x)
+    yp, src, nbytes = addr(n), g.scratch.ctypes.data + 4 * member.c0, 4 * (member.c1 - member.c0)
+    memmove = ctypes.memmove
+
+    def run() -> None:
+        if g.run_id != be.run_id:  # the first member of this graph run computes the product
+            g.call()
+            g.run_id = be.run_id
+        memmove(yp, src, nbytes)
+    return run, {"fused": len(member.weights)}
+
+
+_BINDERS = {"RMS_NORM": _bind_rms_norm, "ADD": _bind_binary("add"), "MUL": _bind_binary("mul"), "GLU": _bind_glu,
+            "ROPE": _bind_rope, "SET_ROWS": _bind_set_rows, "FLASH_ATTN_EXT": _bind_flash_attn,
+            "GET_ROWS": _bind_get_rows, "CPY": _bind_cpy}

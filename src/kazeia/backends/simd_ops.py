@@ -1,0 +1,312 @@
+"""AVX2 kernels of the `cpu` backend's small ops (everything around the weight matmuls of a decode step), emitted
+as LLVM IR (irkit) and compiled by native.py; cpu_native.py binds them to graph nodes.
+
+A decode step of a small model runs hundreds of these ops on a few hundred floats each: numpy pays ~5-50 us of
+call overhead per op where the arithmetic takes well under a microsecond. Each kernel here is one ctypes call
+on one thread, with a fixed order of every reduction (the same bits at any thread count).
+
+- rms_norm: sum of squares in float64 (4 lanes, then a fixed tree), 1/sqrt(mean + eps) rounded to float32, x*inv.
+- add / mul: y = a op b, b row-broadcast (row stride 0) or not; one float32 rounding, as numpy.
+- swiglu: y = a / (1 + exp(-a)) * b (exp: Cephes' polynomial, ~1 ulp; NaN kept, overflow -> inf).
+- rope_norm / rope_neox: ggml_rope's pair rotation with the caller's cos/sin table (T, n_dims/2): x0*c - x1*s and
+  x0*s + x1*c, each product rounded, as numpy; dims past n_dims copied.
+- set_rows_f16: rows of float32 -> rows of an F16 tensor at int64 row ids (vcvtps2ph: round to nearest even, as
+  numpy's astype(float16)); every id is checked before anything is written (returns -1 when one is out of range).
+- flash_attn_<kv>_<mask>: FLASH_ATTN_EXT for a few query rows (decode): per query row and head, scores
+  q*scale . k over the cells whose mask is not -inf (+ mask), max, p = exp(s - max), z = sum p, o = sum p v / z,
+  all sums in cell order; a row that sees no cell gives zeros. GQA: head h reads KV head h / (H / Hkv).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from kazeia.backends.irkit import F16, F32, F64, I16, I32, I64, V8F32, V8I32, Kernel, f32, i64, ptr, splat, vec
+
+V4F64 = vec(F64, 4)
+V8F16 = vec(F16, 8)
+V8I16 = vec(I16, 8)
+LOG2E = 1.44269504088896341
+EXP_HI = 88.72283935546875    # ln(FLT_MAX) rounded up: above, exp is inf
+EXP_LO = -103.97208404541016  # below, exp is 0 (past the smallest denormal)
+EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+
+# flash attention parameters, int64 each, in this order (element strides: floats for q/out, the KV type's elements
+# for k/v, the mask type's for the mask)
+FA_FIELDS = ("S", "H", "T", "D", "Dv", "Hkv", "n_kv", "q_t", "q_h", "q_s", "k_c", "k_h", "k_s", "v_c", "v_h", "v_s",
+             "m_t", "m_s", "m_rows", "m_seqs", "o_h", "o_t", "o_s")
+FA_KV = ("f16", "f32")
+FA_MASK = ("f16", "f32")
+
+
+def exp8(k: Kernel, x: ir.Value) -> ir.Value:
+    """exp of <8 x float> lanes (Cephes expf: 2^n * p(r), r = x - n ln2 in two parts); NaN stays NaN."""
+    b = k.b
+    xc = k.call("llvm.minnum.v8f32", V8F32, k.call("llvm.maxnum.v8f32", V8F32, x, splat(V8F32, EXP_LO)),
+                splat(V8F32, EXP_HI))
+    fx = k.call("llvm.floor.v8f32", V8F32, b.fadd(b.fmul(xc, splat(V8F32, LOG2E)), splat(V8F32, 0.5)))
+    r = b.fsub(b.fsub(xc, b.fmul(fx, splat(V8F32, 0.693359375))), b.fmul(fx, splat(V8F32, -2.12194440e-4)))
+    p = splat(V8F32, EXP_P[0])
+    for c in EXP_P[1:]:
+        p = b.fadd(b.fmul(p, r), splat(V8F32, c))
+    y = b.fadd(b.fadd(b.fmul(p, b.fmul(r, r)), r), splat(V8F32, 1.0))
+    n = b.fptosi(fx, V8I32)  # in [-150, 128]: 2^n as two powers of two, each a normal float
+    n1 = b.ashr(n, splat(V8I32, 1))
+    n2 = b.sub(n, n1)
+    for e in (n1, n2):
+        y = b.fmul(y, b.bitcast(b.shl(b.add(e, splat(V8I32, 127)), splat(V8I32, 23)), V8F32))
+    return b.select(b.fcmp_unordered("uno", x, x), x, y)
+
+
+def exp1(k: Kernel, x: ir.Value) -> ir.Value:
+    """exp of one float, by the vector routine (the same bits as a lane of exp8)."""
+    return k.b.extract_element(exp8(k, k.broadcast(x, 8)), ir.Constant(I32, 0))
+
+
+def _vec_loop(k: Kernel, n: ir.Value, body8, body1) -> None:
+    """body8(j) for j = 0, 8, ... while j + 8 <= n, then body1(j) for the rest."""
+    b = k.b
+    n8 = b.mul(b.sdiv(n, i64(8)), i64(8))
+    with k.loop(0, b.sdiv(n, i64(8)), name="v8") as c:
+        body8(b.mul(c, i64(8)))
+    with k.loop(n8, n, name="v1") as j:
+        body1(j)
+
+
+def _rows(k: Kernel, name: str = "row"):
+    return k.loop(0, k.a.nrows, name=name)
+
+
+# --- elementwise ------------------------------------------------------------------------------------------
+
+BIN_ARGS = [("a", ptr(F32)), ("b", ptr(F32)), ("y", ptr(F32)), ("nrows", I64), ("ne0", I64), ("ars", I64),
+            ("brs", I64), ("yrs", I64)]
+BIN_SIG = "v:pppiiiii"
+
+
+def _binary(module: ir.Module, name: str, op) -> None:
+    """name(a, b, y, nrows, ne0, ars, brs, yrs): y[r, j] = op(a[r, j], b[r, j]) (row strides in floats; brs 0 for
+    a broadcast row). y may be a or b (in place)."""
+    k = Kernel(module, name, BIN_ARGS, noalias=False)
+    b, a = k.b, k.a
+    with _rows(k) as r:
+        pa, pb, py = k.gep(a.a, b.mul(r, a.ars)), k.gep(a.b, b.mul(r, a.brs)), k.gep(a.y, b.mul(r, a.yrs))
+        _vec_loop(k, a.ne0,
+                  lambda j: k.store_vec(op(k, k.load_vec(pa, V8F32, j), k.load_vec(pb, V8F32, j)), py, j),
+                  lambda j: k.store(op(k, k.load(pa, j), k.load(pb, j)), py, j))
+    k.ret()
+
+
+def _swiglu_op(k: Kernel, x: ir.Value, g: ir.Value) -> ir.Value:
+    b = k.b
+    if isinstance(x.type, ir.VectorType):
+        e = exp8(k, b.fneg(x))
+        one = splat(V8F32, 1.0)
+    else:
+        e, one = exp1(k, b.fneg(x)), f32(1.0)
+    return b.fmul(b.fdiv(x, b.fadd(one, e)), g)
+
+
+def _rms_norm(module: ir.Module) -> None:
+    """rms_norm(x, y, nrows, ne0, xrs, yrs, eps): y = x * (float)(1 / sqrt(sum(x^2) / ne0 + eps))."""
+    k = Kernel(module, "rms_norm", [("x", ptr(F32)), ("y", ptr(F32)), ("nrows", I64), ("ne0", I64), ("xrs", I64),
+                                    ("yrs", I64), ("eps", F64)], noalias=False)
+    b, a = k.b, k.a
+    with _rows(k) as r:
+        px, py = k.gep(a.x, b.mul(r, a.xrs)), k.gep(a.y, b.mul(r, a.yrs))
+        acc = k.var(V4F64, ir.Constant(V4F64, [0.0] * 4))
+        tail = k.var(F64, ir.Constant(F64, 0.0))
+
+        def sq8(j):
+            v = k.load_vec(px, V8F32, j)
+            s = b.load(acc)
+            for h in (0, 4):
+                d = b.fpext(k.shuffle(v, None, list(range(h, h + 4))), V4F64)
+                s = b.fadd(s, b.fmul(d, d))
+            b.store(s, acc)
+
+        def sq1(j):
+            d = b.fpext(k.load(px, j), F64)
+            b.store(b.fadd(b.load(tail), b.fmul(d, d)), tail)
+
+        _vec_loop(k, a.ne0, sq8, sq1)
+        s = b.load(acc)
+        tot = b.fadd(b.fadd(b.extract_element(s, ir.Constant(I32, 0)), b.extract_element(s, ir.Constant(I32, 2))),
+                     b.fadd(b.extract_element(s, ir.Constant(I32, 1)), b.extract_element(s, ir.Constant(I32, 3))))
+        mean = b.fdiv(b.fadd(tot, b.load(tail)), b.sitofp(a.ne0, F64))
+        sq = k.call("llvm.sqrt.f64", F64, b.fadd(mean, a.eps))
+        inv = b.fptrunc(b.fdiv(ir.Constant(F64, 1.0), sq), F32)
+        inv8 = k.broadcast(inv, 8)
+        _vec_loop(k, a.ne0, lambda j: k.store_vec(b.fmul(k.load_vec(px, V8F32, j), inv8), py, j),
+                  lambda j: k.store(b.fmul(k.load(px, j), inv), py, j))
+    k.ret()
+
+
+# --- rope --------------------------------------------------------------------------------------------------
+
+ROPE_ARGS = [("x", ptr(F32)), ("y", ptr(F32)), ("cos", ptr(F32)), ("sin", ptr(F32)), ("n3", I64), ("T", I64),
+             ("H", I64), ("D", I64), ("nd", I64), ("x_h", I64), ("x_t", I64), ("x_3", I64), ("y_h", I64),
+             ("y_t", I64), ("y_3", I64)]
+ROPE_SIG = "v:ppppiiiiiiiiiii"
+
+
+def _rope(module: ir.Module, neox: bool) -> None:
+    """rope_<mode>(x, y, cos, sin, n3, T, H, D, nd, x strides (head, token, dim 3), y strides): x (n3, T, H, D)
+    rotated by cos/sin[t, i] (T, nd/2) per pair i: NORM pairs (2i, 2i+1), NEOX pairs (i, i + nd/2)."""
+    k = Kernel(module, "rope_neox" if neox else "rope_norm", ROPE_ARGS, noalias=False)
+    b, a = k.b, k.a
+    half = b.sdiv(a.nd, i64(2))
+    with k.loop(0, a.n3, name="i3") as i3, k.loop(0, a.T, name="t") as t, k.loop(0, a.H, name="h") as h:
+        px = k.gep(a.x, b.add(b.add(b.mul(i3, a.x_3), b.mul(t, a.x_t)), b.mul(h, a.x_h)))
+        py = k.gep(a.y, b.add(b.add(b.mul(i3, a.y_3), b.mul(t, a.y_t)), b.mul(h, a.y_h)))
+        pc, ps = k.gep(a.cos, b.mul(t, half)), k.gep(a.sin, b.mul(t, half))
+        with k.loop(0, half, name="i") as i:
+            if neox:
+                j0, j1 = i, b.add(i, half)
+            else:
+                j0 = b.mul(i, i64(2))
+                j1 = b.add(j0, i64(1))
+            x0, x1, c, s = k.load(px, j0), k.load(px, j1), k.load(pc, i), k.load(ps, i)
+            k.store(b.fsub(b.fmul(x0, c), b.fmul(x1, s)), py, j0)
+            k.store(b.fadd(b.fmul(x0, s), b.fmul(x1, c)), py, j1)
+        with k.loop(a.nd, a.D, name="rest") as j:
+            k.store(k.load(px, j), py, j)
+    k.ret()
+
+
+# --- KV store ----------------------------------------------------------------------------------------------
+
+
+def _set_rows_f16(module: ir.Module) -> None:
+    """set_rows_f16(src, ids, dst, mirror, n, ne0, srs, drs, nrows) -> 0, or -1 (nothing written) when an id is
+    outside [0, nrows): dst row ids[i] = fp16(src row i), and the same values widened to float32 in `mirror` (an
+    address, 0 for none) at the same element offsets. Row strides in elements."""
+    k = Kernel(module, "set_rows_f16", [("src", ptr(F32)), ("ids", ptr(I64)), ("dst", ptr(I16)), ("mirror", I64),
+                                        ("n", I64), ("ne0", I64), ("srs", I64), ("drs", I64), ("nrows", I64)],
+               ret=I64)
+    b, a = k.b, k.a
+    bad = k.var(ir.IntType(1), ir.Constant(ir.IntType(1), 0))
+    with k.loop(0, a.n, name="chk") as i:
+        r = k.load(a.ids, i)
+        out = b.or_(b.icmp_signed("<", r, i64(0)), b.icmp_signed(">=", r, a.nrows))
+        b.store(b.or_(b.load(bad), out), bad)
+    with k.if_(b.load(bad)):
+        k.ret(i64(-1))
+    mirror = b.inttoptr(a.mirror, ptr(F32))
+    has_mirror = b.icmp_signed("!=", a.mirror, i64(0))
+
+    def put(h, pd, pm, j) -> None:  # h: fp16 value(s), stored as bits, and widened into the mirror
+        wide = isinstance(h.type, ir.VectorType)
+        store = k.store_vec if wide else k.store
+        store(b.bitcast(h, V8I16 if wide else I16), pd, j)
+        with k.if_(has_mirror):
+            store(b.fpext(h, V8F32 if wide else F32), pm, j)
+
+    with k.loop(0, a.n, name="row") as i:
+        ps = k.gep(a.src, b.mul(i, a.srs))
+        off = b.mul(k.load(a.ids, i), a.drs)
+        pd, pm = k.gep(a.dst, off), k.gep(mirror, off)
+        _vec_loop(k, a.ne0, lambda j: put(b.fptrunc(k.load_vec(ps, V8F32, j), V8F16), pd, pm, j),
+                  lambda j: put(b.fptrunc(k.load(ps, j), F16), pd, pm, j))
+    k.ret(i64(0))
+
+
+# --- flash attention ---------------------------------------------------------------------------------------
+
+
+def _load8(k: Kernel, kind: str, base: ir.Value, j: ir.Value) -> ir.Value:
+    """8 consecutive elements of an f16 (I16 bits) or f32 array as <8 x float>."""
+    if kind == "f16":
+        return k.b.fpext(k.b.bitcast(k.load_vec(base, V8I16, j), V8F16), V8F32)
+    return k.load_vec(base, V8F32, j)
+
+
+def _load1(k: Kernel, kind: str, base: ir.Value, j: ir.Value) -> ir.Value:
+    v = k.load(base, j)
+    return k.b.fpext(k.b.bitcast(v, F16), F32) if kind == "f16" else v
+
+
+def _elem(kind: str) -> ir.Type:
+    return I16 if kind == "f16" else F32
+
+
+def _flash_attn(module: ir.Module, kv: str, mk: str) -> str:
+    """flash_attn_<kv>_<mask>(prm, q, k, v, mask, out, scale): see the module docstring; prm holds FA_FIELDS."""
+    name = f"flash_attn_{kv}_{mk}"
+    k = Kernel(module, name, [("prm", ptr(I64)), ("q", ptr(F32)), ("k", ptr(_elem(kv))), ("v", ptr(_elem(kv))),
+                              ("mask", ptr(_elem(mk))), ("out", ptr(F32)), ("scale", F32)])
+    b, a = k.b, k.a
+    p = {f: k.load(a.prm, i) for i, f in enumerate(FA_FIELDS)}
+    g = b.sdiv(p["H"], p["Hkv"])
+    qs = b.alloca(F32, size=p["D"])        # the scaled query row
+    sc = b.alloca(F32, size=p["n_kv"])     # its scores
+    acc = b.alloca(F32, size=p["Dv"])      # sum of p v
+    ninf = f32(float("-inf"))
+    zero8 = ir.Constant(V8F32, [0.0] * 8)
+    scale8 = k.broadcast(a.scale, 8)
+    with k.loop(0, p["S"], name="s") as s, k.loop(0, p["T"], name="t") as t, k.loop(0, p["H"], name="h") as h:
+        kh = b.sdiv(h, g)
+        pq = k.gep(a.q, b.add(b.add(b.mul(s, p["q_s"]), b.mul(t, p["q_t"])), b.mul(h, p["q_h"])))
+        pk = k.gep(a.k, b.add(b.mul(s, p["k_s"]), b.mul(kh, p["k_h"])))  # (k_s, v_s: 0 for one KV sequence)
+        pv = k.gep(a.v, b.add(b.mul(s, p["v_s"]), b.mul(kh, p["v_h"])))
+        pm = k.gep(a.mask, b.add(b.mul(b.srem(t, p["m_rows"]), p["m_t"]), b.mul(b.srem(s, p["m_seqs"]), p["m_s"])))
+        po = k.gep(a.out, b.add(b.add(b.mul(s, p["o_s"]), b.mul(t, p["o_t"])), b.mul(h, p["o_h"])))
+        _vec_loop(k, p["D"], lambda j: k.store_vec(b.fmul(k.load_vec(pq, V8F32, j), scale8), qs, j),
+                  lambda j: k.store(b.fmul(k.load(pq, j), a.scale), qs, j))
+        mx = k.var(F32, ninf)
+        with k.loop(0, p["n_kv"], name="c") as c:
+            mv = _load1(k, mk, pm, c)
+            seen = b.fcmp_ordered("!=", mv, ninf)
+            k.store(ninf, sc, c)
+            with k.if_(seen):
+                kc = k.gep(pk, b.mul(c, p["k_c"]))
+                dot = k.var(V8F32, zero8)
+                tail = k.var(F32, f32(0.0))
+                _vec_loop(k, p["D"],
+                          lambda j: b.store(k.fma(k.load_vec(qs, V8F32, j), _load8(k, kv, kc, j), b.load(dot)), dot),
+                          lambda j: b.store(k.fma(k.load(qs, j), _load1(k, kv, kc, j), b.load(tail)), tail))
+                sv = b.fadd(b.fadd(k.hsum8(b.load(dot)), b.load(tail)), mv)
+                k.store(sv, sc, c)
+                m0 = b.load(mx)
+                b.store(b.select(b.fcmp_ordered(">", sv, m0), sv, m0), mx)
+        m = b.load(mx)
+        _vec_loop(k, p["Dv"], lambda j: k.store_vec(zero8, acc, j), lambda j: k.store(f32(0.0), acc, j))
+        z = k.var(F32, f32(0.0))
+        with k.if_(b.fcmp_ordered("!=", m, ninf)):
+            with k.loop(0, p["n_kv"], name="c2") as c:
+                sv = k.load(sc, c)
+                with k.if_(b.fcmp_ordered("!=", sv, ninf)):
+                    pe = exp1(k, b.fsub(sv, m))
+                    b.store(b.fadd(b.load(z), pe), z)
+                    vc = k.gep(pv, b.mul(c, p["v_c"]))
+                    pe8 = k.broadcast(pe, 8)
+                    _vec_loop(k, p["Dv"],
+                              lambda j: k.store_vec(k.fma(pe8, _load8(k, kv, vc, j), k.load_vec(acc, V8F32, j)),
+                                                    acc, j),
+                              lambda j: k.store(k.fma(pe, _load1(k, kv, vc, j), k.load(acc, j)), acc, j))
+        zz = b.load(z)
+        zz = b.select(b.fcmp_ordered("==", zz, f32(0.0)), f32(1.0), zz)
+        z8 = k.broadcast(zz, 8)
+        _vec_loop(k, p["Dv"], lambda j: k.store_vec(b.fdiv(k.load_vec(acc, V8F32, j), z8), po, j),
+                  lambda j: k.store(b.fdiv(k.load(acc, j), zz), po, j))
+    k.ret()
+    return name
+
+
+def build() -> tuple[ir.Module, dict[str, str]]:
+    module = ir.Module(name="kazeia_simd_ops")
+    _binary(module, "add", lambda k, x, y: k.b.fadd(x, y))
+    _binary(module, "mul", lambda k, x, y: k.b.fmul(x, y))
+    _binary(module, "swiglu", _swiglu_op)
+    sigs = {"add": BIN_SIG, "mul": BIN_SIG, "swiglu": BIN_SIG}
+    _rms_norm(module)
+    sigs["rms_norm"] = "v:ppiiiid"
+    for neox in (False, True):
+        _rope(module, neox)
+    sigs["rope_norm"] = sigs["rope_neox"] = ROPE_SIG
+    _set_rows_f16(module)
+    sigs["set_rows_f16"] = "i:pppiiiiii"
+    for kv in FA_KV:
+        for mk in FA_MASK:
+            sigs[_flash_attn(module, kv, mk)] = "v:ppppppf"
+    return module, sigs
