@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +14,7 @@ from kazeia.backends.base import Hook, OpInfo
 from kazeia.backends.ref import RefBackend
 from kazeia.debug.allowance import conversion_allowance, conversion_floor
 from kazeia.debug.compare.op_io import read_sources, ref_output
+from kazeia.debug.compare.spill import ArrayStore, SpilledArrays, SpilledSources
 from kazeia.debug.runner import RunSpec, build_context, load_model, prompt_ids, run
 from kazeia.debug.tensors import logical_values
 from kazeia.errors import KazeiaError
@@ -35,8 +37,8 @@ class Reference:
 
     spec: RunSpec
     names: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
-    outputs: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
-    sources: dict[tuple[int, int], list[tuple[int, np.ndarray]]] | None = None
+    outputs: MutableMapping[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    sources: MutableMapping[tuple[int, int], list[tuple[int, np.ndarray]]] | None = None
     floors: dict[tuple[int, int], float] = field(default_factory=dict)  # MUL_MAT activation-conversion NMSE
     logits: np.ndarray | None = None
     n_ubatch: int = 0
@@ -45,10 +47,14 @@ class Reference:
         return ref_key(self.spec) == ref_key(spec)
 
     def nbytes(self) -> int:
-        n = sum(v.nbytes for v in self.outputs.values())
-        if self.sources:
-            n += sum(r.nbytes for srcs in self.sources.values() for _, r in srcs)
-        return n
+        """Bytes of the arrays held (in memory or in a spill file)."""
+        def size(m) -> int:
+            if m is None:
+                return 0
+            if hasattr(m, "nbytes"):
+                return m.nbytes()
+            return sum(sum(r.nbytes for _, r in v) if isinstance(v, list) else v.nbytes for v in m.values())
+        return size(self.outputs) + size(self.sources)
 
 
 class _RefCapture(Hook):
@@ -87,7 +93,8 @@ def capture_reference(spec: RunSpec, sources: bool = True) -> Reference:
     rspec = ref_spec(fix_tokens(spec))
     ctx = build_context(rspec)
     ref = next(b for b in ctx.scheduler.backends if isinstance(b, RefBackend))
-    out = Reference(rspec, sources={} if sources else None)
+    store = ArrayStore()  # outputs and sources in a temporary file: ~1.1 GB for a 36-layer model's prefill
+    out = Reference(rspec, outputs=SpilledArrays(store), sources=SpilledSources(store) if sources else None)
     cap = _RefCapture(ref, out, sources)
     ctx.on_ubatch = cap.next_ubatch
     res = run(rspec, hooks=[cap], ctx=ctx)
