@@ -197,9 +197,7 @@ class Scheduler:
             cached = self._plans[id(graph)] = (graph, len(graph.nodes), nodes, placements)
         _, _, nodes, self.placements = cached
         backend.begin_graph(graph)
-        compute = backend.compute
-        for node in nodes:
-            compute(node)
+        backend.run_nodes(nodes)
         backend.end_graph()
 
     def _wait_for_inputs(self, node: Tensor, backend: Backend) -> None:
