@@ -186,16 +186,35 @@ def test_set_rows_f16_and_out_of_range():
     np.testing.assert_array_equal(array(out.src[2])[0, 0], old)  # nothing written
 
 
-def test_kv_mirror_follows_native_stores():
-    """Stores into an F16 cache keep its float32 mirror (numpy's flash attention reads it) equal to the cache."""
+def test_numpy_attention_reads_what_native_stores_wrote():
+    """Native KV stores, then a flash attention of more rows than the native one takes (numpy's), twice over: the
+    second run must read the second run's rows (no stale copy of the cache anywhere)."""
     rng = np.random.default_rng(29)
-    cache = leaf(F16, (8, 6), np.zeros((6, 8), np.float16))
+    D, H, n_kv, T = 16, 2, 12, cpu_native.FA_MAX_T + 2
+    cache_k = leaf(F16, (D, n_kv), np.zeros((n_kv, D), np.float16))
+    cache_v = leaf(F16, (D, n_kv), np.zeros((n_kv, D), np.float16))
+    kx, vx, qx = leaf(F32, (D, T), None), leaf(F32, (D, T), None), leaf(F32, (D, T, H), None)
+    ids = leaf(I64, (T,), np.arange(T, dtype=np.int64))
+    g = Graph()
+    stores = [gb.set_rows(cache_k, kx, ids), gb.set_rows(cache_v, vx, ids)]
+    for t in stores:
+        g.expand(t)
+    kv = [gb.view_3d(c, D, n_kv, 1, c.nb[1], c.nb[1] * n_kv) for c in (cache_k, cache_v)]
+    out = gb.flash_attn_ext(qx, kv[0], kv[1], leaf(F32, (n_kv, T), np.zeros((T, n_kv), np.float32)), 0.5)
+    g.expand(out)
+    GraphAllocator().allocate(g)
     be = CpuBackend()
-    for step in range(3):
-        src = U(rng, (2, 8))
-        run_cpu(gb.set_rows(cache, leaf(F32, (8, 2), src), leaf(I64, (2,), np.array([2 * step, 2 * step + 1]))),
-                True, be)
-    np.testing.assert_array_equal(be.mirror_of(cache), array(cache).astype(np.float32))
+    for _ in range(2):
+        k, v, q = U(rng, (T, D)), U(rng, (T, D)), U(rng, (H, T, D))
+        for t, x in ((kx, k), (vx, v), (qx, q)):
+            array(t)[...] = x.reshape(array(t).shape)
+        Scheduler([be]).compute(g)
+        assert all(cpu_native.bind(be, t) is not None for t in stores) and cpu_native.bind(be, out) is None
+        kk = np.zeros((1, n_kv, D), np.float16)
+        vv = kk.copy()
+        kk[0, :T], vv[0, :T] = k, v
+        want = fa64(q, np.repeat(kk, H, 0), np.repeat(vv, H, 0), np.zeros((T, n_kv)), 0.5)
+        assert_nmse(np.array(array(out), np.float64)[0], want, 1e-10, "numpy flash attention after native stores")
 
 
 # --- bound GEMV (decode matmuls): fused groups, fresh inputs per run, re-placed graphs ------------------------

@@ -225,7 +225,8 @@ class CpuBackend(NumpyBackend):
         if self.hooks:
             self.emit_complete(node, self._info(node, self.path_name, fused=len(m.weights)))
 
-    # --- float32 mirrors of F16 KV caches: flash attention reads them without converting every token ---
+    # --- float32 mirrors of F16 KV caches (the portable path: no native kernels): numpy's flash attention reads
+    # them without converting every token ---
     # A mirror is made when this backend first writes rows into an F16 tensor outside the compute buffer (the
     # KV cache's SET_ROWS) and follows every later store_rows. It expires when the buffer's `version` changes
     # (KVCache.clear bumps it; any host code that writes such a buffer directly must bump it too) or when
@@ -237,22 +238,14 @@ class CpuBackend(NumpyBackend):
             return None
         return _same_view(t, t.root, e[2])
 
-    def mirror_of(self, root: Tensor) -> np.ndarray | None:
-        """The float32 mirror of an F16 tensor outside the compute buffer (a KV cache) that a store into it must
-        keep current: made from the buffer when there is none (or an expired one), None for other tensors."""
-        if root.type != GGMLType.F16 or root.buffer is None or root.buffer.usage == BufferUsage.COMPUTE:
-            return None
-        e = self._mirrors.get(id(root))
-        if e is None or e[0] is not root or e[1] != root.buffer.version:
-            e = self._mirrors[id(root)] = (root, root.buffer.version, _f32_mirror(array(root)))
-        return e[2]
-
     def foreign_write(self, root: Tensor) -> None:
         self._mirrors.pop(id(root), None)
 
     def store_rows(self, t: Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
         super().store_rows(t, idx, vals)
         root = t.root
+        if cpu_native.native.available():
+            return  # the native flash attention reads F16 directly (numpy's converts the cells it uses)
         if root.type != GGMLType.F16 or root.buffer is None or root.buffer.usage == BufferUsage.COMPUTE:
             return
         e = self._mirrors.get(id(root))

@@ -148,15 +148,10 @@ def _bind_set_rows(be, n: Tensor, L) -> Callable | None:
             or src.ne[2:] != (1, 1) or n.ne[2:] != (1, 1) or ids.ne[1:] != (1, 1, 1) or ids.nb[0] != 8
             or ids.ne[0] != src.ne[1] or src.ne[0] != n.ne[0]):
         return None
-    fn = L["set_rows_f16"]
-    root = n.root
-    el0 = (n.offset - root.offset) // 2  # the view's first element in its root (and in the root's mirror)
-    head = (addr(src), addr(ids), addr(n))
-    tail = (ids.ne[0], src.ne[0], rs[1], rd[1], n.ne[1])
+    fn, args = L["set_rows_f16"], (addr(src), addr(ids), addr(n), ids.ne[0], src.ne[0], rs[1], rd[1], n.ne[1])
 
     def run() -> None:
-        m = be.mirror_of(root)  # the cache's float32 mirror follows the store (numpy's flash attention reads it)
-        if fn(*head, m.ctypes.data + 4 * el0 if m is not None else 0, *tail) != 0:
+        if fn(*args) != 0:
             raise IndexError(f"{n.name}: row id out of range [0, {n.ne[1]})")
     return run
 
@@ -203,7 +198,7 @@ def _bind_cpy(be, n: Tensor, L) -> Callable | None:
     if src.type != GGMLType.F32 or n.type != GGMLType.F16 or rs is None or rd is None or src.ne != n.ne:
         return None
     ids = np.arange(rs[0], dtype=np.int64)
-    fn, args = L["set_rows_f16"], (addr(src), ids.ctypes.data, addr(n), 0, rs[0], n.ne[0], rs[1], rd[1], rs[0])
+    fn, args = L["set_rows_f16"], (addr(src), ids.ctypes.data, addr(n), rs[0], n.ne[0], rs[1], rd[1], rs[0])
 
     def run() -> None:
         fn(*args)

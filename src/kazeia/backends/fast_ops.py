@@ -68,12 +68,14 @@ def _flash_attn_ext(be: NumpyOps, n: Tensor) -> None:
 
 
 def _fa_blocks(be, kt, vt, qs, mask, seen, out, S, Hkv, g, T, D, H) -> None:
+    cols = np.flatnonzero(seen.any(axis=0))
+    n_all = int(cols[-1]) + 1 if cols.size else 1  # masked cells beyond the last one seen add exactly nothing
+    k_all, v_all = _kv(be, kt, n_all), _kv(be, vt, n_all)  # (S, Hkv, n, D) float32, converted once
     for t0 in range(0, T, FA_ROW_BLOCK):
         t1 = min(T, t0 + FA_ROW_BLOCK)
         cols = np.flatnonzero(seen[t0:t1].any(axis=0))
-        nv = int(cols[-1]) + 1 if cols.size else 1  # masked cells beyond nv add exactly nothing
-        k = _kv(be, kt, nv)  # (S, Hkv, nv, D)
-        v = _kv(be, vt, nv)
+        nv = int(cols[-1]) + 1 if cols.size else 1
+        k, v = k_all[:, :, :nv], v_all[:, :, :nv]
         qb = qs[:, :, :, t0:t1].reshape(S, Hkv, g * (t1 - t0), D)
         s = np.matmul(qb, k.swapaxes(-1, -2)).reshape(S, Hkv, g, t1 - t0, nv)
         s += mask[:, :, None, t0:t1, :nv]

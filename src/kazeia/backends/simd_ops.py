@@ -12,6 +12,7 @@ on one thread, with a fixed order of every reduction (the same bits at any threa
   x0*s + x1*c, each product rounded, as numpy; dims past n_dims copied.
 - set_rows_f16: rows of float32 -> rows of an F16 tensor at int64 row ids (vcvtps2ph: round to nearest even, as
   numpy's astype(float16)); every id is checked before anything is written (returns -1 when one is out of range).
+  With ids 0..n-1 it is also the F32 -> F16 CPY of the KQ mask.
 - flash_attn_<kv>_<mask>: FLASH_ATTN_EXT for a few query rows (decode): per query row and head, scores
   q*scale . k over the cells whose mask is not -inf (+ mask), max, p = exp(s - max), z = sum p, o = sum p v / z,
   all sums in cell order; a row that sees no cell gives zeros. GQA: head h reads KV head h / (H / Hkv).
@@ -178,12 +179,10 @@ def _rope(module: ir.Module, neox: bool) -> None:
 
 
 def _set_rows_f16(module: ir.Module) -> None:
-    """set_rows_f16(src, ids, dst, mirror, n, ne0, srs, drs, nrows) -> 0, or -1 (nothing written) when an id is
-    outside [0, nrows): dst row ids[i] = fp16(src row i), and the same values widened to float32 in `mirror` (an
-    address, 0 for none) at the same element offsets. Row strides in elements."""
-    k = Kernel(module, "set_rows_f16", [("src", ptr(F32)), ("ids", ptr(I64)), ("dst", ptr(I16)), ("mirror", I64),
-                                        ("n", I64), ("ne0", I64), ("srs", I64), ("drs", I64), ("nrows", I64)],
-               ret=I64)
+    """set_rows_f16(src, ids, dst, n, ne0, srs, drs, nrows) -> 0, or -1 (nothing written) when an id is outside
+    [0, nrows): dst row ids[i] = fp16(src row i). Row strides in elements."""
+    k = Kernel(module, "set_rows_f16", [("src", ptr(F32)), ("ids", ptr(I64)), ("dst", ptr(I16)), ("n", I64),
+                                        ("ne0", I64), ("srs", I64), ("drs", I64), ("nrows", I64)], ret=I64)
     b, a = k.b, k.a
     bad = k.var(ir.IntType(1), ir.Constant(ir.IntType(1), 0))
     with k.loop(0, a.n, name="chk") as i:
@@ -192,22 +191,12 @@ def _set_rows_f16(module: ir.Module) -> None:
         b.store(b.or_(b.load(bad), out), bad)
     with k.if_(b.load(bad)):
         k.ret(i64(-1))
-    mirror = b.inttoptr(a.mirror, ptr(F32))
-    has_mirror = b.icmp_signed("!=", a.mirror, i64(0))
-
-    def put(h, pd, pm, j) -> None:  # h: fp16 value(s), stored as bits, and widened into the mirror
-        wide = isinstance(h.type, ir.VectorType)
-        store = k.store_vec if wide else k.store
-        store(b.bitcast(h, V8I16 if wide else I16), pd, j)
-        with k.if_(has_mirror):
-            store(b.fpext(h, V8F32 if wide else F32), pm, j)
-
     with k.loop(0, a.n, name="row") as i:
         ps = k.gep(a.src, b.mul(i, a.srs))
-        off = b.mul(k.load(a.ids, i), a.drs)
-        pd, pm = k.gep(a.dst, off), k.gep(mirror, off)
-        _vec_loop(k, a.ne0, lambda j: put(b.fptrunc(k.load_vec(ps, V8F32, j), V8F16), pd, pm, j),
-                  lambda j: put(b.fptrunc(k.load(ps, j), F16), pd, pm, j))
+        pd = k.gep(a.dst, b.mul(k.load(a.ids, i), a.drs))
+        _vec_loop(k, a.ne0,
+                  lambda j: k.store_vec(b.bitcast(b.fptrunc(k.load_vec(ps, V8F32, j), V8F16), V8I16), pd, j),
+                  lambda j: k.store(b.bitcast(b.fptrunc(k.load(ps, j), F16), I16), pd, j))
     k.ret(i64(0))
 
 
@@ -319,7 +308,7 @@ def build() -> tuple[ir.Module, dict[str, str]]:
         _rope(module, neox)
     sigs["rope_norm"] = sigs["rope_neox"] = ROPE_SIG
     _set_rows_f16(module)
-    sigs["set_rows_f16"] = "i:pppiiiiii"
+    sigs["set_rows_f16"] = "i:pppiiiii"
     for kv in FA_KV:
         for mk in FA_MASK:
             sigs[_flash_attn(module, kv, mk)] = "v:ppppppf"
