@@ -70,8 +70,9 @@ class HtpBackend(Backend):
     def compute(self, node: Tensor) -> None:
         idx = self.node_index.get(id(node), -1)
         self.host.enqueue_op(node, idx)
-        self.emit_enqueue(node, self._info(node, "queued", self.host.batch.seq,
-                                             batch_index=len(self.host.batch.ops) - 1))
+        if self.hooks:  # (the info is only built for someone to read)
+            self.emit_enqueue(node, self._info(node, "queued", self.host.batch.seq,
+                                                 batch_index=len(self.host.batch.ops) - 1))
 
     def synchronize(self) -> None:
         if self.host.dead is None:
@@ -139,8 +140,9 @@ class HtpBackend(Backend):
     # --- DSP callbacks ---
     def _op_done(self, op: OpDesc, batch: OpBatch, rec: OpRecord) -> None:
         self.records.append((op.node.name, rec))
-        info = self._info(op.node, rec.path, batch.seq, status=rec.status, batch_index=op.index, **rec.detail)
-        self.emit_complete(op.node, info)
+        if self.hooks:
+            info = self._info(op.node, rec.path, batch.seq, status=rec.status, batch_index=op.index, **rec.detail)
+            self.emit_complete(op.node, info)
 
     def _op_start(self, op: OpDesc, batch: OpBatch) -> None:
         if self.hooks:

@@ -16,7 +16,7 @@ from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, 
 from kazeia.backends.htp.hybrid_kernels import KERNELS_DSP
 from kazeia.backends.htp.matmul import MatmulUnit, WeightStore
 from kazeia.backends.htp.profiles import Profile
-from kazeia.backends.htp.scratch import ScratchProgram, ScratchWriter
+from kazeia.backends.htp.scratch import ScratchBinding, ScratchWriter
 from kazeia.backends.htp.scratch_layouts import OpScratch
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
@@ -47,14 +47,14 @@ class DspOps(NumpyOps):
 @dataclass(slots=True)
 class BoundOp:
     """What the executor works out once per (non-matmul) node: its VTCM layout and path, the scratch writes
-    it leaves (scratch.ScratchProgram) and its effect on the src1 shortcut, with what they were worked out from."""
+    it leaves (scratch.ScratchBinding) and its effect on the src1 shortcut, with what they were worked out from."""
 
     node: Tensor
     src: tuple
     route_path: str | None
     sc: OpScratch
     path: str
-    program: ScratchProgram
+    program: ScratchBinding
     effect: str
 
 
@@ -101,7 +101,7 @@ class Executor:
             self._bound.clear()
         sc = self.scratch.layout(node)
         path = sc.info.get("path", "hvx")
-        b = BoundOp(node, node.src, node.route_path, sc, path, self.scratch.program(node, sc),
+        b = BoundOp(node, node.src, node.route_path, sc, path, ScratchBinding(self.scratch.program(node, sc)),
                     self.scratch.src1_effect(node, path))
         self._bound[id(node)] = b
         return b

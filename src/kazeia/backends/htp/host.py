@@ -97,12 +97,16 @@ class OpBatch:
     def add_tensor(self, t: Tensor) -> int:
         # de-duplicate by data address with identical ne and nb (type is NOT compared, as upstream), then by
         # tensor identity: two logical tensors ggml-alloc put at one address share a descriptor
-        for i in self._by_data.get(t.data_addr, []):
-            d = self.tensors[i]
-            if d.ne == t.ne and d.nb == t.nb:
-                return i
-        if id(t) in self._by_tensor:
-            return self._by_tensor[id(t)]
+        addr = t.data_addr
+        hits = self._by_data.get(addr)
+        if hits is not None:
+            for i in hits:
+                d = self.tensors[i]
+                if d.ne == t.ne and d.nb == t.nb:
+                    return i
+        i = self._by_tensor.get(id(t))
+        if i is not None:
+            return i
         bi = self._buf_index.get(id(t.buffer))
         if bi is None:
             bi = len(self.buffers)
@@ -110,9 +114,9 @@ class OpBatch:
             self._buf_index[id(t.buffer)] = bi
             self.vmem += t.buffer.size
         flags = TENSOR_COMPUTE if t.buffer.usage == BufferUsage.COMPUTE else 0
-        d = TensorDesc(len(self.tensors), t, t.data_addr, t.nbytes, t.type, t.ne, t.nb, flags, bi)
+        d = TensorDesc(len(self.tensors), t, addr, t.nbytes, t.type, t.ne, t.nb, flags, bi)
         self.tensors.append(d)
-        self._by_data.setdefault(t.data_addr, []).append(d.index)
+        self._by_data.setdefault(addr, []).append(d.index)
         self._by_tensor[id(t)] = d.index
         return d.index
 
@@ -180,10 +184,11 @@ class HostSession:
             self.flush_batch()
         op = self.batch.add_op(node, graph_index)
         self.last_enqueued = op
-        self.timing.host(self.timing.costs.enqueue_s)
         if self.settings.verbose:
             self.log(op_desc_line(node, self.name))
         if self.settings.oplog or self.op_dump is not None:
+            # the host clock only decides what a host read sees (advance): without one, its per-op step is not drawn
+            self.timing.host(self.timing.costs.enqueue_s)
             self._instrument(node)
 
     def _instrument(self, node: Tensor) -> None:

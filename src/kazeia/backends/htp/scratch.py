@@ -113,11 +113,17 @@ class ScratchWriter:
             sc = self._layouts[key] = op_scratch(node, self.settings)
         return sc
 
-    def write(self, dsp: Dsp, node: Tensor, sc: OpScratch, program: ScratchProgram | None = None) -> None:
+    def write(self, dsp: Dsp, node: Tensor, sc: OpScratch,
+              program: ScratchProgram | ScratchBinding | None = None) -> None:
         """Leave the op's bytes in every area it writes (the gated-delta-net ops' kernels write their own).
-        `program`: `self.program(node, sc)`, when the caller keeps it (the executor binds one per node)."""
+        `program`: `self.program(node, sc)`, or a ScratchBinding of it, when the caller keeps one (the executor
+        binds one per node)."""
         if not sc.writes or sc.info.get("kernel_writes"):
             return
+        if isinstance(program, ScratchBinding):
+            if program.run(dsp, node):
+                return
+            program = program.program
         if program is None:
             program = self.program(node, sc)
         cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -149,7 +155,7 @@ class ScratchWriter:
         return prog
 
     def after_op(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch, path: str,
-                 sc: OpScratch | None = None, program: ScratchProgram | None = None,
+                 sc: OpScratch | None = None, program: ScratchProgram | ScratchBinding | None = None,
                  effect: str | None = None) -> None:
         """The op's scratch bytes, then its effect on the src1 shortcut (`effect`: `src1_effect(node, path)`,
         when the caller keeps it)."""
@@ -193,6 +199,47 @@ def scratch_program(node: Tensor, sc: OpScratch) -> ScratchProgram:
         start = per_thread[t] + h * block if t < len(per_thread) else 0
         out.append((slot, area.offset, n, start, _slice_start(tensor, start, n)))
     return tuple(out)
+
+
+class ScratchBinding:
+    """A node's scratch program bound to memory: for each run, the VTCM bytes and the tensor bytes it copies, as
+    views made once. They stay valid while the node's tensors keep their views (`array` gives the same view as
+    long as a tensor stays where it is: a reused graph) and the VTCM is the same; otherwise they are made again.
+    Programs with a padded run (rows not 128 B-aligned) or a tensor that is not contiguous are not bound."""
+
+    __slots__ = ("program", "slots", "key", "views")
+
+    def __init__(self, program: ScratchProgram) -> None:
+        self.program = program
+        self.slots = tuple(sorted({e[0] for e in program}))
+        self.key: tuple | None = None
+        self.views: tuple | None = None
+
+    def run(self, dsp: Dsp, node: Tensor) -> bool:
+        """Copy every run; False (nothing written) when the program cannot be bound: write it run by run."""
+        try:
+            arrays = tuple(array(node if s < 0 else node.src[s]) for s in self.slots)
+        except (TypeError, RuntimeError):  # a tensor without a scalar view or a buffer
+            return False
+        key = (dsp.vtcm, *arrays)
+        if self.key is None or len(key) != len(self.key) or any(a is not b for a, b in zip(key, self.key)):
+            self.views = self._bind(dsp, arrays)
+            self.key = key
+        if self.views is None:
+            return False
+        dsp.vtcm.write_views(*self.views)
+        return True
+
+    def _bind(self, dsp: Dsp, arrays: tuple) -> tuple | None:
+        if any(e[4] < 0 for e in self.program) or not all(a.flags.c_contiguous for a in arrays):
+            return None
+        flat = {s: a.reshape(-1).view(np.uint8) for s, a in zip(self.slots, arrays)}
+        spans = [(off, n) for _, off, n, _, _ in self.program]
+        try:
+            dst = dsp.vtcm.run_views(spans)
+        except V.VtcmAccessError:
+            return None  # the run-by-run write raises it, at the same run
+        return spans, [(d, flat[slot][b0:b0 + n]) for d, (slot, _, n, _, b0) in zip(dst, self.program)]
 
 
 def _thread_starts(node: Tensor, sc: OpScratch) -> list[int]:

@@ -164,6 +164,23 @@ class Vtcm:
                 self._cover(offset, end)
             mem[offset:end] = raw
 
+    def run_views(self, spans: Iterable[tuple[int, int]]) -> list[np.ndarray]:
+        """Writable views of the (offset, nbytes) spans, every one checked now: the destinations of a program
+        that `write_views` runs again and again."""
+        spans = list(spans)
+        for offset, nbytes in spans:
+            self.check(offset, nbytes, "write")
+        return [self._mem[o:o + n] for o, n in spans]
+
+    def write_views(self, spans: list[tuple[int, int]], pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """dst[...] = src for each (dst, src) of `pairs`, dst made by `run_views(spans)`: the same as
+        `write_runs` of those spans (a write changes the bytes, its cover only the deferred writes)."""
+        if self._pending:
+            for offset, nbytes in spans:
+                self._cover(offset, offset + nbytes)
+        for dst, src in pairs:
+            dst[...] = src
+
     def write_lazy(self, offset: int, nbytes: int, make: Callable[[], np.ndarray]) -> None:
         """`write(offset, make())`, with `make` called only when some byte of it is read (read, view, mem).
 
