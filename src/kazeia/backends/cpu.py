@@ -53,11 +53,12 @@ class NumpyBackend(Backend, NumpyOps):
             kern = fast[1]
         if kern is None:
             raise UnsupportedError(f"op {node.op} ({node.name}) is not implemented by {self.name}")
-        if self.hooks:
-            self.emit_start(node, self._info(node, self.path_name))
+        if not self.hooks:
+            return kern(self, node)
+        info = self._info(node, self.path_name)  # one record for the op's start and completion
+        self.emit_start(node, info)
         kern(self, node)
-        if self.hooks:
-            self.emit_complete(node, self._info(node, self.path_name))
+        self.emit_complete(node, info)
 
     path_name = "cpu"
 
@@ -202,17 +203,19 @@ class CpuBackend(NumpyBackend):
         if e is None or e[0] is not node:
             e = self._bound[id(node)] = self._bind(node)
         if e[1] is not None:
-            if self.hooks:
-                self.emit_start(node, self._info(node, self.path_name, **e[2]))
+            if not self.hooks:
+                return e[1]()
+            info = self._info(node, self.path_name, **e[2])
+            self.emit_start(node, info)
             e[1]()
-            if self.hooks:
-                self.emit_complete(node, self._info(node, self.path_name, **e[2]))
+            self.emit_complete(node, info)
             return
         m = self._fused.get(id(node))
         if m is None:
             return super().compute(node)
-        if self.hooks:
-            self.emit_start(node, self._info(node, self.path_name, fused=len(m.weights)))
+        info = self._info(node, self.path_name, fused=len(m.weights)) if self.hooks else None
+        if info is not None:
+            self.emit_start(node, info)
         entry = self._pending.get(m.key)
         if entry is None:
             y = self.load(node.src[1])
@@ -222,8 +225,8 @@ class CpuBackend(NumpyBackend):
         entry[1] -= 1
         if entry[1] == 0:
             del self._pending[m.key]  # every member has its columns: free the product
-        if self.hooks:
-            self.emit_complete(node, self._info(node, self.path_name, fused=len(m.weights)))
+        if info is not None:
+            self.emit_complete(node, info)
 
     # --- float32 mirrors of F16 KV caches (the portable path: no native kernels): numpy's flash attention reads
     # them without converting every token ---
