@@ -9,6 +9,8 @@ them, else the portable numba ones (kernels.py) and numpy. Both give the same bi
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -35,6 +37,39 @@ def numba_kernels():
 
 def _ptr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
+
+
+_PTRS: dict[int, tuple[np.ndarray, int]] = {}
+
+
+def _kept_ptr(a: np.ndarray) -> int:
+    """_ptr of an array that is passed again and again (the fp16 tables, a weight's block view): kept by the
+    array object, which the entry holds (so its id is not reused while it is there)."""
+    hit = _PTRS.get(id(a))
+    if hit is None or hit[0] is not a:
+        if len(_PTRS) > 8192:
+            _PTRS.clear()
+        hit = _PTRS[id(a)] = (a, _ptr(a))
+    return hit[1]
+
+
+_SCRATCH = threading.local()
+
+
+def _dot_scratch(m: int, npad: int, k: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """This thread's (x16, xs) scratch of the HVX dot for (m, npad, k) and their pointers: x16 is zero past k
+    (only its first k columns are ever written)."""
+    cache = getattr(_SCRATCH, "dot", None)
+    if cache is None:
+        cache = _SCRATCH.dot = {}
+    hit = cache.get((m, npad, k))
+    if hit is None:
+        if len(cache) > 64:
+            cache.clear()
+        x16 = np.zeros((m, npad * 32), dtype=np.int16)
+        xs = np.empty((m, npad), dtype=np.int32)
+        hit = cache[(m, npad, k)] = (x16, xs, _ptr(x16), _ptr(xs))
+    return hit
 
 
 def _run(fn, args: tuple, n: int, chunk: int, parallel: bool) -> None:
@@ -112,8 +147,28 @@ def q8_groups(x: np.ndarray, k: int, kp: int, group: int, tinv: np.ndarray,
     q = np.empty((m, kp), dtype=np.int8)
     d = np.empty((m, kp // group), dtype=np.uint16)
     tinv, ti8 = np.ascontiguousarray(tinv, dtype=np.uint16), np.ascontiguousarray(ti8, dtype=np.int8)
-    lk["q8_groups"](_ptr(xc), k, k, kp, group, _ptr(tinv), _ptr(ti8), _ptr(q), kp, _ptr(d), 0, m)
+    lk["q8_groups"](_ptr(xc), k, k, kp, group, _kept_ptr(tinv), _kept_ptr(ti8), _ptr(q), kp, _ptr(d), 0, m)
     return q, from_fp16_bits(d)
+
+
+def q8_groups_into(x: np.ndarray, kp: int, group: int, tinv: np.ndarray, ti8: np.ndarray,
+                   img: np.ndarray) -> np.ndarray | None:
+    """`q8_groups` of the rows x (M, k) with the int8 quants stored straight into the first kp bytes of each row
+    of `img` (uint8 (M, stride), C-contiguous, stride >= kp), as `hvx_quant._write_rows` would copy them; returns
+    the fp16 scale bits (M, kp/group) uint16. None (img untouched) where `q8_groups` gives None."""
+    lk = lib()
+    m, k = x.shape
+    if lk is None or m == 0 or img.shape[1] < kp or not img.flags.c_contiguous or img.dtype != np.uint8:
+        return None
+    xc = np.ascontiguousarray(x, dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        if not np.abs(xc).max() <= FP16_MAX:  # False for NaN too
+            return None
+    d = np.empty((m, kp // group), dtype=np.uint16)
+    tinv, ti8 = np.ascontiguousarray(tinv, dtype=np.uint16), np.ascontiguousarray(ti8, dtype=np.int8)
+    lk["q8_groups"](_ptr(xc), k, k, kp, group, _kept_ptr(tinv), _kept_ptr(ti8), _ptr(img), img.shape[1], _ptr(d),
+                    0, m)
+    return d
 
 
 def shuffled_fp16(x: np.ndarray, arch: int | None = None) -> np.ndarray:
@@ -152,9 +207,9 @@ def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray,
                                 np.ascontiguousarray(asum, dtype=np.float32), y)
         return y
     npad = -(-nb // 8) * 8
-    x16 = np.zeros((m, npad * 32), dtype=np.int16)  # the int8 quants widened once (zero past K)
+    x16, xs, p16, ps = _dot_scratch(m, npad, k)  # the int8 quants widened once (zero past K)
     x16[:, :k] = img[:m, :k].view(np.int8)
-    xs = x16.reshape(m, npad, 32).sum(axis=2, dtype=np.int32)  # per sub-block sums (Q4_0's -8 correction)
-    args = (_ptr(b8), b8.strides[0], nb, _ptr(x16), _ptr(xs), _ptr(img), img.strides[0], k, m, _ptr(y), n, n)
+    np.sum(x16.reshape(m, npad, 32), axis=2, dtype=np.int32, out=xs)  # per sub-block sums (Q4_0's -8 correction)
+    args = (_kept_ptr(b8), b8.strides[0], nb, p16, ps, _ptr(img), img.strides[0], k, m, _ptr(y), n, n)
     _run(_pair(lk, f"hvx_dot_{NAMES[qtype]}"), args, n, HVX_CHUNK, n * nb * 32 * m >= PARALLEL_MIN_ELEMS)
     return y

@@ -5,6 +5,8 @@ quantizer (hvx-inverse.h reciprocal, hvx-base.h rounding int16 conversion). See 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -229,11 +231,38 @@ def quantize_q8x4x2(x: np.ndarray, group: int = 128, prev: np.ndarray | None = N
     """
     if group not in GROUP_SIZES:
         raise ValueError(f"group must be one of {GROUP_SIZES}")
+    img = _native_q8x4x2(x, group, prev)
+    if img is not None:
+        return img
     q, d, k = _quantize_rows(x, group)
     m, kp = q.shape
-    sub_group = (np.arange(kp // QK) * QK) // group              # group of every sub-block (incl. padding)
-    sbytes = fp16_to_bytes(d[:, sub_group])
+    sbytes = fp16_to_bytes(d[:, _sub_groups(kp, group)])
     return _write_rows(_image(m, q8x4x2_row_size(k), prev), q, sbytes, k)
+
+
+@functools.lru_cache(maxsize=64)
+def _sub_groups(kp: int, group: int) -> np.ndarray:
+    """The group of every sub-block of a padded row of kp elements (incl. padding)."""
+    return (np.arange(kp // QK) * QK) // group
+
+
+def _native_q8x4x2(x: np.ndarray, group: int, prev: np.ndarray | None) -> np.ndarray | None:
+    """quantize_q8x4x2 by the native kernel writing its quants into the image rows directly (the scale bits are
+    then placed over the padding as `_write_rows` places them), when the rows fit their stride; else None."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % QK or x.shape[1] == 0:
+        return None
+    m, k = x.shape
+    kp, stride = _round_up(k, SUPER), q8x4x2_row_size(k)
+    if kp > stride:  # the last row's quants would spill past the image
+        return None
+    img = _image(m, stride, prev)
+    dbits = fast.q8_groups_into(x, kp, group, _fp16_table("inverse"), _fp16_table("int8"), img)
+    if dbits is None:
+        return None
+    sub = _sub_groups(kp, group)
+    img[:, k:k + 2 * sub.size] = np.ascontiguousarray(dbits[:, sub]).view(np.uint8)
+    return img
 
 
 def quantize_q8_1x4x2(x: np.ndarray, prev: np.ndarray | None = None) -> np.ndarray:

@@ -110,7 +110,7 @@ class HvxPath:
             image = np.frombuffer(dsp.vtcm.read(0, nbytes), dtype=np.uint8).reshape(M, stride)
         else:
             xs = np.asarray(array(x)[0, 0], dtype=np.float32)  # rows through nb[1]
-            prev = np.frombuffer(dsp.vtcm.read(0, nbytes), dtype=np.uint8).reshape(M, stride)
+            prev = dsp.vtcm.view(0, np.uint8, nbytes).reshape(M, stride)  # (copied before the write below)
             image = quantize_activations(xs, w.type, self.settings.fp32_quantize_group, prev=prev)
             dsp.vtcm.write(0, image.reshape(-1))
             spill = min(q8_spill_bytes(K, w.type), dsp.vtcm.size - nbytes)

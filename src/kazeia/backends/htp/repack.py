@@ -248,6 +248,7 @@ class RepackedWeight:
         # what the ops leave of this weight in VTCM, by layout: (offset, read-only bytes) runs of a few rows (see
         # matmul.MatmulUnit._leave_hvx_bytes): made once per layout, not on every use
         self.ring_images: dict[tuple, tuple[tuple[int, np.ndarray], ...]] = {}
+        self._blocks: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def from_ggml(cls, raw: np.ndarray, qtype: GGMLType, k: int) -> RepackedWeight:
@@ -267,11 +268,18 @@ class RepackedWeight:
         return -(-self.k // QK)
 
     def blocks(self, r0: int = 0, r1: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Rows r0..r1 of the ggml blocks as (uint8 (R, nsub, type_size), uint16 (R, nsub, type_size/2)) views."""
+        """Rows r0..r1 of the ggml blocks as (uint8 (R, nsub, type_size), uint16 (R, nsub, type_size/2)) views
+        (those of all rows are made once: the kernels keep their addresses by view)."""
+        whole = r0 == 0 and r1 is None
+        if whole and self._blocks is not None:
+            return self._blocks
         _, ts = GGML_QUANT_SIZES[self.qtype]
         raw = self.ggml[r0:r1]
         r = raw.shape[0]
-        return raw.reshape(r, self.nsub, ts), raw.view(np.uint16).reshape(r, self.nsub, ts // 2)
+        out = raw.reshape(r, self.nsub, ts), raw.view(np.uint16).reshape(r, self.nsub, ts // 2)
+        if whole:
+            self._blocks = out
+        return out
 
     def x4x2_rows(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         """Rows r0..r1 as stored in the REPACK buffer (x4x2 for quantized types, fp16 rows for F16)."""
