@@ -62,6 +62,7 @@ def fa64(q, k, v, mask, scale):
     (36, 5, 1, 3, 17, F16, F32),    # GQA 5, D not a multiple of 8
     (64, 4, 4, 2, 300, F32, F16),   # no GQA, more cells than a padded decode
     (8, 3, 3, 8, 9, F32, F32),
+    (24, 4, 2, 20, 40, F16, F16),   # a short prompt's rows
 ], ids=str)
 def test_flash_attn_decode(D, H, Hkv, T, n_kv, kv_type, mask_type):
     rng = np.random.default_rng(D * 7 + n_kv)
@@ -190,7 +191,8 @@ def test_numpy_attention_reads_what_native_stores_wrote():
     """Native KV stores, then a flash attention of more rows than the native one takes (numpy's), twice over: the
     second run must read the second run's rows (no stale copy of the cache anywhere)."""
     rng = np.random.default_rng(29)
-    D, H, n_kv, T = 16, 2, 12, cpu_native.FA_MAX_T + 2
+    D, H, T = 16, 2, cpu_native.FA_MAX_T + 2
+    n_kv = T + 3
     cache_k = leaf(F16, (D, n_kv), np.zeros((n_kv, D), np.float16))
     cache_v = leaf(F16, (D, n_kv), np.zeros((n_kv, D), np.float16))
     kx, vx, qx = leaf(F32, (D, T), None), leaf(F32, (D, T), None), leaf(F32, (D, T, H), None)
