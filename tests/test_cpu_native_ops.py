@@ -279,3 +279,31 @@ def test_cpy_f32_to_f16():
     got = run_cpu(gb.cpy(leaf(F32, (21, 3), x), leaf(F16, (21, 3), np.zeros((3, 21), np.float16))), True)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(got[0, 0], x.astype(np.float16).astype(np.float64))
+
+
+def test_bound_gemv_same_bits_at_any_thread_count():
+    """A weight large enough for the pool (qmatmul.PARALLEL_MIN_BYTES): 1 and 2 threads, the same bits, and the
+    thread count read at each call (not when the node was bound)."""
+    from kazeia.backends import qmatmul
+
+    K, N = 1024, 2048
+    raw = random_blocks(GGMLType.Q4_0, N, K // 32, seed=5, scale_kind="small")
+    assert raw.nbytes >= qmatmul.PARALLEL_MIN_BYTES
+    w = leaf(GGMLType.Q4_0, (K, N), raw, flags=TFlag.WEIGHT, name="big")
+    x = leaf(F32, (K, 1), U(np.random.default_rng(43), (1, K)))
+    out = gb.mul_mat(w, x)
+    g = Graph()
+    g.expand(out)
+    GraphAllocator().allocate(g)
+    sched, before = Scheduler([CpuBackend()]), native.threads()
+    got = []
+    try:
+        for t in (1, 2, 1):
+            native.set_threads(t)
+            sched.compute(g)
+            got.append(np.array(array(out)))
+    finally:
+        native.set_threads(before)
+    assert sched.backends[0]._bound[id(out)][1] is not None
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(got[0], got[2])

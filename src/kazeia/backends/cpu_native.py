@@ -261,24 +261,26 @@ class _Group:
         self.run_id = -1
 
 
-def _gemv_call(s, xp: int, yp: int, cols: list[int] | None = None) -> Callable[[], None] | None:
-    """The call computing y[c0 + r] = x . W_g[r] for every weight g of WeightSet s (one row of x at xp), y at yp
-    (float32 address; cols: each weight's first column, default the set's own)."""
+def _gemv_call(s, xp: int, yp: int) -> Callable[[], None]:
+    """The call computing y[c0 + r] = x . W_g[r] for every weight g (first column c0) of WeightSet s: one row of x
+    at address xp, y at yp (qmatmul's GEMV, as WeightSet.matmul calls it, with everything worked out once).
+    Whether the pool's threads join is decided per call (the thread count may change between runs)."""
     L = native.library("kazeia.backends.simd_cpu")
     desc = np.array(s.desc, dtype=np.int64)
-    if cols is not None:
-        desc[:, 3] = cols
     nw = desc.shape[0]
     ctr = np.zeros(nw, dtype=np.int64)
-    parallel = s.parallel and native.threads() > 1
     fn = L[f"matvec_{s.kind}_m1"]
-    args = (desc.ctypes.data, nw, s.k // QK, xp, 0, yp, 0, ctr.ctypes.data, GEMV_CHUNK if parallel else 1 << 40)
+    head = (desc.ctypes.data, nw, s.k // QK, xp, 0, yp, 0, ctr.ctypes.data)
+    alone, shared = (*head, 1 << 40), (*head, GEMV_CHUNK)  # one chunk of every row, or chunks to share
     cp, cn = ctr.ctypes.data, ctr.nbytes
-    run, memset = native.run, ctypes.memset
+    run, memset, threads = native.run, ctypes.memset, native.threads
 
     def call() -> None:
         memset(cp, 0, cn)
-        run(fn, args, parallel)
+        if s.parallel and threads() > 1:
+            run(fn, shared, True)
+        else:
+            fn(*alone)
         desc, ctr  # noqa: B018 - the kernel reads their memory
     return call
 
