@@ -107,6 +107,24 @@ class _LazyWrite:
             mem[a:b] = raw[a - self.offset:b - self.offset]
 
 
+@dataclass
+class _ReadyWrite:
+    """A deferred `Vtcm.write_deferred` of bytes already made: `data` lands at `offset`; a..b is its one live range
+    (a write that would split it lands the part before the split first, so there is never more than one)."""
+
+    offset: int
+    data: np.ndarray
+    a: int
+    b: int
+
+    def land(self, mem: np.ndarray, hi: int) -> None:
+        """Land the live bytes up to `hi`; the rest stays deferred."""
+        hi = min(hi, self.b)
+        if self.a < hi:
+            mem[self.a:hi] = self.data[self.a - self.offset:hi - self.offset]
+            self.a = hi
+
+
 class Vtcm:
     """A VTCM block: `size` bytes whose contents persist across ops and batches and are never cleared.
 
@@ -122,6 +140,7 @@ class Vtcm:
         else:
             self._mem = np.full(size, fill, dtype=np.uint8)
         self._pending: list[_LazyWrite] = []
+        self._ready: list[_ReadyWrite] = []
 
     @property
     def mem(self) -> np.ndarray:
@@ -160,7 +179,7 @@ class Vtcm:
             end = offset + raw.size
             if offset < 0 or end > size:
                 raise VtcmAccessError(offset, raw.size, size, "write")
-            if self._pending:
+            if self._pending or self._ready:
                 self._cover(offset, end)
             mem[offset:end] = raw
 
@@ -175,7 +194,7 @@ class Vtcm:
     def write_views(self, spans: list[tuple[int, int]], pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         """dst[...] = src for each (dst, src) of `pairs`, dst made by `run_views(spans)`: the same as
         `write_runs` of those spans (a write changes the bytes, its cover only the deferred writes)."""
-        if self._pending:
+        if self._pending or self._ready:
             for offset, nbytes in spans:
                 self._cover(offset, offset + nbytes)
         for dst, src in pairs:
@@ -192,6 +211,16 @@ class Vtcm:
         if nbytes:
             self._pending.append(_LazyWrite(offset, nbytes, make, [(offset, offset + nbytes)]))
 
+    def write_deferred(self, offset: int, data: np.ndarray) -> None:
+        """`write(offset, data)` for bytes that are ready but usually overwritten before anything reads them (the
+        weight rows an HVX matmul leaves in its rings: the same kept image every token, and the next matmul of the
+        same K puts its own rings on the same bytes). `data`: flat uint8 that nobody changes afterwards. A read
+        lands the bytes it needs, a later write drops what it covers; the bytes anyone sees are those of `write`."""
+        self.check(offset, data.size, "write")
+        self._cover(offset, offset + data.size)
+        if data.size:
+            self._ready.append(_ReadyWrite(offset, data, offset, offset + data.size))
+
     def fill(self, offset: int, nbytes: int, value: int = 0) -> None:
         self.check(offset, nbytes, "write")
         self._cover(offset, offset + nbytes)
@@ -207,7 +236,11 @@ class Vtcm:
 
     def _cover(self, lo: int, hi: int) -> None:
         """Bytes lo..hi are written now: no deferred write may land there later."""
-        if not self._pending or hi <= lo:
+        if hi <= lo:
+            return
+        if self._ready:
+            self._cover_ready(lo, hi)
+        if not self._pending:
             return
         hit = False
         for p in self._pending:
@@ -217,8 +250,29 @@ class Vtcm:
         if hit:
             self._pending = [p for p in self._pending if p.live]
 
+    def _cover_ready(self, lo: int, hi: int) -> None:
+        dead = False
+        for r in self._ready:
+            if r.a < hi and lo < r.b:
+                if lo > r.a and hi < r.b:  # inside: the part before lo lands now, the part after stays
+                    r.land(self._mem, lo)
+                    r.a = hi
+                elif lo <= r.a:
+                    r.a = hi
+                else:
+                    r.b = lo
+                dead = dead or r.a >= r.b
+        if dead:
+            self._ready = [r for r in self._ready if r.a < r.b]
+
     def _flush(self, lo: int, hi: int) -> None:
-        """Make every deferred write that still owns a byte of lo..hi (all of its live bytes)."""
+        """Make every deferred write that still owns a byte of lo..hi (all of its live bytes; a ready write
+        only up to hi)."""
+        if self._ready:
+            for r in self._ready:
+                if r.a < hi and lo < r.b:
+                    r.land(self._mem, hi)
+            self._ready = [r for r in self._ready if r.a < r.b]
         if not self._pending:
             return
         keep = []
