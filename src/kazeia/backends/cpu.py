@@ -120,7 +120,9 @@ def _writable(t: GGMLType) -> bool:
 class CpuBackend(NumpyBackend):
     """float32; weight matmuls read the weights' own (memory-mapped) bytes through qmatmul, so no float copy of
     a weight is kept (`weight_cache` is accepted for the callers that share one with `ref`, and not used).
-    Weight matmuls that share their input (Q/K/V, gate/up) write one product, each into its columns."""
+    Weight matmuls that share their input (Q/K/V, gate/up) write one product, each into its columns.
+    Where the native kernels run, each node of a graph is bound once to its native call (cpu_native.py) and a
+    decode step is one ctypes call per op; the nodes they do not cover go through the numpy kernels."""
 
     name = "CPU"
     fast_kernels = FAST_KERNELS
@@ -140,15 +142,13 @@ class CpuBackend(NumpyBackend):
         self._plans: dict[int, tuple[Graph, tuple, dict, dict]] = {}
         self._bound: dict[int, tuple] = {}
         self._calls: dict[int, tuple] = {}  # id(node list) -> (node list, its calls), per graph placement
-        self.native_groups: dict[tuple, object] = {}  # fused key -> cpu_native._Group of the current graph
+        self.native_shared: dict[tuple, object] = {}  # what bound calls of the current graph share (cpu_native)
         self.run_id = 0  # counts graph runs: a fused group computes its product once per run
-        self.rope_tables: dict[tuple, tuple] = {}  # rope cos/sin of this graph run (cpu_native)
 
     def begin_graph(self, graph: Graph) -> None:
         super().begin_graph(graph)
         self._pending.clear()
         self.run_id += 1
-        self.rope_tables.clear()
         self._begin_plan(graph)
         if not self.fuse_matmuls:
             self._fused = {}
@@ -169,7 +169,7 @@ class CpuBackend(NumpyBackend):
             if len(self._plans) > 16:
                 self._plans.clear()
             hit = self._plans[id(graph)] = (graph, where, {}, {}, {})
-        self._bound, self.native_groups, self._calls = hit[2], hit[3], hit[4]
+        self._bound, self.native_shared, self._calls = hit[2], hit[3], hit[4]
 
     def run_nodes(self, nodes: list[Tensor]) -> None:
         """With no hook attached, the nodes' bound calls one after the other (a list made once per graph

@@ -18,7 +18,6 @@ from collections.abc import Callable
 import numpy as np
 
 from kazeia.backends import native
-from kazeia.backends.fast_ops import angles
 from kazeia.backends.numpy_ops import KERNELS
 from kazeia.backends.qmatmul import GEMV_CHUNK, NATIVE_DEQUANT, QK, dequantize_rows
 from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
@@ -123,23 +122,49 @@ def _bind_rope(be, n: Tensor, L) -> Callable | None:
     if p.get("ext_factor", 0.0) != 0.0 or p["mode"] not in (ROPE_NORM, ROPE_NEOX) or not _f32(x, n) or x.ne != n.ne:
         return None
     nd = p["n_dims"]
-    if x.nb[0] != 4 or n.nb[0] != 4 or nd % 2 or nd > x.ne[0] or pos.type != GGMLType.I32 or pos.ne[0] != x.ne[2]:
+    if (x.nb[0] != 4 or n.nb[0] != 4 or nd % 2 or nd > x.ne[0] or pos.type != GGMLType.I32 or pos.nb[0] != 4
+            or pos.ne[0] != x.ne[2]):
         return None
     fn = L["rope_neox" if p["mode"] == ROPE_NEOX else "rope_norm"]
     head = (addr(x), addr(n))
     tail = (x.ne[3], x.ne[2], x.ne[1], x.ne[0], nd, x.nb[1] // 4, x.nb[2] // 4, x.nb[3] // 4,
             n.nb[1] // 4, n.nb[2] // 4, n.nb[3] // 4)
-    pos_view = array(pos).reshape(-1)
-    key = (id(pos), nd, p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
-    tables = be.rope_tables  # key -> (cos, sin, their addresses) of this graph run (cleared by begin_graph)
+    tab = _RopeTable.of(be, pos, p)
 
     def run() -> None:
-        hit = tables.get(key)
-        if hit is None:  # the first rope of this run with these positions: every other Q and K rope shares it
-            cos, sin = angles(pos_view, p)
-            hit = tables[key] = (cos, sin, cos.ctypes.data, sin.ctypes.data)
-        fn(*head, hit[2], hit[3], *tail)
+        if tab.run_id != be.run_id:  # the first rope of this run: every other Q and K rope shares its table
+            tab.fill(be.run_id)
+        fn(*head, tab.cp, tab.sp, *tail)
     return run
+
+
+class _RopeTable:
+    """cos/sin (T, n_dims/2) * attn_factor of one graph's positions, made natively by the first rope of each run:
+    theta = (pos * freq_scale) * base^(-2i/n_dims) in float64, cos and sin by libm, rounded to float32, then times
+    attn_factor in float32 (numpy_ops.rope_angles' operations, in its order)."""
+
+    @classmethod
+    def of(cls, be, pos: Tensor, p: dict) -> _RopeTable:
+        key = ("rope", id(pos), p["n_dims"], p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
+        hit = be.native_shared.get(key)
+        if hit is None:
+            hit = be.native_shared[key] = cls(pos, p)
+        return hit
+
+    def __init__(self, pos: Tensor, p: dict) -> None:
+        nd, T = p["n_dims"], pos.ne[0]
+        self.inv = p["freq_base"] ** (-np.arange(0, nd, 2, dtype=np.float64) / nd)
+        self.cos, self.sin = np.empty((T, nd // 2), np.float32), np.empty((T, nd // 2), np.float32)
+        self.cp, self.sp = self.cos.ctypes.data, self.sin.ctypes.data
+        self.args = (addr(pos), self.inv.ctypes.data, float(p["freq_scale"]),
+                     float(np.float32(p.get("attn_factor", 1.0))), T, nd // 2, self.cp, self.sp)
+        self.fn = lib()["rope_table"]
+        self.run_id = -1
+        self.pos_buffer = pos.buffer  # the kernel reads the positions' memory
+
+    def fill(self, run_id: int) -> None:
+        self.fn(*self.args)
+        self.run_id = run_id
 
 
 def _bind_set_rows(be, n: Tensor, L) -> Callable | None:
@@ -303,10 +328,10 @@ def bind_matmul(be, n: Tensor, member) -> tuple[Callable[[], None], dict] | None
         return _gemv_call(be.weight_set((w,)), addr(x), addr(n)), {}
     if not _gemv_ok(be, member.weights, x):
         return None
-    groups = be.native_groups
-    g = groups.get(member.key)
+    shared = be.native_shared
+    g = shared.get(member.key)
     if g is None:
-        g = groups[member.key] = _Group(be, member.weights, x)
+        g = shared[member.key] = _Group(be, member.weights, x)
     yp, src, nbytes = addr(n), g.scratch.ctypes.data + 4 * member.c0, 4 * (member.c1 - member.c0)
     memmove = ctypes.memmove
 

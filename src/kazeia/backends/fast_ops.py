@@ -1,4 +1,5 @@
-"""float32 fast paths of the `cpu` backend (the `ref` oracle keeps the plain kernels of numpy_ops).
+"""float32 fast paths of the `cpu` backend (the `ref` oracle keeps the plain kernels of numpy_ops), for the nodes
+the native kernels (cpu_native.py) do not take and for hosts without them.
 
 Same results up to float32 rounding order; each falls back to the plain kernel outside its fast case.
 """

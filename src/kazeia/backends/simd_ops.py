@@ -8,8 +8,9 @@ on one thread, with a fixed order of every reduction (the same bits at any threa
 - rms_norm: sum of squares in float64 (4 lanes, then a fixed tree), 1/sqrt(mean + eps) rounded to float32, x*inv.
 - add / mul: y = a op b, b row-broadcast (row stride 0) or not; one float32 rounding, as numpy.
 - swiglu: y = a / (1 + exp(-a)) * b (exp: Cephes' polynomial, ~1 ulp; NaN kept, overflow -> inf).
-- rope_norm / rope_neox: ggml_rope's pair rotation with the caller's cos/sin table (T, n_dims/2): x0*c - x1*s and
-  x0*s + x1*c, each product rounded, as numpy; dims past n_dims copied.
+- rope_norm / rope_neox: ggml_rope's pair rotation with a cos/sin table (T, n_dims/2): x0*c - x1*s and
+  x0*s + x1*c, each product rounded, as numpy; dims past n_dims copied. rope_table makes the table (libm cos/sin of
+  float64 angles, as numpy_ops.rope_angles).
 - set_rows_f16: rows of float32 -> rows of an F16 tensor at int64 row ids (vcvtps2ph: round to nearest even, as
   numpy's astype(float16)); every id is checked before anything is written (returns -1 when one is out of range).
   With ids 0..n-1 it is also the F32 -> F16 CPY of the KQ mask.
@@ -175,6 +176,22 @@ def _rope(module: ir.Module, neox: bool) -> None:
     k.ret()
 
 
+def _rope_table(module: ir.Module) -> None:
+    """rope_table(pos, inv, fs, af, T, half, cos, sin): cos/sin[t, i] = (float)cos/sin((pos[t] * fs) * inv[i]) * af
+    (float64 angles, libm's cos and sin, one rounding to float32, then the float32 product with af)."""
+    k = Kernel(module, "rope_table", [("pos", ptr(I32)), ("inv", ptr(F64)), ("fs", F64), ("af", F32), ("T", I64),
+                                      ("half", I64), ("cos", ptr(F32)), ("sin", ptr(F32))])
+    b, a = k.b, k.a
+    with k.loop(0, a.T, name="t") as t:
+        pt = b.fmul(b.sitofp(k.load(a.pos, t), F64), a.fs)
+        with k.loop(0, a.half, name="i") as i:
+            th = b.fmul(pt, k.load(a.inv, i))
+            o = b.add(b.mul(t, a.half), i)
+            for name, dst in (("cos", a.cos), ("sin", a.sin)):
+                k.store(b.fmul(b.fptrunc(k.call(name, F64, th), F32), a.af), dst, o)
+    k.ret()
+
+
 # --- KV store ----------------------------------------------------------------------------------------------
 
 
@@ -307,6 +324,8 @@ def build() -> tuple[ir.Module, dict[str, str]]:
     for neox in (False, True):
         _rope(module, neox)
     sigs["rope_norm"] = sigs["rope_neox"] = ROPE_SIG
+    _rope_table(module)
+    sigs["rope_table"] = "v:ppdfiipp"
     _set_rows_f16(module)
     sigs["set_rows_f16"] = "i:pppiiiii"
     for kv in FA_KV:
