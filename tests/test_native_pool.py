@@ -141,3 +141,40 @@ def test_weight_matmul_is_the_same_on_one_and_two_threads(monkeypatch):
     monkeypatch.setattr(native, "_n_threads", 2)
     for _ in range(20):
         np.testing.assert_array_equal(ws.matmul(x), one)
+
+
+def test_a_worker_waits_for_a_next_job_only_after_a_lingering_one():
+    mb, lib = _mb()
+    dq = native.library("kazeia.backends.simd_cpu")["dequant_q8_0"]
+    raw, want = _q8_rows(4, 32, 5)
+    out = np.zeros((4, 32), dtype=np.float32)
+    slot = np.zeros(mb.SLOT_WORDS, dtype=np.int64)
+    p = slot.ctypes.data
+
+    def job(n: int, r0: int, linger: int) -> None:
+        slot[mb.LINGER] = linger
+        _post(slot, mb, n, dq, (raw.ctypes.data, raw.strides[0], 1, out.ctypes.data, 32, r0, r0 + 1))
+
+    def serve(result: list) -> None:
+        result.append(lib["pool_serve"](p, 1 << 40))
+
+    def wait_done(n: int) -> None:
+        for _ in range(10_000):  # until the worker took it (finish would cancel a job nobody took yet)
+            if slot[mb.STATE] == -n:
+                break
+            threading.Event().wait(0.001)
+        assert lib["pool_finish"](p, n) == 1  # a taken job cannot be cancelled: finish waits for DONE
+
+    ran: list[int] = []
+    t = threading.Thread(target=serve, args=(ran,))
+    job(1, 0, linger=1 << 40)  # the worker takes it, then keeps waiting (for hours, if need be)
+    t.start()
+    wait_done(1)
+    job(2, 1, linger=0)  # taken by the same serve call; after it the worker stops waiting
+    wait_done(2)
+    t.join()
+    assert ran == [2]
+    job(3, 2, linger=0)  # no serve call is running now: it stays pending
+    assert lib["pool_pending"](p) == 1 and slot[mb.STATE] == 3
+    np.testing.assert_array_equal(out[:2], want[:2])
+    assert not out[2:].any()

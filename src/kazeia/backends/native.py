@@ -173,11 +173,12 @@ def set_threads(n: int) -> None:
 
 
 class _Pool:
-    """Worker threads that wait for jobs in native code (simd_pool.py: a mailbox per worker, spun on for about
-    SPIN pauses after each job, then a semaphore), each running its ctypes kernel without the GIL."""
+    """Worker threads that wait for jobs in native code (simd_pool.py: a mailbox per worker, spun on for SPIN
+    pauses after a job posted with `linger`, then a semaphore), each running its ctypes kernel without the GIL."""
 
     STACK = 32 << 20  # the kernels keep their quantized activations on the stack
-    SPIN = 40_000     # idle pauses (with a sched_yield every 32) before a worker sleeps: ~2 ms here
+    SPIN = 40_000     # idle pauses (with a sched_yield every 32) after a lingering job: ~2 ms here
+    WOKEN_SPIN = 1_000  # pauses a worker woken by its semaphore looks for the job it was woken for
 
     def __init__(self, n: int) -> None:
         import numpy as np
@@ -202,13 +203,13 @@ class _Pool:
         serve, exchange, pending = self.lib["pool_serve"], self.lib["pool_exchange"], self.lib["pool_pending"]
         p, wake, sleeping = self.ptrs[i], self.wake[i], self.mb.SLEEPING
         while True:
-            serve(p, self.SPIN)  # returns after SPIN idle pauses
+            serve(p, self.WOKEN_SPIN)  # returns once the wait after its last job passed that job's LINGER
             exchange(p, sleeping, 1)
             if pending(p) and exchange(p, sleeping, 0) == 1:
                 continue  # a job came in between: nobody released the semaphore for it
             wake.acquire()
 
-    def run(self, fn, args: tuple, n: int) -> None:
+    def run(self, fn, args: tuple, n: int, linger: bool) -> None:
         """fn(*args) on this thread and on n workers (n <= len(workers)); returns when all have finished."""
         if len(args) > self.mb.MAX_ARGS or not self.busy.acquire(blocking=False):
             fn(*args)
@@ -221,6 +222,7 @@ class _Pool:
                 slot = self.slots[w]
                 slot[mb.ARGS:mb.ARGS + len(args)] = args
                 slot[mb.FN] = addr
+                slot[mb.LINGER] = self.SPIN if linger else 0
                 slot[mb.STATE] = job  # (x86 keeps these stores in order: the worker sees SEQ last)
                 slot[mb.SEQ] = job
                 if exchange(self.ptrs[w], mb.SLEEPING, 0) == 1:
@@ -252,11 +254,13 @@ def _forget_pool() -> None:
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-def run(fn, args: tuple, parallel: bool = True) -> None:
+def run(fn, args: tuple, parallel: bool = True, linger: bool = False) -> None:
     """Run a chunked kernel (one whose threads claim work from counters passed in `args`, zeroed by the
     caller: irkit.chunked) on this thread and, when `parallel`, on `threads()-1` workers too. A worker that
     has not taken the job by the time this thread has claimed every chunk is not waited for (the job is
-    cancelled); one that has taken it is waited for. `args` are integers and pointers only."""
+    cancelled); one that has taken it is waited for. `args` are integers and pointers only. `linger`: the
+    workers wait for the next job spinning for ~2 ms (a decode step's GEMVs), else they sleep at once (after
+    a prefill kernel a spinning worker would take a core from BLAS's threads)."""
     global _pool
     t = _n_threads if parallel else 1
     if t <= 1:
@@ -264,4 +268,4 @@ def run(fn, args: tuple, parallel: bool = True) -> None:
         return
     if _pool is None or len(_pool.ptrs) < t - 1:
         _pool = _Pool(t - 1)
-    _pool.run(fn, args, t - 1)
+    _pool.run(fn, args, t - 1, linger)

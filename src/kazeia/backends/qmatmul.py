@@ -142,7 +142,7 @@ class WeightSet:
             ctr = np.zeros(nw, dtype=np.int64)
             args = (_ptr(self.desc), nw, self.k // QK, xp + 4 * xs * m0, xs, yp + 4 * ys * m0, ys, _ptr(ctr),
                     GEMV_CHUNK if parallel else 1 << 40)
-            native.run(lib[f"matvec_{self.kind}_m{min(4, m - m0)}"], args, parallel)
+            native.run(lib[f"matvec_{self.kind}_m{min(4, m - m0)}"], args, parallel, linger=True)
         if y is not out:
             out[...] = y
         return out

@@ -10,10 +10,12 @@ process) that wants the core gets it.
 Mailbox (int64 slots): SEQ (the last job posted), STATE (the job number while it is open, -job once a worker
 took it, 0 once the poster cancelled it), DONE (the last job a worker finished), SLEEPING (1 while the worker
 is, or is about to be, asleep on its semaphore), SEEN (the last job number the worker looked at), FN (the
-kernel's address), ARGS (up to MAX_ARGS integer or pointer arguments). The poster writes FN and ARGS, then
-STATE, then SEQ; a worker runs a job only after its compare-and-swap of STATE from the job number to its
-negative succeeded, and the poster's cancel is the compare-and-swap from the job number to 0, so a job runs
-on a worker at most once and only with the arguments posted for it. Kernels are called with MAX_ARGS int64
+kernel's address), LINGER (how many pauses the worker waits for a next job after this one: a decode step's
+GEMVs come every 0.1-1 ms, while after other kernels a spinning thread would only take a core from BLAS),
+ARGS (up to MAX_ARGS integer or pointer arguments). The poster writes FN, LINGER and ARGS, then STATE, then
+SEQ; a worker runs a job only after its compare-and-swap of STATE from the job number to its negative
+succeeded, and the poster's cancel is the compare-and-swap from the job number to 0, so a job runs on a
+worker at most once and only with the arguments posted for it. Kernels are called with MAX_ARGS int64
 arguments whatever their arity: under the System V x86-64 convention the callee reads its own leading
 integer arguments and ignores the rest (every kernel of native.py takes integers and pointers only).
 """
@@ -27,7 +29,7 @@ if TYPE_CHECKING:  # native.py reads the layout below on every start; llvmlite.i
 
     from kazeia.backends.irkit import Kernel
 
-SEQ, STATE, DONE, SLEEPING, SEEN, FN, ARGS = 0, 1, 2, 3, 4, 5, 8
+SEQ, STATE, DONE, SLEEPING, SEEN, FN, LINGER, ARGS = 0, 1, 2, 3, 4, 5, 6, 8
 MAX_ARGS = 16
 YIELD_EVERY = 32  # idle pauses between two sched_yield calls (a power of two)
 SLOT_WORDS = ARGS + MAX_ARGS
@@ -50,7 +52,8 @@ def _load(k: Kernel, slot: ir.Value, word: int) -> ir.Value:
 
 
 def _serve(module: ir.Module) -> None:
-    """pool_serve(slot, spin) -> jobs run: run the jobs posted to `slot` until `spin` pauses pass without one."""
+    """pool_serve(slot, spin) -> jobs run: run the jobs posted to `slot` until a wait for the next one passes
+    its budget of pauses: `spin` before the first job, then the LINGER of the job last run."""
     from llvmlite import ir
 
     from kazeia.backends.irkit import I64, VOID, Kernel, i64, ptr
@@ -59,11 +62,12 @@ def _serve(module: ir.Module) -> None:
     b, slot = k.b, k.a.slot
     idle = k.var(I64, 0, "idle")
     ran = k.var(I64, 0, "ran")
+    budget = k.var(I64, k.a.spin, "budget")
     head, body, got, take, wait, end = (k.fn.append_basic_block(n) for n in
                                         ("head", "body", "got", "take", "wait", "end"))
     b.branch(head)
     b.position_at_end(head)
-    b.cbranch(b.icmp_signed("<", b.load(idle), k.a.spin), body, end)
+    b.cbranch(b.icmp_signed("<", b.load(idle), b.load(budget)), body, end)
     b.position_at_end(body)
     s = _load(k, slot, SEQ)
     b.cbranch(b.icmp_signed("!=", s, b.load_atomic(k.gep(slot, SEEN), "monotonic", 8)), got, wait)
@@ -74,6 +78,7 @@ def _serve(module: ir.Module) -> None:
     b.position_at_end(take)
     fnty = ir.FunctionType(VOID, [I64] * MAX_ARGS)
     fn = b.inttoptr(_load(k, slot, FN), ptr(fnty))
+    b.store(b.load(k.gep(slot, LINGER)), budget)
     b.call(fn, [b.load(k.gep(slot, ARGS + j)) for j in range(MAX_ARGS)])
     b.store_atomic(s, k.gep(slot, DONE), "release", 8)
     b.store(b.add(b.load(ran), i64(1)), ran)
