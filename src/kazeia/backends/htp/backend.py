@@ -47,6 +47,7 @@ class HtpBackend(Backend):
         self._modeled_done = 0.0
         self._op_seconds: dict[int, tuple[Tensor, float]] = {}  # modeled DSP time per node, for the timing model
         self._batched_settings: HtpSettings | None = None  # a synchronous session's settings before --sync
+        self._supported: dict[int, tuple] = {}  # supports() answers by node (see there)
 
     @classmethod
     def from_options(cls, opts, cpu_fallback=None) -> HtpBackend:
@@ -54,7 +55,16 @@ class HtpBackend(Backend):
 
     # --- Backend ---
     def supports(self, node: Tensor) -> bool:
-        return supports_op(node, self.settings)
+        """supports_op, kept by node: the scheduler asks for every node of a reused graph on every token, and
+        the answer depends only on the node's op, params, shapes, types and sources (and the fixed settings)."""
+        hit = self._supported.get(id(node))
+        if (hit is None or hit[0] is not node or hit[1] is not node.src or hit[2] is not node.params
+                or hit[3] is not node.ne or hit[4] is not node.nb):
+            if len(self._supported) > 16384:
+                self._supported.clear()
+            hit = self._supported[id(node)] = (node, node.src, node.params, node.ne, node.nb,
+                                               supports_op(node, self.settings))
+        return hit[5]
 
     def begin_graph(self, graph: Graph) -> None:
         super().begin_graph(graph)

@@ -33,6 +33,12 @@ class DspOps(NumpyOps):
             raise TypeError(f"{t.name}: the DSP reads {t.type.name} only through matmul")
         return f16_to_f32(array(t)) if t.type == GGMLType.F16 else np.asarray(array(t), dtype=np.float32)
 
+    def load_c(self, t: Tensor) -> np.ndarray:
+        """np.ascontiguousarray(load(t)), an F16 tensor widened straight into C order (a KV cache view)."""
+        if t.type == GGMLType.F16:
+            return f16_to_f32(array(t), order="C")
+        return np.ascontiguousarray(self.load(t))
+
     def load_rows(self, t: Tensor, sel: np.ndarray) -> np.ndarray:
         return np.asarray(array(t)[0, 0, sel], dtype=np.float32)
 
@@ -109,7 +115,8 @@ class Executor:
     # --- flash attention ---
     def _flash_attn(self, n: Tensor, use_hmx: bool) -> None:
         # (S, H, T, D) with S = 1 (ne3): work on 3-D stacks of C-contiguous matrices so numpy uses BLAS
-        q, k, v = (self.io.load(s)[0] for s in n.src[:3])  # (H, T, D), (Hkv, n_kv, D), (Hkv, n_kv, Dv)
+        q = self.io.load(n.src[0])[0]                                     # (H, T, D)
+        k, v = (self.io.load_c(s)[0] for s in n.src[1:3])                # (Hkv, n_kv, D), (Hkv, n_kv, Dv)
         mask = self.io.load(n.src[3])[0, 0] if len(n.src) > 3 and n.src[3] is not None else None  # (T', n_kv)
         hkv = k.shape[0]
         # GQA: query head h reads KV head h // (H / Hkv). The KV matrices are broadcast over the g heads of their group
@@ -132,8 +139,10 @@ class Executor:
             p16 = round_fp16(p)
             o = np.zeros(q.shape[:-1] + (v.shape[-1],), dtype=np.float32)
             for j in range(0, p.shape[-1], FA_KV_BLOCK):  # per KV block: fp16 read-out, fp32 accumulation
-                pj = np.ascontiguousarray(p16[..., j:j + FA_KV_BLOCK])
-                vj = np.ascontiguousarray(v[:, :, j:j + FA_KV_BLOCK])
+                # the blocks are views: each of their matrices is row-contiguous, so numpy makes the same BLAS
+                # calls as on copies (only the leading dimension differs; the same bits on 882 shapes tried)
+                pj = p16[..., j:j + FA_KV_BLOCK]
+                vj = v[:, :, j:j + FA_KV_BLOCK]
                 o += round_fp16(self._grouped(np.matmul, pj, vj, hkv))
         else:
             o = self._grouped(np.matmul, p, v, hkv)

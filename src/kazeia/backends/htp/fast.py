@@ -113,17 +113,17 @@ def round_hw(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 F16_LOAD_MIN_ELEMS = 1 << 14     # fp16 arrays below this are widened by numpy
 
 
-def f16_to_f32(a: np.ndarray) -> np.ndarray:
+def f16_to_f32(a: np.ndarray, order: str = "K") -> np.ndarray:
     """np.asarray(a, dtype=np.float32) of a float16 array (a KV cache view: (1, heads, cells, D), strided), the
     same bits, NaN payloads included, in the same memory order numpy picks (numpy widens fp16 in software:
-    ~2 ns an element, this ~7x less)."""
+    ~2 ns an element, this ~7x less); order="C": np.ascontiguousarray of that (made C-contiguous directly)."""
     k = lib()
     if (k is None or a.dtype != np.float16 or a.ndim != 4 or a.shape[0] != 1 or a.size < F16_LOAD_MIN_ELEMS
             or a.shape[3] % 8 or a.strides[3] != 2):
-        return np.asarray(a, dtype=np.float32)
-    out = np.empty_like(a, dtype=np.float32)  # order "K", as np.asarray lays its copy out
+        return np.asarray(a, dtype=np.float32, order=order)
+    out = np.empty_like(a, dtype=np.float32, order=order)  # "K": as np.asarray lays its copy out
     if out.strides[3] != 4:
-        return np.asarray(a, dtype=np.float32)
+        return np.asarray(a, dtype=np.float32, order=order)
     _, n2, n1, d = a.shape
     k["f16_rows_f32"](_ptr(a), a.strides[2], a.strides[1], n1, d, _ptr(out), out.strides[2] // 4,
                       out.strides[1] // 4, 0, n2 * n1)
