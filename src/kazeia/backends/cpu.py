@@ -183,25 +183,33 @@ class CpuBackend(NumpyBackend):
             call()
 
     def _call_of(self, node: Tensor):
-        e = self._bound.get(id(node))
-        if e is None or e[0] is not node:
-            e = self._bound[id(node)] = self._bind(node)
+        e = self._entry(node)
         return e[1] if e[1] is not None else functools.partial(self.compute, node)
 
-    def _bind(self, node: Tensor) -> tuple:
-        """(node, bound call or None, hook details) for a node of the current graph."""
-        i, g = self.node_index.get(id(node)), getattr(self, "_indexed", None)  # (set by Backend.begin_graph)
-        if i is None or g is None or i >= len(g.nodes) or g.nodes[i] is not node or not cpu_native.native.available():
-            return (node, None, None)
-        if node.op == "MUL_MAT":
-            got = cpu_native.bind_matmul(self, node, self._fused.get(id(node)))
-            return (node, None, None) if got is None else (node, got[0], got[1])
-        return (node, cpu_native.bind(self, node), {})
-
-    def compute(self, node: Tensor) -> None:
+    def _entry(self, node: Tensor) -> tuple:
+        """(node, bound call or None, hook details): kept for a node of the current graph; a node of no graph begun
+        here (a replayed op, a row-split piece) is bound for this call only, with nothing shared, so it runs the
+        same kernel as it did inside its graph."""
         e = self._bound.get(id(node))
         if e is None or e[0] is not node:
-            e = self._bound[id(node)] = self._bind(node)
+            i, g = self.node_index.get(id(node)), getattr(self, "_indexed", None)  # (set by Backend.begin_graph)
+            member = i is not None and g is not None and i < len(g.nodes) and g.nodes[i] is node
+            e = self._bind(node, member)
+            if member:
+                self._bound[id(node)] = e
+        return e
+
+    def _bind(self, node: Tensor, member: bool) -> tuple:
+        if not cpu_native.native.available():
+            return (node, None, None)
+        shared = self.native_shared if member else {}
+        if node.op == "MUL_MAT":
+            got = cpu_native.bind_matmul(self, node, self._fused.get(id(node)) if member else None, shared)
+            return (node, None, None) if got is None else (node, got[0], got[1])
+        return (node, cpu_native.bind(self, node, shared), {})
+
+    def compute(self, node: Tensor) -> None:
+        e = self._entry(node)
         if e[1] is not None:
             if not self.hooks:
                 return e[1]()

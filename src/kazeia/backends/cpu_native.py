@@ -64,12 +64,16 @@ def _plain(be, node: Tensor) -> bool:
     return KERNELS.get(node.op) is _KERNELS_AT_IMPORT.get(node.op)
 
 
-def bind(be, node: Tensor) -> Callable[[], None] | None:
+def bind(be, node: Tensor, shared: dict | None = None) -> Callable[[], None] | None:
+    """`shared`: state the bound calls of one graph share (rope tables), kept by the backend per graph placement;
+    None (or a fresh dict) for a node bound on its own."""
     binder = _BINDERS.get(node.op)
     if binder is None or not _plain(be, node):
         return None
     if any(s is not None and s.buffer is None for s in node.src) or node.buffer is None:
         return None
+    if node.op == "ROPE":
+        return binder(be, node, lib(), {} if shared is None else shared)
     return binder(be, node, lib())
 
 
@@ -116,7 +120,7 @@ def _bind_glu(be, n: Tensor, L) -> Callable | None:
     return lambda: fn(*args)
 
 
-def _bind_rope(be, n: Tensor, L) -> Callable | None:
+def _bind_rope(be, n: Tensor, L, shared: dict) -> Callable | None:
     p = n.params
     x, pos = n.src[0], n.src[1]
     if p.get("ext_factor", 0.0) != 0.0 or p["mode"] not in (ROPE_NORM, ROPE_NEOX) or not _f32(x, n) or x.ne != n.ne:
@@ -129,7 +133,7 @@ def _bind_rope(be, n: Tensor, L) -> Callable | None:
     head = (addr(x), addr(n))
     tail = (x.ne[3], x.ne[2], x.ne[1], x.ne[0], nd, x.nb[1] // 4, x.nb[2] // 4, x.nb[3] // 4,
             n.nb[1] // 4, n.nb[2] // 4, n.nb[3] // 4)
-    tab = _RopeTable.of(be, pos, p)
+    tab = _RopeTable.of(shared, pos, p)
 
     def run() -> None:
         if tab.run_id != be.run_id:  # the first rope of this run: every other Q and K rope shares its table
@@ -144,11 +148,11 @@ class _RopeTable:
     attn_factor in float32 (numpy_ops.rope_angles' operations, in its order)."""
 
     @classmethod
-    def of(cls, be, pos: Tensor, p: dict) -> _RopeTable:
+    def of(cls, shared: dict, pos: Tensor, p: dict) -> _RopeTable:
         key = ("rope", id(pos), p["n_dims"], p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
-        hit = be.native_shared.get(key)
+        hit = shared.get(key)
         if hit is None:
-            hit = be.native_shared[key] = cls(pos, p)
+            hit = shared[key] = cls(pos, p)
         return hit
 
     def __init__(self, pos: Tensor, p: dict) -> None:
@@ -316,9 +320,10 @@ def _gemv_ok(be, ws: tuple[Tensor, ...], x: Tensor) -> bool:
     return be.weight_set(ws).kind is not None
 
 
-def bind_matmul(be, n: Tensor, member) -> tuple[Callable[[], None], dict] | None:
+def bind_matmul(be, n: Tensor, member, shared: dict) -> tuple[Callable[[], None], dict] | None:
     """The bound call of a MUL_MAT node on a 2-D weight with one row of input, and its hook details (fused=...),
-    or None. `member`: the node's place in a fused group (CpuBackend._Member), or None."""
+    or None. `member`: the node's place in a fused group (CpuBackend._Member), or None; `shared`: the groups'
+    products of this graph."""
     w, x = n.src[0], n.src[1]
     if not _plain(be, n) or n.type != GGMLType.F32 or n.nb[0] != 4 or n.nelements != n.ne[0]:
         return None
@@ -328,7 +333,6 @@ def bind_matmul(be, n: Tensor, member) -> tuple[Callable[[], None], dict] | None
         return _gemv_call(be.weight_set((w,)), addr(x), addr(n)), {}
     if not _gemv_ok(be, member.weights, x):
         return None
-    shared = be.native_shared
     g = shared.get(member.key)
     if g is None:
         g = shared[member.key] = _Group(be, member.weights, x)
