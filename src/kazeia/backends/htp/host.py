@@ -114,7 +114,7 @@ class OpBatch:
             self._buf_index[id(t.buffer)] = bi
             self.vmem += t.buffer.size
         flags = TENSOR_COMPUTE if t.buffer.usage == BufferUsage.COMPUTE else 0
-        d = TensorDesc(len(self.tensors), t, addr, t.nbytes, t.type, t.ne, t.nb, flags, bi)
+        d = TensorDesc(len(self.tensors), t, addr, _nbytes(t), t.type, t.ne, t.nb, flags, bi)
         self.tensors.append(d)
         self._by_data.setdefault(addr, []).append(d.index)
         self._by_tensor[id(t)] = d.index
@@ -126,6 +126,20 @@ class OpBatch:
         op = OpDesc(len(self.ops), node, src, dst, graph_index)
         self.ops.append(op)
         return op
+
+
+_NBYTES: dict[tuple, int] = {}
+
+
+def _nbytes(t: Tensor) -> int:
+    """t.nbytes, kept by (type, ne, nb): a decode describes the same few shapes every token."""
+    key = (t.type, t.ne, t.nb)
+    n = _NBYTES.get(key)
+    if n is None:
+        if len(_NBYTES) > 65536:
+            _NBYTES.clear()
+        n = _NBYTES[key] = t.nbytes
+    return n
 
 
 def op_desc_line(node: Tensor, session: str, flags: int = 0) -> str:

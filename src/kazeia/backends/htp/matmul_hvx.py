@@ -6,6 +6,7 @@ A mixin of MatmulUnit: it uses the unit's `settings`, `profile` and `weights` (t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,12 @@ from kazeia.backends.htp.vtcm import Area
 from kazeia.graph.tensor import GGMLType, Tensor, array, type_name
 
 _KIND = {GGMLType.Q4_1: "q8_1x4x2", GGMLType.F16: "f16"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _modeled_seconds(m: int, k: int, n: int, wtype: GGMLType) -> float:
+    """cost.hvx_matmul_seconds with the default cost model (a pure function of the shape: kept)."""
+    return cost.hvx_matmul_seconds(m, k, n, wtype)
 
 
 def _qt(t: GGMLType) -> str:
@@ -94,7 +101,7 @@ class HvxPath:
         out = array(node)
         out[...] = y.reshape(out.shape)
         return OpRecord("hvx", STATUS_OK, {"reason": reason, "src1_reused": reused, "vtcm_used": plan.used,
-                                           "modeled_s": cost.hvx_matmul_seconds(M, K, N, w.type)})
+                                           "modeled_s": _modeled_seconds(M, K, N, w.type)})
 
     def _hvx_vtcm(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> tuple[np.ndarray, bool]:
         node = op.node

@@ -194,9 +194,13 @@ class Vtcm:
     def write_views(self, spans: list[tuple[int, int]], pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         """dst[...] = src for each (dst, src) of `pairs`, dst made by `run_views(spans)`: the same as
         `write_runs` of those spans (a write changes the bytes, its cover only the deferred writes)."""
-        if self._pending or self._ready:
+        if self._pending:
             for offset, nbytes in spans:
                 self._cover(offset, offset + nbytes)
+        elif self._ready:  # (only ready writes deferred: the usual case in a decode)
+            for offset, nbytes in spans:
+                if nbytes:
+                    self._cover_ready(offset, offset + nbytes)
         for dst, src in pairs:
             dst[...] = src
 
