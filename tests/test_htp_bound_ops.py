@@ -105,3 +105,35 @@ def test_bound_scratch_writes_are_the_per_area_rule(case):
     _place([*inputs, node], rng, pad=4096)
     writer.write(dsp, node, sc, binding)
     assert np.array_equal(bound.mem, _expected(node, sc, SETTINGS.vtcm_bytes, seed))
+
+
+@pytest.mark.parametrize("op", ["ADD", "MUL"])
+@pytest.mark.parametrize("b_ne", [(2560, 1, 1, 1), (2560, 3, 1, 1), (2560, 1, 2, 1), (1, 1, 1, 1)])
+def test_bound_elementwise_is_the_kernel(op, b_ne):
+    """An ADD / MUL bound to its ufunc writes the kernel's bits (NaN, inf, -0.0 and a dst on src0 included)."""
+    from kazeia.backends.htp.executor import DspOps, _elementwise_ufunc
+    from kazeia.backends.numpy_ops import KERNELS
+
+    rng = np.random.default_rng(len(b_ne) + b_ne[0])
+    f32 = GGMLType.F32
+    for inplace in (False, True):
+        a, b = make_tensor(f32, (2560, 3, 2), "a"), make_tensor(f32, b_ne, "b")
+        out = make_tensor(f32, (2560, 3, 2), "out", op=op, src=(a, b))
+        _place([a, b, out], rng)
+        if inplace:
+            out.offset = a.offset
+        for t in (a, b):
+            v = array(t)
+            v[...] = rng.standard_normal(v.shape).astype(np.float32) * 1e30
+            special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0], np.float32)
+            v.reshape(-1)[:5] = special[: min(5, v.size)]
+        snapshot = [np.array(array(t)) for t in (a, b)]
+        fn = _elementwise_ufunc(out)
+        assert fn is not None
+        with np.errstate(all="ignore"):
+            fn(array(a), array(b), out=array(out))
+        got = np.array(array(out))
+        array(a)[...], array(b)[...] = snapshot
+        with np.errstate(all="ignore"):
+            KERNELS[op](DspOps(), out)
+        assert got.tobytes() == np.array(array(out)).tobytes()

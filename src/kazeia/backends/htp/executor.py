@@ -62,6 +62,20 @@ class BoundOp:
     path: str
     program: ScratchBinding
     effect: str
+    ufunc: np.ufunc | None = None  # ADD / MUL of float32 rows numpy broadcasts: computed straight into dst
+
+
+def _elementwise_ufunc(node: Tensor) -> np.ufunc | None:
+    """np.add / np.multiply for an ADD / MUL whose float32 src1 numpy broadcasts over src0 (each dim equal or 1)
+    and whose dst has src0's shape: the kernels' `a + broadcast(b)` elementwise, the same float32 operations
+    written into dst at once (no loaded copies, no temporary); None for anything else (the kernels run)."""
+    fn = {"ADD": np.add, "MUL": np.multiply}.get(node.op)
+    if fn is None or len(node.src) != 2 or any(t is None or t.type != GGMLType.F32 for t in (*node.src, node)):
+        return None
+    a, b = node.src
+    if node.ne != a.ne or not all(y in (x, 1) for x, y in zip(a.ne, b.ne)):
+        return None
+    return fn
 
 
 FA_KV_BLOCK = 128  # KV rows per HMX flash-attention step (fp16 P@V partial results are rounded per step)
@@ -94,6 +108,8 @@ class Executor:
                 dsp.hmx_scale = float(node.params["scale"])  # its qk-scale block is the last one loaded
         elif node.op in KERNELS_DSP:  # SSM_CONV, GATED_DELTA_NET, CONCAT: their own VTCM use and numerics
             KERNELS_DSP[node.op](self.io, dsp.vtcm, node, sc)
+        elif b.ufunc is not None:
+            b.ufunc(array(node.src[0]), array(node.src[1]), out=array(node))
         else:
             KERNELS[node.op](self.io, node)
         self.scratch.after_op(dsp, octx, op, batch, path, sc, b.program, b.effect)
@@ -108,7 +124,7 @@ class Executor:
         sc = self.scratch.layout(node)
         path = sc.info.get("path", "hvx")
         b = BoundOp(node, node.src, node.route_path, sc, path, ScratchBinding(self.scratch.program(node, sc)),
-                    self.scratch.src1_effect(node, path))
+                    self.scratch.src1_effect(node, path), _elementwise_ufunc(node))
         self._bound[id(node)] = b
         return b
 
