@@ -339,3 +339,25 @@ def test_node_alone_runs_the_kernel_it_ran_in_its_graph():
         array(node)[...] = 0
         CpuBackend().compute(node)  # no begin_graph
         np.testing.assert_array_equal(np.array(array(node), np.float64), in_graph)
+
+
+def test_programs_match_per_node_calls(tiny_qwen3_q4):
+    """A decode with no hook runs programs (runs of native calls in one call); with a hook, node by node: the same
+    bits, prompt and decode steps (Q4_0 GEMVs, fused Q/K/V and gate/up, ropes, KV stores, flash attention)."""
+    from kazeia.backends.base import Hook
+    from kazeia.engine.context import Context
+    from oracle_utils import shared_model
+
+    def logits(hook: bool) -> np.ndarray:
+        ctx = Context(shared_model(tiny_qwen3_q4), Scheduler([CpuBackend()]), n_ctx=64, flash_attn=True)
+        if hook:
+            ctx.scheduler.add_hook(Hook())
+        out = [ctx.decode([5, 9, 2, 7, 11])] + [ctx.decode([t]) for t in (3, 8, 1)]
+        return np.stack(out)
+
+    np.testing.assert_array_equal(logits(False), logits(True))
+    be = CpuBackend()
+    ctx = Context(shared_model(tiny_qwen3_q4), Scheduler([be]), n_ctx=64, flash_attn=True)
+    ctx.decode([5])
+    (calls,) = [c for _, _, c in be._calls.values()]
+    assert any(isinstance(c, cpu_native._Program) for c in calls)

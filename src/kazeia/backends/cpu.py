@@ -141,7 +141,7 @@ class CpuBackend(NumpyBackend):
         # per graph: (graph, where the allocator placed it, node id -> (node, bound call, hook details), groups)
         self._plans: dict[int, tuple[Graph, tuple, dict, dict]] = {}
         self._bound: dict[int, tuple] = {}
-        self._calls: dict[int, tuple] = {}  # id(node list) -> (node list, its calls), per graph placement
+        self._calls: dict[int, tuple] = {}  # id(node list) -> (node list, thread count, its calls), per placement
         self.native_shared: dict[tuple, object] = {}  # what bound calls of the current graph share (cpu_native)
         self.run_id = 0  # counts graph runs: a fused group computes its product once per run
 
@@ -172,14 +172,18 @@ class CpuBackend(NumpyBackend):
         self._bound, self.native_shared, self._calls = hit[2], hit[3], hit[4]
 
     def run_nodes(self, nodes: list[Tensor]) -> None:
-        """With no hook attached, the nodes' bound calls one after the other (a list made once per graph
-        placement; a node without one goes through compute). A subclass that watches compute gets every node."""
+        """With no hook attached, the nodes' bound calls one after the other, each run of native ones as one program
+        (a list made once per graph placement and thread count; a node without a bound call goes through compute).
+        A subclass that watches compute gets every node."""
         if self.hooks or type(self).compute is not CpuBackend.compute:
             return super().run_nodes(nodes)
         hit = self._calls.get(id(nodes))
-        if hit is None or hit[0] is not nodes:
-            hit = self._calls[id(nodes)] = (nodes, [self._call_of(n) for n in nodes])
-        for call in hit[1]:
+        if hit is None or hit[0] is not nodes or hit[1] != cpu_native.native.threads():
+            calls = [self._call_of(n) for n in nodes]
+            if cpu_native.native.available():
+                calls = cpu_native.program(calls)  # runs of native calls: one call of simd_ops.run_program each
+            hit = self._calls[id(nodes)] = (nodes, cpu_native.native.threads(), calls)
+        for call in hit[2]:
             call()
 
     def _call_of(self, node: Tensor):

@@ -86,8 +86,8 @@ def _bind_rms_norm(be, n: Tensor, L) -> Callable | None:
     rx, ry = _rows(x), _rows(n)
     if not _f32(x, n) or rx is None or ry is None or x.ne != n.ne:
         return None
-    fn, args = L["rms_norm"], (addr(x), addr(n), rx[0], x.ne[0], rx[1], ry[1], float(n.params["eps"]))
-    return lambda: fn(*args)
+    fn, args = L["rms_norm"], (addr(x), addr(n), rx[0], x.ne[0], rx[1], ry[1], _bits64(n.params["eps"]))
+    return _simple(fn, args)
 
 
 def _bind_binary(name: str):
@@ -103,7 +103,7 @@ def _bind_binary(name: str):
         else:
             return None
         fn, args = L[name], (addr(a), addr(b), addr(n), ra[0], a.ne[0], ra[1], brs, ry[1])
-        return lambda: fn(*args)
+        return _simple(fn, args)
     return binder
 
 
@@ -117,7 +117,7 @@ def _bind_glu(be, n: Tensor, L) -> Callable | None:
     if not _f32(a, b, n) or ra is None or rb is None or ry is None or not a.ne == b.ne == n.ne:
         return None
     fn, args = L["swiglu"], (addr(a), addr(b), addr(n), ra[0], a.ne[0], ra[1], rb[1], ry[1])
-    return lambda: fn(*args)
+    return _simple(fn, args)
 
 
 def _bind_rope(be, n: Tensor, L, shared: dict) -> Callable | None:
@@ -130,15 +130,18 @@ def _bind_rope(be, n: Tensor, L, shared: dict) -> Callable | None:
             or pos.ne[0] != x.ne[2]):
         return None
     fn = L["rope_neox" if p["mode"] == ROPE_NEOX else "rope_norm"]
-    head = (addr(x), addr(n))
-    tail = (x.ne[3], x.ne[2], x.ne[1], x.ne[0], nd, x.nb[1] // 4, x.nb[2] // 4, x.nb[3] // 4,
-            n.nb[1] // 4, n.nb[2] // 4, n.nb[3] // 4)
     tab = _RopeTable.of(shared, pos, p)
+    prm = np.array([addr(x), addr(n), tab.cp, tab.sp, x.ne[3], x.ne[2], x.ne[1], x.ne[0], nd, x.nb[1] // 4,
+                    x.nb[2] // 4, x.nb[3] // 4, n.nb[1] // 4, n.nb[2] // 4, n.nb[3] // 4], dtype=np.int64)
+    pp = prm.ctypes.data
 
     def run() -> None:
         if tab.run_id != be.run_id:  # the first rope of this run: every other Q and K rope shares its table
             tab.fill(be.run_id)
-        fn(*head, tab.cp, tab.sp, *tail)
+        fn(pp)
+        prm  # noqa: B018 - the kernel reads it
+    run.steps = [(0, _address(fn), (pp,))]
+    run.table = tab  # a program fills it before the first rope that reads it
     return run
 
 
@@ -160,9 +163,10 @@ class _RopeTable:
         self.inv = p["freq_base"] ** (-np.arange(0, nd, 2, dtype=np.float64) / nd)
         self.cos, self.sin = np.empty((T, nd // 2), np.float32), np.empty((T, nd // 2), np.float32)
         self.cp, self.sp = self.cos.ctypes.data, self.sin.ctypes.data
-        self.args = (addr(pos), self.inv.ctypes.data, float(p["freq_scale"]),
-                     float(np.float32(p.get("attn_factor", 1.0))), T, nd // 2, self.cp, self.sp)
+        self.args = (addr(pos), self.inv.ctypes.data, _bits64(p["freq_scale"]),
+                     _bits32(p.get("attn_factor", 1.0)), T, nd // 2, self.cp, self.sp)
         self.fn = lib()["rope_table"]
+        self.steps = [(0, _address(self.fn), self.args)]
         self.run_id = -1
         self.pos_buffer = pos.buffer  # the kernel reads the positions' memory
 
@@ -180,9 +184,14 @@ def _bind_set_rows(be, n: Tensor, L) -> Callable | None:
         return None
     fn, args = L["set_rows_f16"], (addr(src), addr(ids), addr(n), ids.ne[0], src.ne[0], rs[1], rd[1], n.ne[1])
 
+    def bad() -> Exception:
+        return IndexError(f"{n.name}: row id out of range [0, {n.ne[1]})")
+
     def run() -> None:
         if fn(*args) != 0:
-            raise IndexError(f"{n.name}: row id out of range [0, {n.ne[1]})")
+            raise bad()
+    run.steps = [(1, _address(fn), args)]
+    run.error = bad
     return run
 
 
@@ -230,9 +239,8 @@ def _bind_cpy(be, n: Tensor, L) -> Callable | None:
     ids = np.arange(rs[0], dtype=np.int64)
     fn, args = L["set_rows_f16"], (addr(src), ids.ctypes.data, addr(n), rs[0], n.ne[0], rs[1], rd[1], rs[0])
 
-    def run() -> None:
-        fn(*args)
-        ids  # noqa: B018 - the kernel reads it
+    run = _simple(fn, args)
+    run.keep = ids  # the kernel reads it
     return run
 
 
@@ -268,11 +276,9 @@ def _bind_flash_attn(be, n: Tensor, L) -> Callable | None:
     q, k, v, m = n.src[:4]
     desc = np.array(prm, dtype=np.int64)
     fn = L[f"flash_attn_{_KIND[k.type]}_{_KIND[m.type]}"]
-    args = (desc.ctypes.data, addr(q), addr(k), addr(v), addr(m), addr(n), float(np.float32(p["scale"])))
-
-    def run() -> None:
-        fn(*args)
-        desc  # noqa: B018 - the call reads desc's memory: keep it alive with the bound call
+    args = (desc.ctypes.data, addr(q), addr(k), addr(v), addr(m), addr(n), _bits32(p["scale"]))
+    run = _simple(fn, args)
+    run.keep = desc  # the kernel reads it
     return run
 
 
@@ -307,10 +313,13 @@ def _gemv_call(s, xp: int, yp: int) -> Callable[[], None]:
     def call() -> None:
         memset(cp, 0, cn)
         if s.parallel and threads() > 1:
-            run(fn, shared, True)
+            run(fn, shared, True, linger=True)  # (the decode GEMVs: the workers wait spinning for the next)
         else:
             fn(*alone)
         desc, ctr  # noqa: B018 - the kernel reads their memory
+    # the program form when the pool is not used (the counters zeroed, then the kernel alone)
+    call.serial_steps = [(0, _MEMSET, (cp, 0, cn)), (0, _address(fn), alone)]
+    call.parallel = lambda: s.parallel and threads() > 1
     return call
 
 
@@ -330,7 +339,9 @@ def bind_matmul(be, n: Tensor, member, shared: dict) -> tuple[Callable[[], None]
     if member is None:
         if not (w.flags & TFlag.WEIGHT and w.ne[2] == w.ne[3] == 1) or not _gemv_ok(be, (w,), x):
             return None
-        return _gemv_call(be.weight_set((w,)), addr(x), addr(n)), {}
+        call = _gemv_call(be.weight_set((w,)), addr(x), addr(n))
+        call.gemv = call
+        return call, {}
     if not _gemv_ok(be, member.weights, x):
         return None
     g = shared.get(member.key)
@@ -344,7 +355,93 @@ def bind_matmul(be, n: Tensor, member, shared: dict) -> tuple[Callable[[], None]
             g.call()
             g.run_id = be.run_id
         memmove(yp, src, nbytes)
+    run.gemv, run.group = g.call, g  # a program computes the product at the group's first member in the list
+    run.steps = [(0, _MEMMOVE, (yp, src, nbytes))]
     return run, {"fused": len(member.weights)}
+
+
+# --- programs: runs of bound calls as one native call ---------------------------------------------------------
+# A bound call that a program can make carries `steps` [(kind, function address, int args)] (simd_ops.run_program);
+# a rope carries its table (filled before its first rope), a GEMV its serial steps (a pooled one stays a Python
+# call), a fused member its group (the product is computed at the group's first member in the list).
+
+_MEMMOVE = ctypes.cast(ctypes.memmove, ctypes.c_void_p).value
+_MEMSET = ctypes.cast(ctypes.memset, ctypes.c_void_p).value
+
+
+def _address(fn) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def _bits64(x: float) -> int:
+    return int(np.array(x, dtype=np.float64).view(np.int64))
+
+
+def _bits32(x: float) -> int:
+    return int(np.array(x, dtype=np.float32).view(np.int32))
+
+
+def _simple(fn, args: tuple) -> Callable[[], None]:
+    def run() -> None:
+        fn(*args)
+    run.steps = [(0, _address(fn), args)]
+    return run
+
+
+class _Program:
+    """Steps of consecutive bound calls, run by one call of simd_ops.run_program."""
+
+    def __init__(self, steps: list[tuple], errors: dict[int, Callable[[], Exception]]) -> None:
+        words = []
+        for kind, fa, args in steps:
+            words += [kind, fa, len(args), *args]
+        self.words = np.array(words, dtype=np.int64)
+        self.n, self.errors = len(steps), errors
+        self.fn, self.wp = lib()["run_program"], self.words.ctypes.data
+
+    def __call__(self) -> None:
+        r = self.fn(self.wp, self.n)
+        if r:
+            raise self.errors[r - 1]()
+
+
+def program(calls: list[Callable[[], None]]) -> list[Callable[[], None]]:
+    """The calls of a node list (CpuBackend.run_nodes), runs of program-able ones merged into _Program calls. Made
+    for the current thread count (a pooled GEMV stays a Python call)."""
+    out: list[Callable[[], None]] = []
+    steps: list[tuple] = []
+    errors: dict[int, Callable[[], Exception]] = {}
+    seen: set[int] = set()  # groups and rope tables already computed at an earlier call of the list
+
+    def flush() -> None:
+        if steps:
+            out.append(_Program(list(steps), dict(errors)))
+            steps.clear()
+            errors.clear()
+
+    for call in calls:
+        own, pre = getattr(call, "steps", None), []
+        gemv, group, tab = (getattr(call, a, None) for a in ("gemv", "group", "table"))
+        if gemv is not None and (group is None or id(group) not in seen):
+            if group is not None:
+                seen.add(id(group))
+            if gemv.parallel():
+                own = None  # its Python call computes the product (and marks the group computed for this run)
+            else:
+                pre, own = list(gemv.serial_steps), own or []
+        if tab is not None and id(tab) not in seen:
+            seen.add(id(tab))
+            pre += tab.steps if own is not None else []  # (a Python rope fills its table itself)
+        if own is None:
+            flush()
+            out.append(call)
+            continue
+        steps.extend(pre)
+        if getattr(call, "error", None) is not None:
+            errors[len(steps)] = call.error  # the index of its status step
+        steps.extend(own)
+    flush()
+    return out
 
 
 _BINDERS = {"RMS_NORM": _bind_rms_norm, "ADD": _bind_binary("add"), "MUL": _bind_binary("mul"), "GLU": _bind_glu,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from kazeia.backends.irkit import F16, F32, F64, I16, I32, I64, V8F32, V8I32, Kernel, f32, i64, ptr, splat, vec
+from kazeia.backends.irkit import F16, F32, F64, I16, I32, I64, V8F32, V8I32, VOID, Kernel, f32, i64, ptr, splat, vec
 
 V4F64 = vec(F64, 4)
 V8F16 = vec(F16, 8)
@@ -63,6 +63,13 @@ def exp8(k: Kernel, x: ir.Value) -> ir.Value:
 def exp1(k: Kernel, x: ir.Value) -> ir.Value:
     """exp of one float, by the vector routine (the same bits as a lane of exp8)."""
     return k.b.extract_element(exp8(k, k.broadcast(x, 8)), ir.Constant(I32, 0))
+
+
+class _Fields:
+    """Kernel parameters read from an int64 array, by name (like irkit.Kernel.a)."""
+
+    def __init__(self, d: dict) -> None:
+        self.__dict__.update(d)
 
 
 def _vec_loop(k: Kernel, n: ir.Value, body8, body1) -> None:
@@ -110,9 +117,10 @@ def _swiglu_op(k: Kernel, x: ir.Value, g: ir.Value) -> ir.Value:
 
 
 def _rms_norm(module: ir.Module) -> None:
-    """rms_norm(x, y, nrows, ne0, xrs, yrs, eps): y = x * (float)(1 / sqrt(sum(x^2) / ne0 + eps))."""
+    """rms_norm(x, y, nrows, ne0, xrs, yrs, eps): y = x * (float)(1 / sqrt(sum(x^2) / ne0 + eps)), eps given as the
+    bits of a double (every argument of these kernels is an integer: run_program can call any of them)."""
     k = Kernel(module, "rms_norm", [("x", ptr(F32)), ("y", ptr(F32)), ("nrows", I64), ("ne0", I64), ("xrs", I64),
-                                    ("yrs", I64), ("eps", F64)], noalias=False)
+                                    ("yrs", I64), ("eps", I64)], noalias=False)
     b, a = k.b, k.a
     with _rows(k) as r:
         px, py = k.gep(a.x, b.mul(r, a.xrs)), k.gep(a.y, b.mul(r, a.yrs))
@@ -136,7 +144,7 @@ def _rms_norm(module: ir.Module) -> None:
         tot = b.fadd(b.fadd(b.extract_element(s, ir.Constant(I32, 0)), b.extract_element(s, ir.Constant(I32, 2))),
                      b.fadd(b.extract_element(s, ir.Constant(I32, 1)), b.extract_element(s, ir.Constant(I32, 3))))
         mean = b.fdiv(b.fadd(tot, b.load(tail)), b.sitofp(a.ne0, F64))
-        sq = k.call("llvm.sqrt.f64", F64, b.fadd(mean, a.eps))
+        sq = k.call("llvm.sqrt.f64", F64, b.fadd(mean, b.bitcast(a.eps, F64)))
         inv = b.fptrunc(b.fdiv(ir.Constant(F64, 1.0), sq), F32)
         inv8 = k.broadcast(inv, 8)
         _vec_loop(k, a.ne0, lambda j: k.store_vec(b.fmul(k.load_vec(px, V8F32, j), inv8), py, j),
@@ -146,17 +154,17 @@ def _rms_norm(module: ir.Module) -> None:
 
 # --- rope --------------------------------------------------------------------------------------------------
 
-ROPE_ARGS = [("x", ptr(F32)), ("y", ptr(F32)), ("cos", ptr(F32)), ("sin", ptr(F32)), ("n3", I64), ("T", I64),
-             ("H", I64), ("D", I64), ("nd", I64), ("x_h", I64), ("x_t", I64), ("x_3", I64), ("y_h", I64),
-             ("y_t", I64), ("y_3", I64)]
-ROPE_SIG = "v:ppppiiiiiiiiiii"
+ROPE_FIELDS = ("x", "y", "cos", "sin", "n3", "T", "H", "D", "nd", "x_h", "x_t", "x_3", "y_h", "y_t", "y_3")
 
 
 def _rope(module: ir.Module, neox: bool) -> None:
-    """rope_<mode>(x, y, cos, sin, n3, T, H, D, nd, x strides (head, token, dim 3), y strides): x (n3, T, H, D)
-    rotated by cos/sin[t, i] (T, nd/2) per pair i: NORM pairs (2i, 2i+1), NEOX pairs (i, i + nd/2)."""
-    k = Kernel(module, "rope_neox" if neox else "rope_norm", ROPE_ARGS, noalias=False)
-    b, a = k.b, k.a
+    """rope_<mode>(prm): prm holds ROPE_FIELDS: addresses x, y, cos, sin, sizes n3, T, H, D, nd, x strides (head,
+    token, dim 3), y strides. x (n3, T, H, D) rotated by cos/sin[t, i] (T, nd/2) per pair i: NORM pairs (2i, 2i+1),
+    NEOX pairs (i, i + nd/2)."""
+    k = Kernel(module, "rope_neox" if neox else "rope_norm", [("prm", ptr(I64))])
+    b = k.b
+    a = _Fields({f: k.load(k.a.prm, i) for i, f in enumerate(ROPE_FIELDS)})
+    a.x, a.y, a.cos, a.sin = (b.inttoptr(v, ptr(F32)) for v in (a.x, a.y, a.cos, a.sin))
     half = b.sdiv(a.nd, i64(2))
     with k.loop(0, a.n3, name="i3") as i3, k.loop(0, a.T, name="t") as t, k.loop(0, a.H, name="h") as h:
         px = k.gep(a.x, b.add(b.add(b.mul(i3, a.x_3), b.mul(t, a.x_t)), b.mul(h, a.x_h)))
@@ -178,17 +186,19 @@ def _rope(module: ir.Module, neox: bool) -> None:
 
 def _rope_table(module: ir.Module) -> None:
     """rope_table(pos, inv, fs, af, T, half, cos, sin): cos/sin[t, i] = (float)cos/sin((pos[t] * fs) * inv[i]) * af
-    (float64 angles, libm's cos and sin, one rounding to float32, then the float32 product with af)."""
-    k = Kernel(module, "rope_table", [("pos", ptr(I32)), ("inv", ptr(F64)), ("fs", F64), ("af", F32), ("T", I64),
+    (float64 angles, libm's cos and sin, one rounding to float32, then the float32 product with af); fs given as the
+    bits of a double, af as those of a float."""
+    k = Kernel(module, "rope_table", [("pos", ptr(I32)), ("inv", ptr(F64)), ("fs", I64), ("af", I64), ("T", I64),
                                       ("half", I64), ("cos", ptr(F32)), ("sin", ptr(F32))])
     b, a = k.b, k.a
+    fs, af = b.bitcast(a.fs, F64), b.bitcast(b.trunc(a.af, I32), F32)
     with k.loop(0, a.T, name="t") as t:
-        pt = b.fmul(b.sitofp(k.load(a.pos, t), F64), a.fs)
+        pt = b.fmul(b.sitofp(k.load(a.pos, t), F64), fs)
         with k.loop(0, a.half, name="i") as i:
             th = b.fmul(pt, k.load(a.inv, i))
             o = b.add(b.mul(t, a.half), i)
             for name, dst in (("cos", a.cos), ("sin", a.sin)):
-                k.store(b.fmul(b.fptrunc(k.call(name, F64, th), F32), a.af), dst, o)
+                k.store(b.fmul(b.fptrunc(k.call(name, F64, th), F32), af), dst, o)
     k.ret()
 
 
@@ -237,13 +247,15 @@ def _elem(kind: str) -> ir.Type:
 
 
 def _flash_attn(module: ir.Module, kv: str, mk: str) -> str:
-    """flash_attn_<kv>_<mask>(prm, q, k, v, mask, out, scale): see the module docstring; prm holds FA_FIELDS."""
+    """flash_attn_<kv>_<mask>(prm, q, k, v, mask, out, scale): see the module docstring; prm holds FA_FIELDS, scale
+    is the bits of a float32."""
     name = f"flash_attn_{kv}_{mk}"
     k = Kernel(module, name, [("prm", ptr(I64)), ("q", ptr(F32)), ("k", ptr(_elem(kv))), ("v", ptr(_elem(kv))),
-                              ("mask", ptr(_elem(mk))), ("out", ptr(F32)), ("scale", F32)])
+                              ("mask", ptr(_elem(mk))), ("out", ptr(F32)), ("scale_bits", I64)])
     b, a = k.b, k.a
     p = {f: k.load(a.prm, i) for i, f in enumerate(FA_FIELDS)}
     g = b.sdiv(p["H"], p["Hkv"])
+    scale = b.bitcast(b.trunc(a.scale_bits, I32), F32)
     qs = b.alloca(F32, size=p["D"])        # the scaled query row
     sc = b.alloca(F32, size=p["n_kv"])     # its scores
     acc = b.alloca(F32, size=p["Dv"])      # sum of p v
@@ -256,12 +268,12 @@ def _flash_attn(module: ir.Module, kv: str, mk: str) -> str:
             b.store(b.select(seen, b.add(c, i64(1)), b.load(nv_slot)), nv_slot)
         nv = b.load(nv_slot)
         with k.loop(0, p["H"], name="h") as h:
-            _fa_row(k, kv, mk, p, g, s, t, h, pm, nv, qs, sc, acc)
+            _fa_row(k, kv, mk, p, g, s, t, h, pm, nv, qs, sc, acc, scale)
     k.ret()
     return name
 
 
-def _fa_row(k: Kernel, kv: str, mk: str, p: dict, g, s, t, h, pm, nv, qs, sc, acc) -> None:
+def _fa_row(k: Kernel, kv: str, mk: str, p: dict, g, s, t, h, pm, nv, qs, sc, acc, scale) -> None:
     """One query row of one head: scores of the cells < nv, softmax, sum of p v, into out."""
     b, a = k.b, k.a
     ninf = f32(float("-inf"))
@@ -271,9 +283,9 @@ def _fa_row(k: Kernel, kv: str, mk: str, p: dict, g, s, t, h, pm, nv, qs, sc, ac
     pk = k.gep(a.k, b.add(b.mul(s, p["k_s"]), b.mul(kh, p["k_h"])))  # (k_s, v_s: 0 for one KV sequence)
     pv = k.gep(a.v, b.add(b.mul(s, p["v_s"]), b.mul(kh, p["v_h"])))
     po = k.gep(a.out, b.add(b.add(b.mul(s, p["o_s"]), b.mul(t, p["o_t"])), b.mul(h, p["o_h"])))
-    scale8 = k.broadcast(a.scale, 8)
+    scale8 = k.broadcast(scale, 8)
     _vec_loop(k, p["D"], lambda j: k.store_vec(b.fmul(k.load_vec(pq, V8F32, j), scale8), qs, j),
-              lambda j: k.store(b.fmul(k.load(pq, j), a.scale), qs, j))
+              lambda j: k.store(b.fmul(k.load(pq, j), scale), qs, j))
     mx = k.var(F32, ninf)
     with k.loop(0, nv, name="c") as c:
         mv = _load1(k, mk, pm, c)
@@ -313,6 +325,44 @@ def _fa_row(k: Kernel, kv: str, mk: str, p: dict, g, s, t, h, pm, nv, qs, sc, ac
               lambda j: k.store(b.fdiv(k.load(acc, j), zz), po, j))
 
 
+# --- a list of calls in one ------------------------------------------------------------------------------
+
+PROGRAM_MAX_ARGS = 12
+
+
+def _program(module: ir.Module) -> None:
+    """run_program(prog, n) -> 0, or 1 + the index of the first step whose status was not 0 (the later ones do not
+    run): n steps, each [kind, function address, nargs, args...] in int64 words; kind 0 calls fn(args) and ignores
+    what it returns, kind 1 takes its int64 return as a status. Every function takes integer arguments only."""
+    k = Kernel(module, "run_program", [("prog", ptr(I64)), ("n", I64)], ret=I64)
+    b, a = k.b, k.a
+    pos = k.var(I64, i64(0))
+    with k.loop(0, a.n, name="step") as step:
+        o = b.load(pos)
+        kind, fa, na = (k.load(a.prog, b.add(o, i64(j))) for j in range(3))
+        args = k.gep(a.prog, b.add(o, i64(3)))
+        status = k.var(I64, i64(0))
+        after = k.fn.append_basic_block("called")
+        sw = b.switch(na, after)
+        for n in range(PROGRAM_MAX_ARGS + 1):
+            blk = k.fn.append_basic_block(f"args{n}")
+            sw.add_case(ir.Constant(I64, n), blk)
+            b.position_at_end(blk)
+            vals = [k.load(args, j) for j in range(n)]
+            ty = ir.FunctionType(I64, [I64] * n)
+            with b.if_else(b.icmp_signed("==", kind, i64(1))) as (then, other):
+                with then:
+                    b.store(b.call(b.inttoptr(fa, ptr(ty)), vals), status)
+                with other:
+                    b.call(b.inttoptr(fa, ptr(ir.FunctionType(VOID, [I64] * n))), vals)
+            b.branch(after)
+        b.position_at_end(after)
+        with k.if_(b.icmp_signed("!=", b.load(status), i64(0))):
+            k.ret(b.add(step, i64(1)))
+        b.store(b.add(o, b.add(na, i64(3))), pos)
+    k.ret(i64(0))
+
+
 def build() -> tuple[ir.Module, dict[str, str]]:
     module = ir.Module(name="kazeia_simd_ops")
     _binary(module, "add", lambda k, x, y: k.b.fadd(x, y))
@@ -320,15 +370,17 @@ def build() -> tuple[ir.Module, dict[str, str]]:
     _binary(module, "swiglu", _swiglu_op)
     sigs = {"add": BIN_SIG, "mul": BIN_SIG, "swiglu": BIN_SIG}
     _rms_norm(module)
-    sigs["rms_norm"] = "v:ppiiiid"
+    sigs["rms_norm"] = "v:ppiiiii"
     for neox in (False, True):
         _rope(module, neox)
-    sigs["rope_norm"] = sigs["rope_neox"] = ROPE_SIG
+    sigs["rope_norm"] = sigs["rope_neox"] = "v:p"
     _rope_table(module)
-    sigs["rope_table"] = "v:ppdfiipp"
+    sigs["rope_table"] = "v:ppiiiipp"
     _set_rows_f16(module)
     sigs["set_rows_f16"] = "i:pppiiiii"
     for kv in FA_KV:
         for mk in FA_MASK:
-            sigs[_flash_attn(module, kv, mk)] = "v:ppppppf"
+            sigs[_flash_attn(module, kv, mk)] = "v:ppppppi"
+    _program(module)
+    sigs["run_program"] = "i:pi"
     return module, sigs
