@@ -24,6 +24,7 @@ NAMES = {GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q8_0: "q8_0", GG
 ROUND_ROW = 1024                 # elements per row of the native rounding kernel
 PARALLEL_MIN_ELEMS = 1 << 18     # arrays (and weight row ranges) below this run on one thread
 HVX_CHUNK = 16                   # weight rows per claimed chunk of the HVX dot
+DECODE_ROWS = 8                  # HVX dots of up to this many activation rows keep the kernel threads spinning
 
 
 def lib():
@@ -72,11 +73,12 @@ def _dot_scratch(m: int, npad: int, k: int) -> tuple[np.ndarray, np.ndarray, int
     return hit
 
 
-def _run(fn, args: tuple, n: int, chunk: int, parallel: bool) -> None:
-    """A row-range kernel on rows [0, n): whole on this thread, or in chunks on the kernel threads."""
+def _run(fn, args: tuple, n: int, chunk: int, parallel: bool, linger: bool = False) -> None:
+    """A row-range kernel on rows [0, n): whole on this thread, or in chunks on the kernel threads (`linger`:
+    they spin for the next job, see native.run)."""
     if parallel and native.threads() > 1 and n > chunk:
         ctr = np.zeros(1, dtype=np.int64)
-        native.run(fn[1], (*args, _ptr(ctr), n, chunk))
+        native.run(fn[1], (*args, _ptr(ctr), n, chunk), linger=linger)
     else:
         fn[0](*args, 0, n)
 
@@ -211,5 +213,8 @@ def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray,
     x16[:, :k] = img[:m, :k].view(np.int8)
     np.sum(x16.reshape(m, npad, 32), axis=2, dtype=np.int32, out=xs)  # per sub-block sums (Q4_0's -8 correction)
     args = (_kept_ptr(b8), b8.strides[0], nb, p16, ps, _ptr(img), img.strides[0], k, m, _ptr(y), n, n)
-    _run(_pair(lk, f"hvx_dot_{NAMES[qtype]}"), args, n, HVX_CHUNK, n * nb * 32 * m >= PARALLEL_MIN_ELEMS)
+    # a decode's HVX dots come one after another, a few hundred us of Python apart: the worker waits spinning
+    # (as for the CPU decode GEMVs); after a batch of many rows it sleeps at once
+    _run(_pair(lk, f"hvx_dot_{NAMES[qtype]}"), args, n, HVX_CHUNK, n * nb * 32 * m >= PARALLEL_MIN_ELEMS,
+         linger=m <= DECODE_ROWS)
     return y
