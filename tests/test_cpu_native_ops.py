@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from kazeia.backends import cpu_native, native
+from kazeia.backends import cpu_native, cpu_program, native
 from kazeia.backends.cpu import CpuBackend
 from kazeia.engine.scheduler import Scheduler
 from kazeia.graph import builder as gb
@@ -360,4 +360,4 @@ def test_programs_match_per_node_calls(tiny_qwen3_q4):
     ctx = Context(shared_model(tiny_qwen3_q4), Scheduler([be]), n_ctx=64, flash_attn=True)
     ctx.decode([5])
     (calls,) = [c for _, _, c in be._calls.values()]
-    assert any(isinstance(c, cpu_native._Program) for c in calls)
+    assert any(isinstance(c, cpu_program._Program) for c in calls)

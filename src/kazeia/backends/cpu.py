@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kazeia.backends import cpu_native
+from kazeia.backends import cpu_native, cpu_program
 from kazeia.backends.base import Backend
 from kazeia.backends.fast_ops import FAST_KERNELS
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
@@ -181,7 +181,7 @@ class CpuBackend(NumpyBackend):
         if hit is None or hit[0] is not nodes or hit[1] != cpu_native.native.threads():
             calls = [self._call_of(n) for n in nodes]
             if cpu_native.native.available():
-                calls = cpu_native.program(calls)  # runs of native calls: one call of simd_ops.run_program each
+                calls = cpu_program.program(calls)  # runs of native calls: one call of simd_ops.run_program each
             hit = self._calls[id(nodes)] = (nodes, cpu_native.native.threads(), calls)
         for call in hit[2]:
             call()

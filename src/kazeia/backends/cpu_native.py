@@ -4,7 +4,8 @@
 strides, sizes), or None when the node is outside what the kernels do (the numpy fast paths of fast_ops.py, or
 the plain kernels, run it then: they are also the whole story where `native.available()` is False). CpuBackend
 keeps the bound calls per graph and drops them when the graph allocator places the graph anew, so a decode step
-pays one ctypes call per op instead of numpy's dozen calls and temporaries.
+pays one ctypes call per op instead of numpy's dozen calls and temporaries, and with no hook attached the runs of
+them are programs of one call each (cpu_program.py).
 
 Addresses are taken once: a bound call is valid while its tensors stay where they were (graph.allocated_in and
 graph.allocated_plan unchanged; weights and KV caches never move).
@@ -18,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kazeia.backends import native
+from kazeia.backends.cpu_program import MEMMOVE, MEMSET, address, bits32, bits64, lib, simple
 from kazeia.backends.numpy_ops import KERNELS
 from kazeia.backends.qmatmul import GEMV_CHUNK, NATIVE_DEQUANT, QK, dequantize_rows
 from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
@@ -28,10 +30,6 @@ FA_MAX_T = 32         # query rows up to which flash attention runs natively (me
 FA_MAX_KV = 1 << 16   # KV cells the native flash attention keeps scores for on the stack
 _EL = {GGMLType.F32: 4, GGMLType.F16: 2}
 _KIND = {GGMLType.F32: "f32", GGMLType.F16: "f16"}
-
-
-def lib() -> dict | None:
-    return native.library("kazeia.backends.simd_ops") if native.available() else None
 
 
 def addr(t: Tensor) -> int:
@@ -86,8 +84,8 @@ def _bind_rms_norm(be, n: Tensor, L) -> Callable | None:
     rx, ry = _rows(x), _rows(n)
     if not _f32(x, n) or rx is None or ry is None or x.ne != n.ne:
         return None
-    fn, args = L["rms_norm"], (addr(x), addr(n), rx[0], x.ne[0], rx[1], ry[1], _bits64(n.params["eps"]))
-    return _simple(fn, args)
+    fn, args = L["rms_norm"], (addr(x), addr(n), rx[0], x.ne[0], rx[1], ry[1], bits64(n.params["eps"]))
+    return simple(fn, args)
 
 
 def _bind_binary(name: str):
@@ -103,7 +101,7 @@ def _bind_binary(name: str):
         else:
             return None
         fn, args = L[name], (addr(a), addr(b), addr(n), ra[0], a.ne[0], ra[1], brs, ry[1])
-        return _simple(fn, args)
+        return simple(fn, args)
     return binder
 
 
@@ -117,7 +115,7 @@ def _bind_glu(be, n: Tensor, L) -> Callable | None:
     if not _f32(a, b, n) or ra is None or rb is None or ry is None or not a.ne == b.ne == n.ne:
         return None
     fn, args = L["swiglu"], (addr(a), addr(b), addr(n), ra[0], a.ne[0], ra[1], rb[1], ry[1])
-    return _simple(fn, args)
+    return simple(fn, args)
 
 
 def _bind_rope(be, n: Tensor, L, shared: dict) -> Callable | None:
@@ -140,7 +138,7 @@ def _bind_rope(be, n: Tensor, L, shared: dict) -> Callable | None:
             tab.fill(be.run_id)
         fn(pp)
         prm  # noqa: B018 - the kernel reads it
-    run.steps = [(0, _address(fn), (pp,))]
+    run.steps = [(0, address(fn), (pp,))]
     run.table = tab  # a program fills it before the first rope that reads it
     return run
 
@@ -163,10 +161,10 @@ class _RopeTable:
         self.inv = p["freq_base"] ** (-np.arange(0, nd, 2, dtype=np.float64) / nd)
         self.cos, self.sin = np.empty((T, nd // 2), np.float32), np.empty((T, nd // 2), np.float32)
         self.cp, self.sp = self.cos.ctypes.data, self.sin.ctypes.data
-        self.args = (addr(pos), self.inv.ctypes.data, _bits64(p["freq_scale"]),
-                     _bits32(p.get("attn_factor", 1.0)), T, nd // 2, self.cp, self.sp)
+        self.args = (addr(pos), self.inv.ctypes.data, bits64(p["freq_scale"]),
+                     bits32(p.get("attn_factor", 1.0)), T, nd // 2, self.cp, self.sp)
         self.fn = lib()["rope_table"]
-        self.steps = [(0, _address(self.fn), self.args)]
+        self.steps = [(0, address(self.fn), self.args)]
         self.run_id = -1
         self.pos_buffer = pos.buffer  # the kernel reads the positions' memory
 
@@ -190,7 +188,7 @@ def _bind_set_rows(be, n: Tensor, L) -> Callable | None:
     def run() -> None:
         if fn(*args) != 0:
             raise bad()
-    run.steps = [(1, _address(fn), args)]
+    run.steps = [(1, address(fn), args)]
     run.error = bad
     return run
 
@@ -239,7 +237,7 @@ def _bind_cpy(be, n: Tensor, L) -> Callable | None:
     ids = np.arange(rs[0], dtype=np.int64)
     fn, args = L["set_rows_f16"], (addr(src), ids.ctypes.data, addr(n), rs[0], n.ne[0], rs[1], rd[1], rs[0])
 
-    run = _simple(fn, args)
+    run = simple(fn, args)
     run.keep = ids  # the kernel reads it
     return run
 
@@ -276,8 +274,8 @@ def _bind_flash_attn(be, n: Tensor, L) -> Callable | None:
     q, k, v, m = n.src[:4]
     desc = np.array(prm, dtype=np.int64)
     fn = L[f"flash_attn_{_KIND[k.type]}_{_KIND[m.type]}"]
-    args = (desc.ctypes.data, addr(q), addr(k), addr(v), addr(m), addr(n), _bits32(p["scale"]))
-    run = _simple(fn, args)
+    args = (desc.ctypes.data, addr(q), addr(k), addr(v), addr(m), addr(n), bits32(p["scale"]))
+    run = simple(fn, args)
     run.keep = desc  # the kernel reads it
     return run
 
@@ -318,7 +316,7 @@ def _gemv_call(s, xp: int, yp: int) -> Callable[[], None]:
             fn(*alone)
         desc, ctr  # noqa: B018 - the kernel reads their memory
     # the program form when the pool is not used (the counters zeroed, then the kernel alone)
-    call.serial_steps = [(0, _MEMSET, (cp, 0, cn)), (0, _address(fn), alone)]
+    call.serial_steps = [(0, MEMSET, (cp, 0, cn)), (0, address(fn), alone)]
     call.parallel = lambda: s.parallel and threads() > 1
     return call
 
@@ -356,92 +354,8 @@ def bind_matmul(be, n: Tensor, member, shared: dict) -> tuple[Callable[[], None]
             g.run_id = be.run_id
         memmove(yp, src, nbytes)
     run.gemv, run.group = g.call, g  # a program computes the product at the group's first member in the list
-    run.steps = [(0, _MEMMOVE, (yp, src, nbytes))]
+    run.steps = [(0, MEMMOVE, (yp, src, nbytes))]
     return run, {"fused": len(member.weights)}
-
-
-# --- programs: runs of bound calls as one native call ---------------------------------------------------------
-# A bound call that a program can make carries `steps` [(kind, function address, int args)] (simd_ops.run_program);
-# a rope carries its table (filled before its first rope), a GEMV its serial steps (a pooled one stays a Python
-# call), a fused member its group (the product is computed at the group's first member in the list).
-
-_MEMMOVE = ctypes.cast(ctypes.memmove, ctypes.c_void_p).value
-_MEMSET = ctypes.cast(ctypes.memset, ctypes.c_void_p).value
-
-
-def _address(fn) -> int:
-    return ctypes.cast(fn, ctypes.c_void_p).value
-
-
-def _bits64(x: float) -> int:
-    return int(np.array(x, dtype=np.float64).view(np.int64))
-
-
-def _bits32(x: float) -> int:
-    return int(np.array(x, dtype=np.float32).view(np.int32))
-
-
-def _simple(fn, args: tuple) -> Callable[[], None]:
-    def run() -> None:
-        fn(*args)
-    run.steps = [(0, _address(fn), args)]
-    return run
-
-
-class _Program:
-    """Steps of consecutive bound calls, run by one call of simd_ops.run_program."""
-
-    def __init__(self, steps: list[tuple], errors: dict[int, Callable[[], Exception]]) -> None:
-        words = []
-        for kind, fa, args in steps:
-            words += [kind, fa, len(args), *args]
-        self.words = np.array(words, dtype=np.int64)
-        self.n, self.errors = len(steps), errors
-        self.fn, self.wp = lib()["run_program"], self.words.ctypes.data
-
-    def __call__(self) -> None:
-        r = self.fn(self.wp, self.n)
-        if r:
-            raise self.errors[r - 1]()
-
-
-def program(calls: list[Callable[[], None]]) -> list[Callable[[], None]]:
-    """The calls of a node list (CpuBackend.run_nodes), runs of program-able ones merged into _Program calls. Made
-    for the current thread count (a pooled GEMV stays a Python call)."""
-    out: list[Callable[[], None]] = []
-    steps: list[tuple] = []
-    errors: dict[int, Callable[[], Exception]] = {}
-    seen: set[int] = set()  # groups and rope tables already computed at an earlier call of the list
-
-    def flush() -> None:
-        if steps:
-            out.append(_Program(list(steps), dict(errors)))
-            steps.clear()
-            errors.clear()
-
-    for call in calls:
-        own, pre = getattr(call, "steps", None), []
-        gemv, group, tab = (getattr(call, a, None) for a in ("gemv", "group", "table"))
-        if gemv is not None and (group is None or id(group) not in seen):
-            if group is not None:
-                seen.add(id(group))
-            if gemv.parallel():
-                own = None  # its Python call computes the product (and marks the group computed for this run)
-            else:
-                pre, own = list(gemv.serial_steps), own or []
-        if tab is not None and id(tab) not in seen:
-            seen.add(id(tab))
-            pre += tab.steps if own is not None else []  # (a Python rope fills its table itself)
-        if own is None:
-            flush()
-            out.append(call)
-            continue
-        steps.extend(pre)
-        if getattr(call, "error", None) is not None:
-            errors[len(steps)] = call.error  # the index of its status step
-        steps.extend(own)
-    flush()
-    return out
 
 
 _BINDERS = {"RMS_NORM": _bind_rms_norm, "ADD": _bind_binary("add"), "MUL": _bind_binary("mul"), "GLU": _bind_glu,
