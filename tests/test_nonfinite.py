@@ -90,3 +90,49 @@ def test_htp_nan_stops_generation_naming_the_op(tiny_q35_q4, capsys, sampling):
     line = err.strip().splitlines()[-1]
     assert f"the first op whose output went non-finite: {trace_says} (" in line and "on HTP0" in line, line
     assert line.endswith("--stop-on-nonfinite") and out.endswith("\n")
+
+
+def test_a_decode_rerun_names_the_same_op_as_a_watched_one(tiny_qwen3_narrow_heads, tmp_path):
+    """On CPU the tracker watches only a decode call whose logits came out non-finite, by running it again from
+    the same position (engine/generate.py _Steps). A NaN in one row of the (untied) embedding table appears
+    only when that token is fed: the rerun names the same op as a tracker watching from the start, and leaves
+    the context where one decode call would (n_past one further, the cells before it untouched)."""
+    import shutil
+
+    import numpy as np
+
+    from kazeia.engine.generate import _Steps
+    from kazeia.engine.nonfinite import NonFiniteLogitsError, NonFiniteTracker
+    from kazeia.gguf.reader import load_gguf
+
+    path = str(tmp_path / "nan_row.gguf")
+    shutil.copy(tiny_qwen3_narrow_heads, path)
+    info = load_gguf(path).tensors["token_embd.weight"]
+    bad = 77
+    with open(path, "r+b") as f:
+        f.seek(info.offset + 4 * (256 * bad + 5))
+        f.write(np.float32(np.nan).tobytes())
+    model = Model.load(path)
+
+    watched = Context(model, Scheduler([CpuBackend()]), n_ctx=32)
+    tracker = NonFiniteTracker()
+    watched.scheduler.add_hook(tracker)
+    watched.decode([1, 2, 3])
+    tracker.reset()
+    assert not np.isfinite(watched.decode([bad])).all()
+    assert tracker.first is not None
+
+    ctx = Context(model, Scheduler([CpuBackend()]), n_ctx=32)
+    steps = _Steps(ctx)
+    assert steps.rerun and not ctx.scheduler.hooks  # nothing watches a finite decode
+    steps.decode([1, 2, 3], "after the prompt")
+    before = ctx.kv.buffer.data.copy()
+    with pytest.raises(NonFiniteLogitsError) as e:
+        steps.decode([bad], "at generated token 2")
+    assert e.value.first == tracker.first
+    assert e.value.first.op == "GET_ROWS" and "at generated token 2" in str(e.value)
+    assert ctx.n_past == 4 and not ctx.scheduler.hooks
+    cells = ctx.kv.layers[0].k  # the prompt's cells are as the prompt left them
+    row_bytes = cells.nb[1]
+    assert ctx.kv.buffer.data[cells.offset:cells.offset + 3 * row_bytes].tobytes() == \
+        before[cells.offset:cells.offset + 3 * row_bytes].tobytes()

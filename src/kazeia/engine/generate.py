@@ -82,23 +82,59 @@ def generate(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
     """Prefill `prompt` then sample up to n_predict tokens (llama.cpp's -n: -1 = infinity, -2 = until the context is
     filled; both end at EOS or the context's end here, there is no context shift; other negatives are refused).
     Logits that are not finite stop it with a NonFiniteLogitsError naming the first op whose output went
-    non-finite (a NonFiniteTracker watches every op meanwhile), under greedy and sampling alike."""
+    non-finite (found by a NonFiniteTracker), under greedy and sampling alike."""
     if n_predict < -2:
         raise KazeiaError(f"-n {n_predict}: use N >= 0, -1 (infinity) or -2 (until the context is filled)")
-    tracker = NonFiniteTracker()
-    ctx.scheduler.add_hook(tracker)
+    steps = _Steps(ctx)
     try:
-        return _generate(ctx, prompt, n_predict, sampler, is_eog, on_token, tracker)
+        return _generate(ctx, prompt, n_predict, sampler, is_eog, on_token, steps)
     finally:
-        ctx.scheduler.remove_hook(tracker)
+        steps.close()
+
+
+class _Steps:
+    """ctx.decode with non-finite logits turned into a NonFiniteLogitsError that names the first op whose
+    output went non-finite.
+
+    When every backend is synchronous (its results a pure function of the inputs: CPU, REF) and the model keeps
+    no recurrent state, the tracker watches only a decode call whose logits came out non-finite: that call is
+    run again from the same position with the tracker attached (the same inputs give the same values, and the
+    KV rows it writes are the ones it wrote before). A watched decode costs a check of every op's output and,
+    on the CPU, the node-by-node path: half the default model's decode speed. A device (asynchronous, its
+    faults and races not a pure function of the inputs) or a recurrent state (which a call changes and a
+    re-run would advance twice) is watched at every call."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.tracker = NonFiniteTracker()
+        self.rerun = ctx.rs is None and ctx.recovery is None and not any(b.is_async for b in ctx.scheduler.backends)
+        if not self.rerun:
+            ctx.scheduler.add_hook(self.tracker)
+
+    def decode(self, tokens: list[int], where: str) -> np.ndarray:
+        p0 = self.ctx.n_past
+        self.tracker.reset()
+        logits = self.ctx.decode(tokens)
+        if self.rerun and not np.isfinite(logits[-1]).all():
+            self.ctx.rewind(p0)
+            self.ctx.scheduler.add_hook(self.tracker)
+            try:
+                logits = self.ctx.decode(tokens)
+            finally:
+                self.ctx.scheduler.remove_hook(self.tracker)
+        check_logits(logits[-1], where, self.tracker)
+        return logits
+
+    def close(self) -> None:
+        if not self.rerun:
+            self.ctx.scheduler.remove_hook(self.tracker)
 
 
 def _generate(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler, is_eog: Callable[[int], bool],
-              on_token: Callable[[int], None] | None, tracker: NonFiniteTracker) -> GenerationResult:
+              on_token: Callable[[int], None] | None, steps: _Steps) -> GenerationResult:
     res = GenerationResult(prompt_tokens=len(prompt))
     t0 = time.perf_counter()
-    logits = ctx.decode(prompt)
-    check_logits(logits[-1], f"after the prompt of {len(prompt)} tokens", tracker)
+    logits = steps.decode(prompt, f"after the prompt of {len(prompt)} tokens")
     res.prompt_seconds = time.perf_counter() - t0
     res.last_logits = logits[-1]
     t1 = time.perf_counter()
@@ -116,9 +152,7 @@ def _generate(ctx: Context, prompt: list[int], n_predict: int, sampler: Sampler,
             if ctx.n_past >= ctx.n_ctx:
                 res.stop = "context"
                 break
-            tracker.reset()
-            logits = ctx.decode([tid])
-            check_logits(logits[-1], f"at generated token {len(res.tokens) + 1}", tracker)
+            logits = steps.decode([tid], f"at generated token {len(res.tokens) + 1}")
             res.last_logits = logits[-1]
     except KeyboardInterrupt:
         res.stop = "interrupted"
