@@ -20,6 +20,7 @@ from kazeia.backends.htp.fp16 import FP16_MAX, f32_to_f16_shuffled, from_fp16_bi
 GGMLType = GGMLQuantizationType
 KIND = {GGMLType.Q4_0: 0, GGMLType.Q4_1: 1, GGMLType.Q8_0: 2, GGMLType.IQ4_NL: 3}  # type codes of htp/kernels.py
 
+NIBBLE_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1)  # simd_htp.NIBBLES: their dot reads the image's int8 quants
 NAMES = {GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q8_0: "q8_0", GGMLType.IQ4_NL: "iq4_nl"}
 ROUND_ROW = 1024                 # elements per row of the native rounding kernel
 PARALLEL_MIN_ELEMS = 1 << 18     # arrays (and weight row ranges) below this run on one thread
@@ -57,19 +58,19 @@ def _kept_ptr(a: np.ndarray) -> int:
 _SCRATCH = threading.local()
 
 
-def _dot_scratch(m: int, npad: int, k: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """This thread's (x16, xs) scratch of the HVX dot for (m, npad, k) and their pointers: x16 is zero past k
-    (only its first k columns are ever written)."""
+def _dot_scratch(m: int, n16: int, npad: int, k: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """This thread's (x16 (m, n16) int16, xs (m, npad) int32) scratch of the HVX dot for K = k and their
+    pointers: x16 is zero past what the callers of one (m, n16, npad, k) write."""
     cache = getattr(_SCRATCH, "dot", None)
     if cache is None:
         cache = _SCRATCH.dot = {}
-    hit = cache.get((m, npad, k))
+    hit = cache.get((m, n16, npad, k))
     if hit is None:
         if len(cache) > 64:
             cache.clear()
-        x16 = np.zeros((m, npad * 32), dtype=np.int16)
-        xs = np.empty((m, npad), dtype=np.int32)
-        hit = cache[(m, npad, k)] = (x16, xs, _ptr(x16), _ptr(xs))
+        x16 = np.zeros((m, n16), dtype=np.int16)
+        xs = np.zeros((m, npad), dtype=np.int32)
+        hit = cache[(m, n16, npad, k)] = (x16, xs, _ptr(x16), _ptr(xs))
     return hit
 
 
@@ -209,9 +210,23 @@ def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray,
                                 np.ascontiguousarray(asum, dtype=np.float32), y)
         return y
     npad = -(-nb // 8) * 8
-    x16, xs, p16, ps = _dot_scratch(m, npad, k)  # the int8 quants widened once (zero past K)
-    x16[:, :k] = img[:m, :k].view(np.int8)
-    np.sum(x16.reshape(m, npad, 32), axis=2, dtype=np.int32, out=xs)  # per sub-block sums (Q4_0's -8 correction)
+    x8 = img[:m, :k].view(np.int8)
+    if qtype in NIBBLE_TYPES:
+        # the int8 quants in the kernel's pair order: per group of 8 sub-blocks and pair j (blocks j, j+4),
+        # elements 0..15 of j, of j+4, then 16..31 of j, of j+4 (zero past K); Q4_0 also their sums
+        x16, xs, p16, ps = _dot_scratch(m, npad * 16, npad, k)
+        xp = x16.view(np.int8).reshape(m, npad // 8, 4, 2, 2, 16)  # (group, j, element half, pair member)
+        full = nb // 8
+        xp[:, :full] = x8[:, :full * 256].reshape(m, full, 2, 4, 2, 16).transpose(0, 1, 3, 4, 2, 5)
+        if full < npad // 8:
+            tail = np.zeros((m, 256), dtype=np.int8)
+            tail[:, :k - full * 256] = x8[:, full * 256:]
+            xp[:, full] = tail.reshape(m, 2, 4, 2, 16).transpose(0, 2, 3, 1, 4)
+        if qtype == GGMLType.Q4_0:  # per sub-block sums (Q4_0's -8 correction); the kernel masks those past nb
+            np.sum(x8.reshape(m, nb, 32), axis=2, dtype=np.int32, out=xs[:, :nb])
+    else:
+        x16, xs, p16, ps = _dot_scratch(m, npad * 32, npad, k)  # the int8 quants widened once (zero past K)
+        x16[:, :k] = x8
     args = (_kept_ptr(b8), b8.strides[0], nb, p16, ps, _ptr(img), img.strides[0], k, m, _ptr(y), n, n)
     # a decode's HVX dots come one after another, a few hundred us of Python apart: the worker waits spinning
     # (as for the CPU decode GEMVs); after a batch of many rows it sleeps at once

@@ -7,8 +7,9 @@ bitwise what its portable numba twin in kernels.py computes (tests/test_htp_simd
   fp16(q*d) (exact float32 product, one hw rounding); Q4_1 fp16(fp16(q*d) + m) with the sum exact in
   float64 and one hw rounding from there (see `_q4_1_sum`).
 - `hvx_dot_<kind>`: the HVX vec_dot. Lane L of the 32 fp32 accumulators owns sub-block L of every 1024-element
-  chunk, exactly as on the DSP: the 32 exact int32 sub-block dots of a chunk are computed as vectors (codes
-  widened to int16, pmaddwd, then a phaddd transposition tree puts sub-block b in lane b % 8: integer sums are
+  chunk, exactly as on the DSP: the 32 exact int32 sub-block dots of a chunk are computed as vectors (Q4_0 /
+  Q4_1: two blocks' nibbles per ymm against int8 quants laid out in pair order, pmaddubsw; Q8_0 / IQ4_NL: codes
+  widened to int16, pmaddwd; then a phaddd transposition tree puts sub-block b in lane b % 8: integer sums are
   exact in any order), multiplied by the fp32 d_w*d_x of their sub-block, added lane-wise in fp32 (Q4_1: plus
   the rounded m_w*s_x first, no FMA anywhere), then reduced by the far or the adjacent tree.
 """
@@ -29,6 +30,7 @@ from kazeia.backends.irkit import (
     V8I32,
     V16I8,
     V16I16,
+    V32I8,
     Kernel,
     chunked,
     f32,
@@ -42,6 +44,7 @@ from kazeia.backends.irkit import (
 QK = 32
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "iq4_nl": 18}
 CODE_OFFSET = {"q4_0": 2, "q4_1": 4, "q8_0": 2, "iq4_nl": 2}
+NIBBLES = ("q4_0", "q4_1")  # kinds whose dot reads the image's int8 quants (the others: their int16 widening)
 IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 V8I16, V4F64 = vec(I16, 8), vec(F64, 4)
 INV127 = 2.0 ** -7 * (1 + 8 / 1024)  # hvx_quant.INV127_F16 (0x2008), the quantizer's fp16 1/127, as a float
@@ -279,23 +282,41 @@ def _reduce_adjacent(k: Kernel, acc: list[ir.Value]) -> ir.Value:
 
 def _block_dot(k: Kernel, kind: str, base: ir.Value, xrow: ir.Value, blk: ir.Value) -> ir.Value:
     """<8 x i32> whose lanes add up to the integer dot of the block's 32 codes with x16[blk] (int16
-    pmaddwd: every pair sum exact). Q4_0 and Q4_1 use the raw nibbles 0..15 (Q4_0's -8 is taken off the whole
-    sub-block dot afterwards, see `_group`); Q8_0 and IQ4_NL the signed operand."""
+    pmaddwd: every pair sum exact): Q8_0 and IQ4_NL, whose signed codes meet signed activations."""
     b = k.b
-    if kind in ("q4_0", "q4_1"):
-        # one vpmovzxbw, then the nibbles in 16-bit lanes (opaque: LLVM would split the bytes first)
-        q = k.opaque(b.zext(k.load_vec(base, V16I8, CODE_OFFSET[kind]), V16I16))
-        lo, hi = b.and_(q, splat(V16I16, 15)), b.lshr(q, splat(V16I16, 4))
-    else:
-        c0, c1 = _codes_i8(k, kind, base)
-        lo, hi = b.sext(c0, V16I16), b.sext(c1, V16I16)
+    c0, c1 = _codes_i8(k, kind, base)
+    lo, hi = b.sext(c0, V16I16), b.sext(c1, V16I16)
     o = b.mul(blk, i64(QK))
     return b.add(k.call("llvm.x86.avx2.pmadd.wd", V8I32, lo, k.load_vec(xrow, V16I16, o)),
                  k.call("llvm.x86.avx2.pmadd.wd", V8I32, hi, k.load_vec(xrow, V16I16, b.add(o, i64(16)))))
 
 
-def _group(k: Kernel, kind: str, rowp: ir.Value, xrow: ir.Value, xsrow: ir.Value, irow: ir.Value, g: ir.Value,
-           tail: bool) -> ir.Value:
+def _nibble_pair(k: Kernel, kind: str, base_a: ir.Value, base_b: ir.Value, xp: ir.Value) -> ir.Value:
+    """Q4_0 / Q4_1: <8 x i32>, lanes 0..3 adding up to block a's integer dot of its raw nibbles 0..15 with its
+    32 int8 activation quants, lanes 4..7 to block b's (Q4_0's -8 is taken off the whole sub-block dot
+    afterwards, see `_group`). The two blocks' 16 code bytes share a ymm (a low, b high); its low nibbles
+    meet the 32 bytes at xp (a's elements 0..15, b's 0..15), its high nibbles the 32 at xp+32 (elements
+    16..31): the wrapper lays the quants out so (`fast.hvx_dot`). pmaddubsw (unsigned nibble x signed int8,
+    |pair sum| <= 2*15*128), the two added (<= 7680) and pmaddwd by 1: exact integers throughout."""
+    b = k.b
+    off = CODE_OFFSET[kind]
+    q = k.shuffle(k.load_vec(base_a, V16I8, off), k.load_vec(base_b, V16I8, off), list(range(32)))
+    lo = b.and_(q, splat(V32I8, 15))
+    hi = b.and_(b.bitcast(b.lshr(b.bitcast(q, V16I16), splat(V16I16, 4)), V32I8), splat(V32I8, 15))
+    p16 = b.add(k.call("llvm.x86.avx2.pmadd.ub.sw", V16I16, lo, k.load_vec(xp, V32I8, 0)),
+                k.call("llvm.x86.avx2.pmadd.ub.sw", V16I16, hi, k.load_vec(xp, V32I8, 32)))
+    return k.call("llvm.x86.avx2.pmadd.wd", V8I32, p16, splat(V16I16, 1))
+
+
+def _tree4(k: Kernel, ps: list[ir.Value]) -> ir.Value:
+    """4 pair vectors (blocks j | j+4, see `_nibble_pair`) -> <8 x i32>, lane j = block j's sum: three phaddd
+    (integers: exact in any order)."""
+    hadd = lambda u, v: k.call("llvm.x86.avx2.phadd.d", V8I32, u, v)  # noqa: E731
+    return hadd(hadd(ps[0], ps[1]), hadd(ps[2], ps[3]))
+
+
+def _group(k: Kernel, kind: str, rowp: ir.Value, xrow: ir.Value, xsrow: ir.Value, x8row: ir.Value, irow: ir.Value,
+           g: ir.Value, tail: bool) -> ir.Value:
     """The fp32 contributions of the 8 sub-blocks of group g (lane j = sub-block 8g+j): fp32(ia * (d_x*d_w))
     (Q4_1: + fp32(s_x*m_w), rounded first). `tail`: the group may run past nb; its blocks past nb are read at
     block nb-1 (never past the row) and their lanes masked to 0, like the DSP's masked lanes."""
@@ -308,15 +329,27 @@ def _group(k: Kernel, kind: str, rowp: ir.Value, xrow: ir.Value, xsrow: ir.Value
         blk = b.add(b0, i64(j))
         src = b.select(b.icmp_signed("<", blk, a.nb), blk, last) if tail else blk
         bases.append(k.gep(rowp, b.mul(src, i64(bb))))
-        ps.append(_block_dot(k, kind, bases[j], xrow, blk))
-    ia = _tree8(k, ps)
+        if kind not in NIBBLES:
+            ps.append(_block_dot(k, kind, bases[j], xrow, blk))
+    if kind in NIBBLES:  # pairs (j, j+4); x8row: the quants in pair order, 256 bytes a group
+        xg = k.gep(x8row, b.mul(g, i64(8 * QK)))
+        ia = _tree4(k, [_nibble_pair(k, kind, bases[j], bases[j + 4], k.gep(xg, 64 * j)) for j in range(4)])
+    else:
+        ia = _tree8(k, ps)
     if kind == "q4_0":  # sum (q-8) x = sum q x - 8 sum x: integers, exact (|ia| <= 2^15)
         ia = b.sub(ia, b.shl(k.load_vec(xsrow, V8I32, b0), splat(V8I32, 3)))
 
     def gather(byte_off: int) -> ir.Value:
-        v = ir.Constant(V8I16, ir.Undefined)
-        for j in range(8):
-            v = b.insert_element(v, k.load_as(bases[j], I16, byte_off), ir.Constant(I32, j))
+        # the 8 halves put together 4 at a time in general registers (scalar loads, shifts, ors: no vector
+        # shuffle port), then 2 moves to the vector unit, instead of 8 pinsrw
+        quads = []
+        for q0 in (0, 4):
+            w = b.zext(k.load_as(bases[q0], I16, byte_off), I64)
+            for j in range(1, 4):
+                w = b.or_(w, b.shl(b.zext(k.load_as(bases[q0 + j], I16, byte_off), I64), i64(16 * j)))
+            quads.append(w)
+        v = b.insert_element(ir.Constant(vec(I64, 2), ir.Undefined), quads[0], ir.Constant(I32, 0))
+        v = b.insert_element(v, quads[1], ir.Constant(I32, 1))
         return b.fpext(b.bitcast(v, vec(F16, 8)), V8F32)
     dw = gather(0)
     if kind == "q4_1":  # (d, s) pairs: 16 halves
@@ -339,11 +372,12 @@ def _group(k: Kernel, kind: str, rowp: ir.Value, xrow: ir.Value, xsrow: ir.Value
 def _hvx_dot(module: ir.Module, kind: str) -> str:
     """hvx_dot_<kind>(w, wstride, nb, x16, xs, img, imgstride, kq, m, y, ystride, ntotal, r0, r1): y[i, n] for
     the weight rows n in [r0, r1) and the m activation rows i: x16 (m, npad*32) int16 = the image's int8 quants
-    widened, zero past nb*32 (npad = nb rounded up to 8), xs (m, npad) int32 = their sums per sub-block (used
-    by Q4_0); the fp16 scales (Q4_1: (d, s) pairs) are read from the image rows (img, stride imgstride) at byte
-    kq. The weight codes and scales are read from the ggml row for every activation row (for m > 1 the row is
-    in L1 after the first). Groups of 8 sub-blocks go to accumulator vector g % 4: the loop takes whole chunks
-    (4 groups) while every sub-block is inside the row, then up to 4 tail groups."""
+    widened, zero past nb*32 (npad = nb rounded up to 8; Q4_0 / Q4_1: (m, npad*32) int8, the quants in pair
+    order, see `_nibble_pair`), xs (m, npad) int32 = their sums per sub-block (used by Q4_0); the fp16 scales
+    (Q4_1: (d, s) pairs) are read from the image rows (img, stride imgstride) at byte kq. The weight codes and
+    scales are read from the ggml row for every activation row (for m > 1 the row is in L1 after the first).
+    Groups of 8 sub-blocks go to accumulator vector g % 4: the loop takes whole chunks (4 groups) while every
+    sub-block is inside the row, then up to 4 tail groups."""
     name = f"hvx_dot_{kind}"
     k = Kernel(module, name, HVX_ARGS)
     b, a = k.b, k.a
@@ -361,17 +395,18 @@ def _hvx_dot(module: ir.Module, kind: str) -> str:
         with k.loop(0, a.m, name="act") as mi:
             xrow = k.gep(a.x16, b.mul(mi, b.mul(npad, i64(QK))))
             xsrow = k.gep(a.xs, b.mul(mi, npad))
+            x8row = k.gep(b.bitcast(a.x16, ptr(I8)), b.mul(mi, b.mul(npad, i64(QK))))  # NIBBLES: x16 holds bytes
             irow = k.gep(a.img, b.add(b.mul(mi, a.imgstride), a.kq))
             for j in range(4):
                 b.store(zero8, acc[j])
             with k.loop(0, nfull, name="chunk") as c:
                 for j in range(4):
                     g = b.add(b.mul(c, i64(4)), i64(j))
-                    b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, irow, g, False)), acc[j])
+                    b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False)), acc[j])
             for j in range(4):
                 with k.if_(b.icmp_signed(">", ntail, i64(j))):
                     g = b.add(b.mul(nfull, i64(4)), i64(j))
-                    b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, irow, g, True)), acc[j])
+                    b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, True)), acc[j])
             vs = [b.load(x) for x in acc]
             b.store(_reduce_far(k, vs), res)
             with k.if_(last):
