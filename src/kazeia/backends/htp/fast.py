@@ -209,25 +209,14 @@ def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray,
                                 np.ascontiguousarray(ad, dtype=np.float32),
                                 np.ascontiguousarray(asum, dtype=np.float32), y)
         return y
-    npad = -(-nb // 8) * 8
-    x8 = img[:m, :k].view(np.int8)
-    if qtype in NIBBLE_TYPES:
-        # the int8 quants in the kernel's pair order: per group of 8 sub-blocks and pair j (blocks j, j+4),
-        # elements 0..15 of j, of j+4, then 16..31 of j, of j+4 (zero past K); Q4_0 also their sums
+    npad, pimg = -(-nb // 8) * 8, _ptr(img)
+    if qtype in NIBBLE_TYPES:  # the int8 quants in the kernel's pair order, and their sums per sub-block
         x16, xs, p16, ps = _dot_scratch(m, npad * 16, npad, k)
-        xp = x16.view(np.int8).reshape(m, npad // 8, 4, 2, 2, 16)  # (group, j, element half, pair member)
-        full = nb // 8
-        xp[:, :full] = x8[:, :full * 256].reshape(m, full, 2, 4, 2, 16).transpose(0, 1, 3, 4, 2, 5)
-        if full < npad // 8:
-            tail = np.zeros((m, 256), dtype=np.int8)
-            tail[:, :k - full * 256] = x8[:, full * 256:]
-            xp[:, full] = tail.reshape(m, 2, 4, 2, 16).transpose(0, 2, 3, 1, 4)
-        if qtype == GGMLType.Q4_0:  # per sub-block sums (Q4_0's -8 correction); the kernel masks those past nb
-            np.sum(x8.reshape(m, nb, 32), axis=2, dtype=np.int32, out=xs[:, :nb])
+        lk["hvx_pairs"](pimg, img.strides[0], nb, npad, p16, ps, 0, m)
     else:
         x16, xs, p16, ps = _dot_scratch(m, npad * 32, npad, k)  # the int8 quants widened once (zero past K)
-        x16[:, :k] = x8
-    args = (_kept_ptr(b8), b8.strides[0], nb, p16, ps, _ptr(img), img.strides[0], k, m, _ptr(y), n, n)
+        x16[:, :k] = img[:m, :k].view(np.int8)
+    args = (_kept_ptr(b8), b8.strides[0], nb, p16, ps, pimg, img.strides[0], k, m, _ptr(y), n, n)
     # a decode's HVX dots come one after another, a few hundred us of Python apart: the worker waits spinning
     # (as for the CPU decode GEMVs); after a batch of many rows it sleeps at once
     _run(_pair(lk, f"hvx_dot_{NAMES[qtype]}"), args, n, HVX_CHUNK, n * nb * 32 * m >= PARALLEL_MIN_ELEMS,

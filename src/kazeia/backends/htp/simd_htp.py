@@ -44,6 +44,7 @@ from kazeia.backends.irkit import (
 QK = 32
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "iq4_nl": 18}
 CODE_OFFSET = {"q4_0": 2, "q4_1": 4, "q8_0": 2, "iq4_nl": 2}
+PREFETCH = 4096
 NIBBLES = ("q4_0", "q4_1")  # kinds whose dot reads the image's int8 quants (the others: their int16 widening)
 IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 V8I16, V4F64 = vec(I16, 8), vec(F64, 4)
@@ -369,6 +370,39 @@ def _group(k: Kernel, kind: str, rowp: ir.Value, xrow: ir.Value, xsrow: ir.Value
     return v
 
 
+def _hvx_pairs_kernel(module: ir.Module) -> str:
+    """hvx_pairs(img, imgstride, nb, npad, xp, xs, r0, r1): for the image rows r in [r0, r1), their nb*32 int8
+    quants in the pair order of `_nibble_pair` into xp (row r at r*npad*32 bytes: per group of 8 sub-blocks
+    and pair j, elements 0..15 of block j, of block j+4, then 16..31 of j, of j+4; zero for blocks past nb)
+    and their sums per sub-block into xs (row r at r*npad; 0 past nb)."""
+    k = Kernel(module, "hvx_pairs", [("img", ptr(I8)), ("imgstride", I64), ("nb", I64), ("npad", I64),
+                                     ("xp", ptr(I8)), ("xs", ptr(I32)), ("r0", I64), ("r1", I64)])
+    b, a = k.b, k.a
+    zero = ir.Constant(V16I8, [0] * 16)
+    with k.loop(a.r0, a.r1, name="row") as r:
+        src = k.gep(a.img, b.mul(r, a.imgstride))
+        dst = k.gep(a.xp, b.mul(r, b.mul(a.npad, i64(QK))))
+        xsrow = k.gep(a.xs, b.mul(r, a.npad))
+        with k.loop(0, a.npad, name="blk") as blk:
+            sub = b.and_(blk, i64(7))
+            pos = b.add(b.add(b.mul(b.lshr(blk, i64(3)), i64(8 * QK)), b.mul(b.and_(sub, i64(3)), i64(64))),
+                        b.mul(b.lshr(sub, i64(2)), i64(16)))
+            inside = b.icmp_signed("<", blk, a.nb)
+            with k.if_(inside):
+                lo = k.load_vec(src, V16I8, b.mul(blk, i64(QK)))
+                hi = k.load_vec(src, V16I8, b.add(b.mul(blk, i64(QK)), i64(16)))
+                k.store_vec(lo, dst, pos)
+                k.store_vec(hi, dst, b.add(pos, i64(32)))
+                wide = b.sext(k.shuffle(lo, hi, list(range(32))), vec(I32, 32))
+                k.store(k.call("llvm.vector.reduce.add.v32i32", I32, wide), xsrow, blk)
+            with k.if_(b.not_(inside)):
+                k.store_vec(zero, dst, pos)
+                k.store_vec(zero, dst, b.add(pos, i64(32)))
+                k.store(ir.Constant(I32, 0), xsrow, blk)
+    k.ret()
+    return "hvx_pairs"
+
+
 def _hvx_dot(module: ir.Module, kind: str) -> str:
     """hvx_dot_<kind>(w, wstride, nb, x16, xs, img, imgstride, kq, m, y, ystride, ntotal, r0, r1): y[i, n] for
     the weight rows n in [r0, r1) and the m activation rows i: x16 (m, npad*32) int16 = the image's int8 quants
@@ -400,6 +434,10 @@ def _hvx_dot(module: ir.Module, kind: str) -> str:
             for j in range(4):
                 b.store(zero8, acc[j])
             with k.loop(0, nfull, name="chunk") as c:
+                if PREFETCH:
+                    pf = k.gep(rowp, b.add(b.mul(c, i64(32 * BLOCK_BYTES[kind])), i64(PREFETCH)))
+                    for j in range(-(-32 * BLOCK_BYTES[kind] // 64)):
+                        k.prefetch(k.gep(pf, 64 * j))
                 for j in range(4):
                     g = b.add(b.mul(c, i64(4)), i64(j))
                     b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False)), acc[j])
@@ -420,7 +458,7 @@ def build() -> tuple[ir.Module, dict[str, str]]:
     module = ir.Module(name="kazeia_simd_htp")
     sigs = {}
     for name, sig in ((_round_kernel(module), "v:ppii"), (_f16_rows_kernel(module), "v:piiiipiiii"),
-                      (_q8_groups_kernel(module), "v:piiiipppipii"),
+                      (_q8_groups_kernel(module), "v:piiiipppipii"), (_hvx_pairs_kernel(module), "v:piiippii"),
                       *((_hmx_weight(module, kind), "v:piipiii") for kind in BLOCK_BYTES),
                       *((_hvx_dot(module, kind), HVX_SIG) for kind in BLOCK_BYTES)):
         sigs[name] = sig
