@@ -82,12 +82,13 @@ class OpBatch:
             return False
         extra_tens = extra_bufs = extra_vmem = 0
         seen_bufs: set[int] = set()
-        for t in [*[s for s in node.src if s is not None], node]:
-            if id(t) in self._by_tensor:
+        by_tensor, buf_index = self._by_tensor, self._buf_index
+        for t in _op_tensors(node):
+            if id(t) in by_tensor:
                 continue
             extra_tens += 1
             b = t.buffer
-            if id(b) not in self._buf_index and id(b) not in seen_bufs:
+            if id(b) not in buf_index and id(b) not in seen_bufs:
                 seen_bufs.add(id(b))
                 extra_bufs += 1
                 extra_vmem += b.size
@@ -126,6 +127,20 @@ class OpBatch:
         op = OpDesc(len(self.ops), node, src, dst, graph_index)
         self.ops.append(op)
         return op
+
+
+_OP_TENSORS: dict[int, tuple[Tensor, tuple, tuple[Tensor, ...]]] = {}
+
+
+def _op_tensors(node: Tensor) -> tuple[Tensor, ...]:
+    """The node's sources that are there, then the node: the tensors `fits` counts, kept by node (a decode
+    enqueues the same graph's nodes every token; a node whose sources changed is worked out again)."""
+    hit = _OP_TENSORS.get(id(node))
+    if hit is None or hit[0] is not node or hit[1] is not node.src:
+        if len(_OP_TENSORS) > 16384:  # nodes of graphs long gone (as the executor's bound ops)
+            _OP_TENSORS.clear()
+        hit = _OP_TENSORS[id(node)] = (node, node.src, (*[s for s in node.src if s is not None], node))
+    return hit[2]
 
 
 _NBYTES: dict[tuple, int] = {}

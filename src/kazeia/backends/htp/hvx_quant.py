@@ -252,17 +252,27 @@ def _native_q8x4x2(x: np.ndarray, group: int, prev: np.ndarray | None) -> np.nda
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] % QK or x.shape[1] == 0:
         return None
+    img = _image(x.shape[0], q8x4x2_row_size(x.shape[1]), prev)
+    return img if quantize_q8x4x2_into(x, group, img) else None
+
+
+def quantize_q8x4x2_into(x: np.ndarray, group: int, img: np.ndarray) -> bool:
+    """`quantize_q8x4x2(x, group, prev=img)` made over `img` itself (uint8 (M, stride), C-contiguous: the src1
+    area of VTCM) by the native kernel; False, with img untouched, where that kernel does not take the rows
+    (no native kernels, |x| > 65504 or NaN, K not a multiple of 32, quants that would spill past the image)."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % QK or x.shape[1] == 0:
+        return False
     m, k = x.shape
     kp, stride = _round_up(k, SUPER), q8x4x2_row_size(k)
-    if kp > stride:  # the last row's quants would spill past the image
-        return None
-    img = _image(m, stride, prev)
+    if kp > stride or img.shape != (m, stride):  # the last row's quants would spill past the image
+        return False
     dbits = fast.q8_groups_into(x, kp, group, _fp16_table("inverse"), _fp16_table("int8"), img)
     if dbits is None:
-        return None
+        return False
     sub = _sub_groups(kp, group)
     img[:, k:k + 2 * sub.size] = np.ascontiguousarray(dbits[:, sub]).view(np.uint8)
-    return img
+    return True
 
 
 def quantize_q8_1x4x2(x: np.ndarray, prev: np.ndarray | None = None) -> np.ndarray:

@@ -15,10 +15,15 @@ from kazeia.backends.htp import cost
 from kazeia.backends.htp.dsp import Dsp, OpContext, OpRecord
 from kazeia.backends.htp.host import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpDesc
 from kazeia.backends.htp.hvx_matmul import hvx_matmul, hvx_matmul_f16_ddr
-from kazeia.backends.htp.hvx_quant import activation_row_size, q8_spill_bytes, quantize_activations
+from kazeia.backends.htp.hvx_quant import (
+    activation_row_size,
+    q8_spill_bytes,
+    quantize_activations,
+    quantize_q8x4x2_into,
+)
 from kazeia.backends.htp.plan import MatmulPlan, src_layout
 from kazeia.backends.htp.repack import RepackedWeight
-from kazeia.backends.htp.vtcm import Area
+from kazeia.backends.htp.vtcm import Area, span_box
 from kazeia.graph.tensor import GGMLType, Tensor, array, type_name
 
 _KIND = {GGMLType.Q4_1: "q8_1x4x2", GGMLType.F16: "f16"}
@@ -54,7 +59,7 @@ def _contiguous_runs(pieces: list[tuple[int, np.ndarray]]) -> tuple[tuple[int, n
 class LeaveProgram:
     """Where an HVX matmul of a plan leaves its bytes, worked out once per plan: each thread's ring with the
     weight rows it streams (`ring_key` names the images in `RepackedWeight.ring_images`) and each thread's dst
-    area with its output columns (offset, first column, end column, area size)."""
+    area with its output columns (offset, first column, end column, area size), and the extent of those areas."""
 
     plan: MatmulPlan
     n: int
@@ -62,6 +67,7 @@ class LeaveProgram:
     rings: tuple[tuple[Area, int, int], ...]
     ring_key: tuple
     dsts: tuple[tuple[int, int, int, int], ...]
+    dst_box: tuple[int, int]
 
     @classmethod
     def of(cls, plan: MatmulPlan, n: int, row_bytes: int) -> LeaveProgram:
@@ -78,7 +84,8 @@ class LeaveProgram:
             dst = areas.get(f"dst[{t}]")
             if r0 < r1 and dst is not None and dst.size:
                 dsts.append((dst.offset, r0, r1, dst.size))
-        return cls(plan, n, stride, tuple((r, r0, r1) for r, (r0, r1) in zip(rings, spans)), key, tuple(dsts))
+        return cls(plan, n, stride, tuple((r, r0, r1) for r, (r0, r1) in zip(rings, spans)), key, tuple(dsts),
+                   span_box((off, size) for off, _, _, size in dsts))
 
 
 class HvxPath:
@@ -117,9 +124,13 @@ class HvxPath:
             image = np.frombuffer(dsp.vtcm.read(0, nbytes), dtype=np.uint8).reshape(M, stride)
         else:
             xs = np.asarray(array(x)[0, 0], dtype=np.float32)  # rows through nb[1]
-            prev = dsp.vtcm.view(0, np.uint8, nbytes).reshape(M, stride)  # (copied before the write below)
-            image = quantize_activations(xs, w.type, self.settings.fp32_quantize_group, prev=prev)
-            dsp.vtcm.write(0, image.reshape(-1))
+            group = self.settings.fp32_quantize_group
+            area = dsp.vtcm.view(0, np.uint8, nbytes).reshape(M, stride)  # (lands any deferred bytes there)
+            if kind == "q8x4x2" and quantize_q8x4x2_into(xs, group, area):
+                image = area  # quantized in place: the bytes `write` would copy there (nothing else owns them now)
+            else:
+                image = quantize_activations(xs, w.type, group, prev=area)  # (a copy of the area, then written)
+                dsp.vtcm.write(0, image.reshape(-1))
             spill = min(q8_spill_bytes(K, w.type), dsp.vtcm.size - nbytes)
             if spill > 0:
                 dsp.vtcm.fill(nbytes, spill, 0)
@@ -189,7 +200,7 @@ class HvxPath:
             for offset, r0, r1, size in prog.dsts:
                 rowsb = np.ascontiguousarray(y[-2:, r0:r1]).view(np.uint8).reshape(-1)
                 runs.append((offset, rowsb[:size]))
-        dsp.vtcm.write_runs(runs)
+        dsp.vtcm.write_runs(runs, prog.dst_box)  # (each run lies inside its dst area)
 
     @staticmethod
     def _ring_image(rw: RepackedWeight, ring, r0: int, r1: int, stride: int) -> np.ndarray | None:

@@ -239,7 +239,8 @@ class ScratchBinding:
             dst = dsp.vtcm.run_views(spans)
         except V.VtcmAccessError:
             return None  # the run-by-run write raises it, at the same run
-        return spans, [(d, flat[slot][b0:b0 + n]) for d, (slot, _, n, _, b0) in zip(dst, self.program)]
+        return spans, [(d, flat[slot][b0:b0 + n]) for d, (slot, _, n, _, b0) in zip(dst, self.program)], \
+            V.span_box(spans)
 
 
 def _thread_starts(node: Tensor, sc: OpScratch) -> list[int]:

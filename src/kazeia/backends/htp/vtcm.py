@@ -170,16 +170,20 @@ class Vtcm:
         self._cover(offset, offset + raw.size)
         self._mem[offset:offset + raw.size] = raw
 
-    def write_runs(self, runs: Iterable[tuple[int, np.ndarray]]) -> None:
+    def write_runs(self, runs: Iterable[tuple[int, np.ndarray]], box: tuple[int, int] | None = None) -> None:
         """`write(offset, data)` for each (offset, data) in order, data already flat uint8 (C-contiguous): the
         bound op programs of a decode (scratch.py, matmul_hvx.py) write a few thousand small runs a token, so
-        the conversions and calls of `write` are left out; the checks and the bytes are the same."""
+        the conversions and calls of `write` are left out; the checks and the bytes are the same. `box`: an
+        extent (lo, hi) holding every run, when the caller knows one (no cover needed for the ready writes
+        outside it)."""
         mem, size = self._mem, self._mem.size
+        cover = bool(self._pending) or (bool(self._ready) and (
+            box is None or any(r.a < box[1] and box[0] < r.b for r in self._ready)))
         for offset, raw in runs:
             end = offset + raw.size
             if offset < 0 or end > size:
                 raise VtcmAccessError(offset, raw.size, size, "write")
-            if self._pending or self._ready:
+            if cover:
                 self._cover(offset, end)
             mem[offset:end] = raw
 
@@ -191,16 +195,21 @@ class Vtcm:
             self.check(offset, nbytes, "write")
         return [self._mem[o:o + n] for o, n in spans]
 
-    def write_views(self, spans: list[tuple[int, int]], pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    def write_views(self, spans: list[tuple[int, int]], pairs: list[tuple[np.ndarray, np.ndarray]],
+                    box: tuple[int, int] | None = None) -> None:
         """dst[...] = src for each (dst, src) of `pairs`, dst made by `run_views(spans)`: the same as
-        `write_runs` of those spans (a write changes the bytes, its cover only the deferred writes)."""
+        `write_runs` of those spans (a write changes the bytes, its cover only the deferred writes). `box`:
+        `span_box(spans)`, when the caller keeps it."""
         if self._pending:
             for offset, nbytes in spans:
                 self._cover(offset, offset + nbytes)
         elif self._ready:  # (only ready writes deferred: the usual case in a decode)
-            for offset, nbytes in spans:
-                if nbytes:
-                    self._cover_ready(offset, offset + nbytes)
+            lo, hi = box if box is not None else span_box(spans)
+            # a ready write outside the spans' extent is untouched by every span's cover: skip them all
+            if any(r.a < hi and lo < r.b for r in self._ready):
+                for offset, nbytes in spans:
+                    if nbytes:
+                        self._cover_ready(offset, offset + nbytes)
         for dst, src in pairs:
             dst[...] = src
 
@@ -302,6 +311,12 @@ class Vtcm:
     def area_view(self, area: Area, dtype: Any = np.uint8) -> np.ndarray:
         """The whole of `area` as `dtype` (raises VtcmAccessError if the area lies past the end)."""
         return self.view(area.offset, dtype, area.size // np.dtype(dtype).itemsize)
+
+
+def span_box(spans: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    """(lowest offset, highest end) of the non-empty (offset, nbytes) spans; (0, 0) when there is none."""
+    ext = [(o, o + n) for o, n in spans if n]
+    return (min(a for a, _ in ext), max(b for _, b in ext)) if ext else (0, 0)
 
 
 # --------------------------------------------------------------------------------------------------------------
