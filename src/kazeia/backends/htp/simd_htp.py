@@ -44,7 +44,7 @@ from kazeia.backends.irkit import (
 QK = 32
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "iq4_nl": 18}
 CODE_OFFSET = {"q4_0": 2, "q4_1": 4, "q8_0": 2, "iq4_nl": 2}
-PREFETCH = 4096
+PREFETCH = 4096  # bytes of the weight stream the chunk loop prefetches ahead (the hw prefetchers stop at pages)
 NIBBLES = ("q4_0", "q4_1")  # kinds whose dot reads the image's int8 quants (the others: their int16 widening)
 IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 V8I16, V4F64 = vec(I16, 8), vec(F64, 4)
