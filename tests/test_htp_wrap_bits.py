@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kazeia.backends.htp import fast
-from kazeia.backends.htp.executor import _round16
+from kazeia.backends.htp.executor import _round16, _transposed
 from kazeia.backends.htp.fp16 import round_fp16
 from kazeia.backends.htp.hvx_quant import q8x4x2_row_size, quantize_q8x4x2, quantize_q8x4x2_into
 from kazeia.backends.htp.vtcm import Vtcm, span_box
@@ -109,3 +109,11 @@ def test_runs_and_views_with_a_box_are_the_plain_writes(seed):
                 a.write_views(spans, list(zip(a.run_views(spans), (d for _, d in pieces))), (0, size))
                 b.write_views(spans, list(zip(b.run_views(spans), (d for _, d in pieces))), box)
     assert np.array_equal(a.mem, b.mem)
+
+
+def test_tiled_transpose_is_the_transposed_copy():
+    rng = np.random.default_rng(2)
+    for shape in ((8, 256, 128), (1, 1, 1), (3, 100, 72), (2, 64, 64), (4, 130, 65)):
+        k = rng.standard_normal(shape).astype(np.float32)
+        got, want = _transposed(k), np.ascontiguousarray(k.transpose(0, 2, 1))
+        assert got.flags.c_contiguous and got.shape == want.shape and np.array_equal(got, want)

@@ -92,6 +92,21 @@ def _round16(x: np.ndarray) -> np.ndarray:
     return round_fp16(x)
 
 
+TRANSPOSE_TILE = 64  # 64x64 float32 tiles (16 KB in, 16 KB out) stay in L1/L2 while numpy transposes them
+
+
+def _transposed(k: np.ndarray) -> np.ndarray:
+    """np.ascontiguousarray(k.transpose(0, 2, 1)) of a C-contiguous (H, n, D) array, copied tile by tile: numpy's
+    whole-matrix transposed copy strides through memory (a decode's K, 8 x 256 x 128: ~400 us, tiled ~200)."""
+    h, n, d = k.shape
+    out = np.empty((h, d, n), dtype=k.dtype)
+    t = TRANSPOSE_TILE
+    for d0 in range(0, d, t):
+        for c0 in range(0, n, t):
+            out[:, d0:d0 + t, c0:c0 + t] = k[:, c0:c0 + t, d0:d0 + t].transpose(0, 2, 1)
+    return out
+
+
 class Executor:
     def __init__(self, settings: HtpSettings, profile: Profile, weights: WeightStore | None = None) -> None:
         self.settings = settings
@@ -151,7 +166,7 @@ class Executor:
         v = np.ascontiguousarray(v)[:, None]                              # (Hkv, 1, n_kv, Dv)
         scale = np.float32(n.params["scale"])
         q16 = _round16(q)
-        kt = np.ascontiguousarray(k.transpose(0, 2, 1))[:, None]          # (Hkv, 1, D, n_kv)
+        kt = _transposed(k)[:, None]                                       # (Hkv, 1, D, n_kv)
         s = self._grouped(np.matmul, q16, kt, hkv)
         # HMX: the S tile is read out as fp16 with the qk scale applied by the output conversion block
         s = _round16(s * scale) if use_hmx else s * scale

@@ -217,14 +217,15 @@ class ScratchBinding:
 
     def run(self, dsp: Dsp, node: Tensor) -> bool:
         """Copy every run; False (nothing written) when the program cannot be bound: write it run by run."""
+        src = node.src
         try:
-            arrays = tuple(array(node if s < 0 else node.src[s]) for s in self.slots)
+            arrays = [array(node if s < 0 else src[s]) for s in self.slots]
         except (TypeError, RuntimeError):  # a tensor without a scalar view or a buffer
             return False
-        key = (dsp.vtcm, *arrays)
-        if self.key is None or len(key) != len(self.key) or any(a is not b for a, b in zip(key, self.key)):
-            self.views = self._bind(dsp, arrays)
-            self.key = key
+        key = self.key
+        if key is None or key[0] is not dsp.vtcm or not _same_objects(key[1], arrays):
+            self.views = self._bind(dsp, tuple(arrays))
+            self.key = (dsp.vtcm, arrays)
         if self.views is None:
             return False
         dsp.vtcm.write_views(*self.views)
@@ -241,6 +242,16 @@ class ScratchBinding:
             return None  # the run-by-run write raises it, at the same run
         return spans, [(d, flat[slot][b0:b0 + n]) for d, (slot, _, n, _, b0) in zip(dst, self.program)], \
             V.span_box(spans)
+
+
+def _same_objects(a: list, b: list) -> bool:
+    """Whether the two lists hold the same objects (identity), in order."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x is not y:
+            return False
+    return True
 
 
 def _thread_starts(node: Tensor, sc: OpScratch) -> list[int]:
