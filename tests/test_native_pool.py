@@ -38,15 +38,21 @@ def _post(slot: np.ndarray, mb, job: int, fn, args: tuple) -> None:
     slot[mb.SEQ] = job
 
 
+def _posted_dequant(n: int, k: int, seed: int, job: int, r0: int, r1: int):
+    """A mailbox holding job `job`: dequant_q8_0(w, wstride, nb, out, ostride, r0, r1), 7 of the 16 integers the
+    worker passes. Returns (mailbox, its address, out, the expected rows)."""
+    mb, _ = _mb()
+    raw, want = _q8_rows(n, k, seed)
+    out = np.zeros((n, k), dtype=np.float32)
+    slot = np.zeros(mb.SLOT_WORDS, dtype=np.int64)
+    _post(slot, mb, job, native.library("kazeia.backends.simd_cpu")["dequant_q8_0"],
+          (raw.ctypes.data, raw.strides[0], k // 32, out.ctypes.data, k, r0, r1))
+    return slot, slot.ctypes.data, out, want
+
+
 def test_a_served_job_runs_once_with_its_arguments():
     mb, lib = _mb()
-    raw, want = _q8_rows(24, 64, 0)
-    out = np.zeros((24, 64), dtype=np.float32)
-    slot = np.zeros(mb.SLOT_WORDS, dtype=np.int64)
-    p = slot.ctypes.data
-    # dequant_q8_0(w, wstride, nb, out, ostride, r0, r1): 7 of the 16 integers the worker passes
-    _post(slot, mb, 1, native.library("kazeia.backends.simd_cpu")["dequant_q8_0"],
-          (raw.ctypes.data, raw.strides[0], 2, out.ctypes.data, 64, 3, 20))
+    slot, p, out, want = _posted_dequant(24, 64, 0, job=1, r0=3, r1=20)
     assert lib["pool_pending"](p) == 1
     assert lib["pool_serve"](p, 64) == 1  # ran it, then idled 64 pauses
     assert lib["pool_pending"](p) == 0 and slot[mb.DONE] == 1 and slot[mb.STATE] == -1
@@ -60,12 +66,7 @@ def test_a_served_job_runs_once_with_its_arguments():
 
 def test_a_job_cancelled_before_a_worker_takes_it_never_runs():
     mb, lib = _mb()
-    raw, _ = _q8_rows(8, 32, 1)
-    out = np.zeros((8, 32), dtype=np.float32)
-    slot = np.zeros(mb.SLOT_WORDS, dtype=np.int64)
-    p = slot.ctypes.data
-    _post(slot, mb, 7, native.library("kazeia.backends.simd_cpu")["dequant_q8_0"],
-          (raw.ctypes.data, raw.strides[0], 1, out.ctypes.data, 32, 0, 8))
+    slot, p, out, _ = _posted_dequant(8, 32, 1, job=7, r0=0, r1=8)
     assert lib["pool_finish"](p, 7) == 0  # cancelled: the poster did all the work itself
     assert slot[mb.STATE] == 0
     assert lib["pool_serve"](p, 64) == 0  # the worker sees job 7 but loses the compare-and-swap
