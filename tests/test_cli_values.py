@@ -114,6 +114,7 @@ def cases(paths: list[str]):
                 yield words, p, a, v
 
 
+@pytest.mark.slow  # ~4 s: every flag of every subcommand (CI runs it; the quick loop's budget is 2 min)
 def test_every_flag_of_every_subcommand_refuses_hostile_values_in_one_line(hostile_paths, tmp_path):
     """The parser accepts a value or prints one line naming the flag and exits 2; it never raises."""
     n = refused = 0

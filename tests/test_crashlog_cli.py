@@ -16,6 +16,7 @@ def _kazeia(*args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow  # its 2-layer 4B-shaped model takes ~7 s to write (CI runs it; the bisect tests share it)
 def test_crashlog_places_bad_va_on_the_plans(q4b2, tmp_path):
     log = tmp_path / "logcat.txt"
     log.write_text("\n".join(f"12-01 10:00:00.000  2780  2902 V adsprpc : {ln}"
