@@ -31,11 +31,8 @@ def _mb():
     return simd_pool, native.library("kazeia.backends.simd_pool")
 
 
-def _post(slot: np.ndarray, mb, job: int, fn, args: tuple) -> None:
-    slot[mb.ARGS:mb.ARGS + len(args)] = args
-    slot[mb.FN] = native._address(fn)
-    slot[mb.STATE] = job
-    slot[mb.SEQ] = job
+def _post(slot: np.ndarray, mb, job: int, fn, args: tuple, linger: int = 0) -> None:
+    native.post(slot, job, native.address(fn), args, linger)
 
 
 def _posted_dequant(n: int, k: int, seed: int, job: int, r0: int, r1: int):
@@ -153,8 +150,7 @@ def test_a_worker_waits_for_a_next_job_only_after_a_lingering_one():
     p = slot.ctypes.data
 
     def job(n: int, r0: int, linger: int) -> None:
-        slot[mb.LINGER] = linger
-        _post(slot, mb, n, dq, (raw.ctypes.data, raw.strides[0], 1, out.ctypes.data, 32, r0, r0 + 1))
+        _post(slot, mb, n, dq, (raw.ctypes.data, raw.strides[0], 1, out.ctypes.data, 32, r0, r0 + 1), linger)
 
     def serve(result: list) -> None:
         result.append(lib["pool_serve"](p, 1 << 40))

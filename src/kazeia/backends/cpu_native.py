@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kazeia.backends import native
-from kazeia.backends.cpu_program import MEMMOVE, MEMSET, address, bits32, bits64, lib, simple
+from kazeia.backends.cpu_program import MEMMOVE, MEMSET, bits32, bits64, lib, simple
 from kazeia.backends.numpy_ops import KERNELS
 from kazeia.backends.qmatmul import GEMV_CHUNK, NATIVE_DEQUANT, QK, dequantize_rows
 from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
@@ -138,7 +138,7 @@ def _bind_rope(be, n: Tensor, L, shared: dict) -> Callable | None:
             tab.fill(be.run_id)
         fn(pp)
         prm  # noqa: B018 - the kernel reads it
-    run.steps = [(0, address(fn), (pp,))]
+    run.steps = [(0, native.address(fn), (pp,))]
     run.table = tab  # a program fills it before the first rope that reads it
     return run
 
@@ -164,7 +164,7 @@ class _RopeTable:
         self.args = (addr(pos), self.inv.ctypes.data, bits64(p["freq_scale"]),
                      bits32(p.get("attn_factor", 1.0)), T, nd // 2, self.cp, self.sp)
         self.fn = lib()["rope_table"]
-        self.steps = [(0, address(self.fn), self.args)]
+        self.steps = [(0, native.address(self.fn), self.args)]
         self.run_id = -1
         self.pos_buffer = pos.buffer  # the kernel reads the positions' memory
 
@@ -188,7 +188,7 @@ def _bind_set_rows(be, n: Tensor, L) -> Callable | None:
     def run() -> None:
         if fn(*args) != 0:
             raise bad()
-    run.steps = [(1, address(fn), args)]
+    run.steps = [(1, native.address(fn), args)]
     run.error = bad
     return run
 
@@ -316,7 +316,7 @@ def _gemv_call(s, xp: int, yp: int) -> Callable[[], None]:
             fn(*alone)
         desc, ctr  # noqa: B018 - the kernel reads their memory
     # the program form when the pool is not used (the counters zeroed, then the kernel alone)
-    call.serial_steps = [(0, MEMSET, (cp, 0, cn)), (0, address(fn), alone)]
+    call.serial_steps = [(0, MEMSET, (cp, 0, cn)), (0, native.address(fn), alone)]
     call.parallel = lambda: s.parallel and threads() > 1
     return call
 

@@ -26,10 +26,6 @@ MEMMOVE = ctypes.cast(ctypes.memmove, ctypes.c_void_p).value
 MEMSET = ctypes.cast(ctypes.memset, ctypes.c_void_p).value
 
 
-def address(fn) -> int:
-    return ctypes.cast(fn, ctypes.c_void_p).value
-
-
 def bits64(x: float) -> int:
     return int(np.array(x, dtype=np.float64).view(np.int64))
 
@@ -41,7 +37,7 @@ def bits32(x: float) -> int:
 def simple(fn, args: tuple) -> Callable[[], None]:
     def run() -> None:
         fn(*args)
-    run.steps = [(0, address(fn), args)]
+    run.steps = [(0, native.address(fn), args)]
     return run
 
 

@@ -24,6 +24,8 @@ import os
 import threading
 from pathlib import Path
 
+from kazeia.backends import simd_pool  # the mailbox layout only (its emitter imports llvmlite when it builds)
+
 _libs: dict[str, dict[str, ctypes._CFuncPtr]] = {}
 _jit = None
 _trackers: list = []
@@ -183,9 +185,7 @@ class _Pool:
     def __init__(self, n: int) -> None:
         import numpy as np
 
-        from kazeia.backends import simd_pool as mb
-
-        self.mb = mb
+        self.mb = mb = simd_pool
         self.lib = library("kazeia.backends.simd_pool")
         self.slots = np.zeros((n, mb.SLOT_WORDS), dtype=np.int64)  # one mailbox per worker
         self.ptrs = [self.slots.ctypes.data + 8 * mb.SLOT_WORDS * i for i in range(n)]
@@ -217,14 +217,9 @@ class _Pool:
         try:
             self.job += 1
             job, mb, exchange = self.job, self.mb, self.lib["pool_exchange"]
-            addr = _address(fn)
+            addr = address(fn)
             for w in range(n):
-                slot = self.slots[w]
-                slot[mb.ARGS:mb.ARGS + len(args)] = args
-                slot[mb.FN] = addr
-                slot[mb.LINGER] = self.SPIN if linger else 0
-                slot[mb.STATE] = job  # (x86 keeps these stores in order: the worker sees SEQ last)
-                slot[mb.SEQ] = job
+                post(self.slots[w], job, addr, args, self.SPIN if linger else 0)
                 if exchange(self.ptrs[w], mb.SLEEPING, 0) == 1:
                     self.wake[w].release()
             fn(*args)
@@ -235,10 +230,23 @@ class _Pool:
             self.busy.release()
 
 
+def post(slot, job: int, addr: int, args: tuple, linger: int) -> None:
+    """Write job `job` (the kernel at `addr` with integer `args`, then `linger` idle pauses) into a worker's
+    mailbox (simd_pool.py's layout): FN, LINGER and ARGS first, then STATE, then SEQ (x86 keeps stores in
+    order: a worker that sees the new SEQ sees the rest)."""
+    mb = simd_pool
+    slot[mb.ARGS:mb.ARGS + len(args)] = args
+    slot[mb.FN] = addr
+    slot[mb.LINGER] = linger
+    slot[mb.STATE] = job
+    slot[mb.SEQ] = job
+
+
 _addresses: dict[int, tuple[object, int]] = {}
 
 
-def _address(fn) -> int:
+def address(fn) -> int:
+    """The machine address of a ctypes function (kept per function object)."""
     hit = _addresses.get(id(fn))
     if hit is None or hit[0] is not fn:
         hit = _addresses[id(fn)] = (fn, ctypes.cast(fn, ctypes.c_void_p).value)
