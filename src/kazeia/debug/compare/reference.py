@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,9 +35,9 @@ class Reference:
     the sources the op read (None when sources were not captured)."""
 
     spec: RunSpec
+    outputs: SpilledArrays  # (micro-batch, node index) -> REF's float64 output
+    sources: SpilledSources | None = None  # (micro-batch, node index) -> [(source index, raw contents)]
     names: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
-    outputs: MutableMapping[tuple[int, int], np.ndarray] = field(default_factory=dict)
-    sources: MutableMapping[tuple[int, int], list[tuple[int, np.ndarray]]] | None = None
     floors: dict[tuple[int, int], float] = field(default_factory=dict)  # MUL_MAT activation-conversion NMSE
     logits: np.ndarray | None = None
     n_ubatch: int = 0
@@ -47,14 +46,8 @@ class Reference:
         return ref_key(self.spec) == ref_key(spec)
 
     def nbytes(self) -> int:
-        """Bytes of the arrays held (in memory or in a spill file)."""
-        def size(m) -> int:
-            if m is None:
-                return 0
-            if hasattr(m, "nbytes"):
-                return m.nbytes()
-            return sum(sum(r.nbytes for _, r in v) if isinstance(v, list) else v.nbytes for v in m.values())
-        return size(self.outputs) + size(self.sources)
+        """Bytes of the arrays held (in the spill file)."""
+        return self.outputs.nbytes() + (self.sources.nbytes() if self.sources is not None else 0)
 
 
 class _RefCapture(Hook):
