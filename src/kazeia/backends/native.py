@@ -21,6 +21,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -60,15 +61,51 @@ def cache_dir() -> Path:
     return Path(base) if base else Path.home() / ".cache" / "kazeia" / "native"
 
 
+_FROM_IMPORT = re.compile(rb"^[ \t]*from[ \t]+(kazeia(?:\.\w+)*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
+_PLAIN_IMPORT = re.compile(rb"^[ \t]*import[ \t]+(kazeia(?:\.\w+)+)", re.M)
+
+
+def _imported(src: bytes) -> list[str]:
+    """The kazeia modules a source imports: `import kazeia.a.b`, `from kazeia.a import x` (kazeia.a, and
+    kazeia.a.x when kazeia.a is a package holding a module x), at any indentation."""
+    out = [m.decode() for m in _PLAIN_IMPORT.findall(src)]
+    for mod, names in _FROM_IMPORT.findall(src):
+        mod = mod.decode()
+        out.append(mod)
+        spec = importlib.util.find_spec(mod)  # (imports mod's parents, never mod itself)
+        if spec is not None and spec.submodule_search_locations is not None:
+            out += [f"{mod}.{n}" for n in re.findall(r"\w+", names.decode())
+                    if importlib.util.find_spec(f"{mod}.{n}") is not None]
+    return out
+
+
+def _emitter_sources(module: str) -> list[bytes]:
+    """The source of the emitter and of every kazeia module it imports (irkit, the emitter parts it is built
+    from), recursively and read without importing any of them: all of them shape the IR."""
+    seen, todo, out = set(), [module], []
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        spec = importlib.util.find_spec(mod)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            continue
+        src = Path(spec.origin).read_bytes()
+        out.append(mod.encode() + b"\0" + src)
+        todo += _imported(src)
+    return sorted(out)
+
+
 def _source_digest(module: str) -> str:
-    """Hash of the emitter's and irkit's source files, llvmlite's version and the host CPU."""
+    """Hash of the sources of the emitter and the kazeia modules it imports, llvmlite's version and the host
+    CPU."""
     import llvmlite
     import llvmlite.binding as llvm
 
     h = hashlib.sha256()
-    for mod in (module, "kazeia.backends.irkit"):
-        spec = importlib.util.find_spec(mod)
-        h.update(Path(spec.origin).read_bytes())
+    for src in _emitter_sources(module):
+        h.update(src)
     h.update(llvmlite.__version__.encode())
     h.update(CODE_MODEL.encode())
     h.update(llvm.get_host_cpu_name().encode())
