@@ -1,4 +1,4 @@
-"""The Q4_0 / Q4_1 HVX dot reads the activation quants in pair order (simd_htp._nibble_pair: blocks j and j+4 of
+"""The Q4_0 / Q4_1 HVX dot reads the activation quants in pair order (simd_hvx._nibble_pair: blocks j and j+4 of
 a group share a ymm), laid out once per call by the native `hvx_pairs`. Checked here: that layout and the
 per sub-block sums against numpy, and the dot against the portable numba kernel, bitwise, on the shapes
 that exercise its edges: K of 1 block, K a multiple of 256 but not of 1024 (whole groups in the tail), K one

@@ -20,7 +20,7 @@ from kazeia.backends.htp.fp16 import FP16_MAX, f32_to_f16_shuffled, from_fp16_bi
 GGMLType = GGMLQuantizationType
 KIND = {GGMLType.Q4_0: 0, GGMLType.Q4_1: 1, GGMLType.Q8_0: 2, GGMLType.IQ4_NL: 3}  # type codes of htp/kernels.py
 
-NIBBLE_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1)  # simd_htp.NIBBLES: their dot reads the image's int8 quants
+NIBBLE_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1)  # simd_hvx.NIBBLES: their dot reads the image's int8 quants
 NAMES = {GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q8_0: "q8_0", GGMLType.IQ4_NL: "iq4_nl"}
 ROUND_ROW = 1024                 # elements per row of the native rounding kernel
 PARALLEL_MIN_ELEMS = 1 << 18     # arrays (and weight row ranges) below this run on one thread
