@@ -139,6 +139,7 @@ PARSER = build_parser()
 TYPED = [(w, p, a) for w, p in walk(PARSER) for a in value_actions(p) if a.type not in (None, str)]
 
 
+@pytest.mark.slow  # ~1-2 s: CI runs it (the quick loop ran 107-120 s of its 120 s)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_numeric_flags_random_text(data, tmp_path):
@@ -220,6 +221,7 @@ def test_temp_not_finite_is_refused(tiny_qwen3_q4, value):
     assert "not a finite number" in line
 
 
+@pytest.mark.slow  # ~1-2 s: CI runs it (the quick loop ran 107-120 s of its 120 s)
 def test_seed_minus_one_is_random_and_printed(tiny_qwen3_q4):
     """llama.cpp: -s -1 (LLAMA_DEFAULT_SEED) draws a seed; it is printed, and rerunning with it repeats the run."""
     r = kazeia("run", "-m", tiny_qwen3_q4, "-p", "hi", "-n", "6", "--temp", "1.5", "-s", "-1")
@@ -241,6 +243,7 @@ def test_cpu_nodes_bad_regex(tiny_qwen3_q4):
     assert "not a valid regular expression" in line and "missing )" in line
 
 
+@pytest.mark.slow  # ~1-2 s: CI runs it (the quick loop ran 107-120 s of its 120 s)
 def test_gate_bad_regex_and_bad_m(tiny_qwen3_q4):
     line = refused(kazeia("run", "-m", tiny_qwen3_q4, "-p", "hi", "--gate", "weight=(,m=1-5"), "--gate")
     assert "weight='(' is not a valid regular expression" in line
@@ -325,6 +328,7 @@ def test_a_temperature_so_small_that_logits_overflow_is_greedy():
                for t in (1e-320, 5e-324) for s in range(20))
 
 
+@pytest.mark.slow  # ~1-2 s: CI runs it (the quick loop ran 107-120 s of its 120 s)
 def test_make_model_refuses_a_model_too_big_for_memory_or_disk(tmp_path):
     r = kazeia("make-model", "-o", str(tmp_path / "big.gguf"), "--n-embd", str(1 << 20), "--n-ff", str(1 << 20))
     assert r.returncode == 2 and "GiB" in r.stderr and "Traceback" not in r.stderr, r.stderr
