@@ -5,13 +5,10 @@ strided F16 K/V, GQA, masks and both paths."""
 import numpy as np
 import pytest
 
-from kazeia.backends.htp.executor import Executor
+from kazeia.backends.htp.executor import DspOps
+from kazeia.backends.htp.flash_attn import flash_attn
 from kazeia.backends.htp.fp16 import round_fp16
-from kazeia.backends.htp.profiles import get_profile
-from kazeia.backends.htp.settings import HtpSettings
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, array, make_tensor
-
-SETTINGS = HtpSettings.from_env(env={}, profile="robust")
 
 
 def _grouped(a, b, hkv):
@@ -72,7 +69,7 @@ def test_flash_attention_is_the_copying_formulation(t_q, n_kv, h, hkv, use_hmx):
     array(q)[...] = rng.standard_normal(array(q).shape).astype(np.float32)
     vis = np.arange(n_kv)[None, :] <= (n_kv - t_q + np.arange(t_q))[:, None]
     array(mask)[0, 0] = np.where(vis, 0.0, -np.inf).astype(np.float16)
-    Executor(SETTINGS, get_profile("robust"))._flash_attn(out, use_hmx=use_hmx)
+    flash_attn(DspOps(), out, use_hmx=use_hmx)
     f32 = [np.asarray(array(t), dtype=np.float32) for t in (q, k, v, mask)]
     want = _reference(f32[0][0], f32[1][0], f32[2][0], f32[3][0, 0], np.float32(out.params["scale"]), use_hmx)
     assert array(out)[0].tobytes() == np.ascontiguousarray(want).tobytes()

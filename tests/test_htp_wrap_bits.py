@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kazeia.backends.htp import fast
-from kazeia.backends.htp.executor import _round16, _transposed
+from kazeia.backends.htp.flash_attn import _round16, _transposed
 from kazeia.backends.htp.fp16 import round_fp16
 from kazeia.backends.htp.hvx_quant import q8x4x2_row_size, quantize_q8x4x2, quantize_q8x4x2_into
 from kazeia.backends.htp.vtcm import Vtcm, span_box
