@@ -154,26 +154,6 @@ def q8_groups(x: np.ndarray, k: int, kp: int, group: int, tinv: np.ndarray,
     return q, from_fp16_bits(d)
 
 
-def q8_groups_into(x: np.ndarray, kp: int, group: int, tinv: np.ndarray, ti8: np.ndarray,
-                   img: np.ndarray) -> np.ndarray | None:
-    """`q8_groups` of the rows x (M, k) with the int8 quants stored straight into the first kp bytes of each row
-    of `img` (uint8 (M, stride), C-contiguous, stride >= kp), as `hvx_quant._write_rows` would copy them; returns
-    the fp16 scale bits (M, kp/group) uint16. None (img untouched) where `q8_groups` gives None."""
-    lk = lib()
-    m, k = x.shape
-    if lk is None or m == 0 or img.shape[1] < kp or not img.flags.c_contiguous or img.dtype != np.uint8:
-        return None
-    xc = np.ascontiguousarray(x, dtype=np.float32)
-    with np.errstate(invalid="ignore"):
-        if not np.abs(xc).max() <= FP16_MAX:  # False for NaN too
-            return None
-    d = np.empty((m, kp // group), dtype=np.uint16)
-    tinv, ti8 = np.ascontiguousarray(tinv, dtype=np.uint16), np.ascontiguousarray(ti8, dtype=np.int8)
-    lk["q8_groups"](_ptr(xc), k, k, kp, group, _kept_ptr(tinv), _kept_ptr(ti8), _ptr(img), img.shape[1], _ptr(d),
-                    0, m)
-    return d
-
-
 def shuffled_fp16(x: np.ndarray, arch: int | None = None) -> np.ndarray:
     """fp16.f32_to_f16_shuffled (the HMX activation staging converter), rounding with `round_hw`."""
     return f32_to_f16_shuffled(x, arch, round_hw)
@@ -222,3 +202,90 @@ def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray,
     _run(_pair(lk, f"hvx_dot_{NAMES[qtype]}"), args, n, HVX_CHUNK, n * nb * 32 * m >= PARALLEL_MIN_ELEMS,
          linger=m <= DECODE_ROWS)
     return y
+
+
+def q8x4x2_image(x: np.ndarray, kp: int, group: int, tinv: np.ndarray, ti8: np.ndarray, img: np.ndarray,
+                 dbits: np.ndarray) -> bool:
+    """hvx_quant.quantize_q8x4x2_into of the rows x (M, k) float32 over `img` (uint8 (M, stride), C-contiguous,
+    stride >= kp) in one native call, quants and scale bits placed (`dbits`: uint16 (M, kp/group) scratch);
+    False (img untouched) where `q8_groups` gives None: no native kernels, or some |x| > 65504 or NaN."""
+    lk = lib()
+    m, k = x.shape
+    if lk is None or m == 0 or img.shape[1] < kp or not img.flags.c_contiguous or img.dtype != np.uint8:
+        return False
+    xc = np.ascontiguousarray(x, dtype=np.float32)
+    ok = np.zeros(1, dtype=np.int64)
+    lk["q8x4x2_image"](_ptr(xc), k, k, kp, group, _kept_ptr(tinv), _kept_ptr(ti8), _ptr(img), img.shape[1],
+                       _ptr(dbits), _ptr(ok), 0, m)
+    return bool(ok[0])
+
+
+class BoundDot:
+    """`hvx_dot` of one weight's ggml rows b8 (N, nb, type_size) with M activation rows, its arguments worked out
+    once: a decode runs the same matmul every token. `run(pimg, imgstride, py)` multiplies the image at address
+    pimg (rows imgstride bytes apart) into y at address py (rows N floats apart), as `hvx_dot` does; the int16 /
+    pair-order scratch is the caller's (`scratch`: (x16, xs) of `dot_scratch_shape`), since two sessions may
+    run on two threads."""
+
+    __slots__ = ("lk", "fn", "qtype", "m", "k", "n", "nb", "npad", "pw", "wstride", "p16", "ps", "x16",
+                 "parallel", "linger", "ctr", "pctr")
+
+    def __init__(self, b8: np.ndarray, qtype: GGMLType, m: int, k: int, scratch: tuple[np.ndarray, np.ndarray]):
+        self.lk = lk = lib()
+        self.qtype, self.m, self.k = qtype, m, k
+        self.n, self.nb = b8.shape[0], b8.shape[1]
+        self.npad = -(-self.nb // 8) * 8
+        self.pw, self.wstride = _kept_ptr(b8), b8.strides[0]
+        self.x16 = scratch[0]
+        self.p16, self.ps = _ptr(scratch[0]), _ptr(scratch[1])
+        self.fn = _pair(lk, f"hvx_dot_{NAMES[qtype]}")
+        self.parallel = self.n > HVX_CHUNK and self.n * self.nb * 32 * m >= PARALLEL_MIN_ELEMS
+        self.linger = m <= DECODE_ROWS
+        self.ctr = np.zeros(1, dtype=np.int64)
+        self.pctr = _ptr(self.ctr)
+
+    @staticmethod
+    def usable(b8: np.ndarray, qtype: GGMLType, m: int) -> bool:
+        """Whether `hvx_dot` would run these through the native kernel (else the caller keeps the general path)."""
+        return lib() is not None and b8.strides[2] == 1 and m > 0 and qtype in NAMES
+
+    @staticmethod
+    def scratch_shape(qtype: GGMLType, nb: int, m: int) -> tuple[int, int, int]:
+        """(m, int16 columns, npad) of the scratch `hvx_dot` uses for these (`_dot_scratch`)."""
+        npad = -(-nb // 8) * 8
+        return m, npad * (16 if qtype in NIBBLE_TYPES else 32), npad
+
+    def run(self, img: np.ndarray, pimg: int, imgstride: int, py: int) -> None:
+        m, nb, npad = self.m, self.nb, self.npad
+        if self.qtype in NIBBLE_TYPES:
+            self.lk["hvx_pairs"](pimg, imgstride, nb, npad, self.p16, self.ps, 0, m)
+        else:
+            self.x16[:, :self.k] = img[:m, :self.k].view(np.int8)
+        args = (self.pw, self.wstride, nb, self.p16, self.ps, pimg, imgstride, self.k, m, py, self.n, self.n)
+        if self.parallel and native.threads() > 1:  # as `_run`: the threads claim chunks of rows from the counter
+            self.ctr[0] = 0
+            native.run(self.fn[1], (*args, self.pctr, self.n, HVX_CHUNK), linger=self.linger)
+        else:
+            self.fn[0](*args, 0, self.n)
+
+
+class BoundQuant:
+    """`q8x4x2_image` of fixed rows x (M, k) float32, C-contiguous, into a fixed image (uint8 (M, stride),
+    C-contiguous, stride >= kp): the arguments worked out once; calling it reads x as it is then."""
+
+    __slots__ = ("fn", "args", "ok", "dbits", "keep")
+
+    def __init__(self, x: np.ndarray, kp: int, group: int, tinv: np.ndarray, ti8: np.ndarray, img: np.ndarray):
+        m, k = x.shape
+        if not (x.flags.c_contiguous and x.dtype == np.float32 and img.flags.c_contiguous and img.shape[1] >= kp):
+            raise ValueError("BoundQuant needs C-contiguous float32 rows and an image of rows >= kp bytes")
+        self.fn = lib()["q8x4x2_image"]
+        self.ok = np.zeros(1, dtype=np.int64)
+        self.dbits = np.empty((m, kp // group), dtype=np.uint16)
+        self.keep = (x, tinv, ti8, img)  # the arrays whose addresses the arguments hold
+        self.args = (_ptr(x), k, k, kp, group, _ptr(tinv), _ptr(ti8), _ptr(img), img.shape[1], _ptr(self.dbits),
+                     _ptr(self.ok), 0, m)
+
+    def __call__(self) -> bool:
+        self.fn(*self.args)
+        return self.ok[0] == 1

@@ -267,12 +267,9 @@ def quantize_q8x4x2_into(x: np.ndarray, group: int, img: np.ndarray) -> bool:
     kp, stride = _round_up(k, SUPER), q8x4x2_row_size(k)
     if kp > stride or img.shape != (m, stride):  # the last row's quants would spill past the image
         return False
-    dbits = fast.q8_groups_into(x, kp, group, _fp16_table("inverse"), _fp16_table("int8"), img)
-    if dbits is None:
-        return False
-    sub = _sub_groups(kp, group)
-    img[:, k:k + 2 * sub.size] = np.ascontiguousarray(dbits[:, sub]).view(np.uint8)
-    return True
+    # one native call: the range check, the quants and the scale bits of every sub-block (its group's) at k
+    dbits = np.empty((m, kp // group), dtype=np.uint16)
+    return fast.q8x4x2_image(x, kp, group, _fp16_table("inverse"), _fp16_table("int8"), img, dbits)
 
 
 def quantize_q8_1x4x2(x: np.ndarray, prev: np.ndarray | None = None) -> np.ndarray:

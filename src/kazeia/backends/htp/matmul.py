@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from kazeia.backends.htp.dsp import Dsp, DspFault, OpContext, OpRecord
 from kazeia.backends.htp.host import OpBatch, OpDesc
+from kazeia.backends.htp.matmul_bound import BoundHvx, bind_hvx, dot_scratch
 from kazeia.backends.htp.matmul_hmx import HmxPath
-from kazeia.backends.htp.matmul_hvx import HvxPath, LeaveProgram
+from kazeia.backends.htp.matmul_hvx import HvxPath, LeaveProgram, _modeled_seconds
 from kazeia.backends.htp.plan import MatmulPlan, plan_for_node, src_layout
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.repack import RepackedWeight
@@ -65,10 +66,42 @@ class MatmulUnit(HmxPath, HvxPath):
         self.weights = weights if weights is not None else shared_store()
         self._plans: dict[tuple, MatmulPlan] = {}
         self._leave_programs: dict[int, LeaveProgram] = {}  # by id of a kept plan (matmul_hvx.LeaveProgram)
+        self._bound: dict[int, BoundHvx | None] = {}  # by id of node (matmul_bound.py)
+        self._unbound: dict[int, Tensor] = {}  # the nodes bound to None (kept alive, so their ids stay theirs)
+        self._dot_scratch: dict = {}
 
     # --- op_matmul ---
     def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
-        return self._op_matmul(dsp, octx, op, self._plan(op.node))
+        node = op.node
+        b = self._bound.get(id(node), False)
+        if b is False:
+            b = self._bind(dsp, node)
+        elif b is None:
+            if self._unbound.get(id(node)) is not node:
+                b = self._bind(dsp, node)
+        elif b.node is not node or not b.matches(node, dsp):
+            b = self._bind(dsp, node)
+        if b is not None:
+            rec = b.run(self, dsp, octx, op)
+            if rec is not None:
+                return rec
+        return self._op_matmul(dsp, octx, op, self._plan(node))
+
+    def _bind(self, dsp: Dsp, node: Tensor) -> BoundHvx | None:
+        """matmul_bound.bind_hvx of the node, kept by node (None: the general path runs it, until the node is
+        another one)."""
+        if len(self._bound) > 16384:  # nodes of graphs long gone
+            self._bound.clear()
+            self._unbound.clear()
+        w, x = node.src[0], node.src[1]
+        b = bind_hvx(self, dsp, node, self._plan(node), _modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type))
+        self._bound[id(node)] = b
+        if b is None:
+            self._unbound[id(node)] = node
+        return b
+
+    def dot_scratch(self, shape: tuple[int, int, int], k: int) -> tuple:
+        return dot_scratch(self._dot_scratch, shape, k)
 
     def _plan(self, node: Tensor) -> MatmulPlan:
         """plan_for_node with this unit's settings, kept by what it reads of the node (type, ne and nb of both

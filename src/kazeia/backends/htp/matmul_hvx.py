@@ -23,7 +23,7 @@ from kazeia.backends.htp.hvx_quant import (
 )
 from kazeia.backends.htp.plan import MatmulPlan, src_layout
 from kazeia.backends.htp.repack import RepackedWeight
-from kazeia.backends.htp.vtcm import Area, span_box
+from kazeia.backends.htp.vtcm import Area, Vtcm, span_box
 from kazeia.graph.tensor import GGMLType, Tensor, array, type_name
 
 _KIND = {GGMLType.Q4_1: "q8_1x4x2", GGMLType.F16: "f16"}
@@ -178,11 +178,21 @@ class HvxPath:
         rings written at once, for the last few layouts it has run with (`RepackedWeight.ring_images`, 96 rows
         per weight and layout: ~50 MB for a 4B model's decode): a decode repacks each weight's last rows once
         instead of on every token. The bytes written are the same."""
+        prog = self.leave_program(plan, rw)
+        self.leave_rings(dsp.vtcm, rw, prog)
+        dsp.vtcm.write_runs(self.dst_runs(prog, y), prog.dst_box)  # (each run lies inside its dst area)
+
+    def leave_program(self, plan: MatmulPlan, rw: RepackedWeight) -> LeaveProgram:
+        """The LeaveProgram of `plan` for a weight of rw.n rows, kept by plan."""
         prog = self._leave_programs.get(id(plan))
         if prog is None or prog.plan is not plan or prog.n != rw.n:
             if len(self._leave_programs) > 4096:
                 self._leave_programs.clear()
             prog = self._leave_programs[id(plan)] = LeaveProgram.of(plan, rw.n, rw.row_bytes)
+        return prog
+
+    def leave_rings(self, vt: Vtcm, rw: RepackedWeight, prog: LeaveProgram) -> None:
+        """The weight rows each thread's ring holds at the end, written deferred (see `_leave_hvx_bytes`)."""
         segments = rw.ring_images.get(prog.ring_key)
         if segments is None:
             if len(rw.ring_images) >= 4:  # layouts differ by M (the src1 area before the rings): keep a few
@@ -191,16 +201,20 @@ class HvxPath:
             segments = rw.ring_images[prog.ring_key] = _contiguous_runs([(o, im) for o, im in images
                                                                         if im is not None])
         for offset, data in segments:  # the rings are disjoint: one write per run of adjacent rings
-            dsp.vtcm.write_deferred(offset, data)  # (the next matmul of the same K writes the same bytes over them)
-        runs = []
+            vt.write_deferred(offset, data)  # (the next matmul of the same K writes the same bytes over them)
+
+    @staticmethod
+    def dst_runs(prog: LeaveProgram, y: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(offset, bytes) of each thread's dst area at the end: its last output rows (M == 1 and y C-contiguous:
+        views of y's bytes)."""
         if y.shape[0] == 1 and y.dtype == np.float32 and y.flags.c_contiguous:
             out = y.reshape(-1).view(np.uint8)  # one output row: each thread's columns are a slice of it
-            runs += [(offset, out[4 * r0:4 * r0 + min(4 * (r1 - r0), size)]) for offset, r0, r1, size in prog.dsts]
-        else:
-            for offset, r0, r1, size in prog.dsts:
-                rowsb = np.ascontiguousarray(y[-2:, r0:r1]).view(np.uint8).reshape(-1)
-                runs.append((offset, rowsb[:size]))
-        dsp.vtcm.write_runs(runs, prog.dst_box)  # (each run lies inside its dst area)
+            return [(offset, out[4 * r0:4 * r0 + min(4 * (r1 - r0), size)]) for offset, r0, r1, size in prog.dsts]
+        runs = []
+        for offset, r0, r1, size in prog.dsts:
+            rowsb = np.ascontiguousarray(y[-2:, r0:r1]).view(np.uint8).reshape(-1)
+            runs.append((offset, rowsb[:size]))
+        return runs
 
     @staticmethod
     def _ring_image(rw: RepackedWeight, ring, r0: int, r1: int, stride: int) -> np.ndarray | None:

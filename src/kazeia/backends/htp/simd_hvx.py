@@ -249,6 +249,50 @@ def _hvx_dot(module: ir.Module, kind: str) -> str:
     return name
 
 
+FP16_MAX_BITS = 0x477FE000  # float32 bits of 65504.0: |x| <= 65504 iff its magnitude bits are <= these (NaN above)
+
+
+def _q8x4x2_image_kernel(module: ir.Module) -> str:
+    """q8x4x2_image(x, xstride, k, kp, group, tinv, ti8, img, stride, dbits, ok, r0, r1): hvx_quant's
+    quantize_q8x4x2_into for the rows [r0, r1) in one call. First every |x| of those rows is checked against
+    65504 (NaN fails too); if one fails, *ok = 0 and nothing is written. Else *ok = 1, q8_groups (emitted
+    before, same module) stores the quants into the image rows (stride bytes apart) and the fp16 scale bits
+    into dbits, and every sub-block j of the padded row (kp/32 of them) gets its group's scale bits at byte
+    k + 2j of its row, over the quants, as hvx_quant places them."""
+    k = Kernel(module, "q8x4x2_image", [("x", ptr(F32)), ("xstride", I64), ("k", I64), ("kp", I64), ("group", I64),
+                                        ("tinv", ptr(I16)), ("ti8", ptr(I8)), ("img", ptr(I8)), ("stride", I64),
+                                        ("dbits", ptr(I16)), ("ok", ptr(I64)), ("r0", I64), ("r1", I64)])
+    b, a = k.b, k.a
+    big = k.var(V8I32, ir.Constant(V8I32, [0] * 8), name="big")
+    with k.loop(a.r0, a.r1, name="crow") as r:
+        xrow = k.gep(a.x, b.mul(r, a.xstride))
+        with k.loop(0, a.k, 8, name="ce") as e:  # k is a multiple of 32
+            mag = b.and_(b.bitcast(k.load_vec(xrow, V8F32, e), V8I32), splat(V8I32, 0x7FFFFFFF))
+            m = b.load(big)
+            b.store(b.select(b.icmp_signed(">", mag, m), mag, m), big)
+    m = b.load(big)
+    top = b.extract_element(m, ir.Constant(I32, 0))
+    for lane in range(1, 8):
+        v = b.extract_element(m, ir.Constant(I32, lane))
+        top = b.select(b.icmp_signed(">", v, top), v, top)
+    fits = b.icmp_signed("<=", top, ir.Constant(I32, FP16_MAX_BITS))
+    k.store(b.zext(fits, I64), a.ok, 0)
+    with k.if_(fits):
+        b.call(module.globals["q8_groups"], [a.x, a.xstride, a.k, a.kp, a.group, a.tinv, a.ti8, a.img, a.stride,
+                                             a.dbits, a.r0, a.r1])
+        ngroups = b.sdiv(a.kp, a.group)
+        with k.loop(a.r0, a.r1, name="srow") as r:
+            base = k.gep(a.img, b.add(b.mul(r, a.stride), a.k))
+            drow = k.gep(a.dbits, b.mul(r, ngroups))
+            with k.loop(0, b.sdiv(a.kp, i64(QK)), name="sub") as j:
+                d = k.load(drow, b.sdiv(b.mul(j, i64(QK)), a.group))
+                b.store(d, b.bitcast(k.gep(base, b.mul(j, i64(2))), ptr(I16)), align=1)
+    k.ret()
+    return "q8x4x2_image"
+
+
 def kernels(module: ir.Module) -> list[tuple[str, str]]:
-    """Emit the HVX kernels into `module`: [(name, signature)] (hvx_pairs first, then hvx_dot_<kind>)."""
-    return [(_hvx_pairs_kernel(module), "v:piiippii"), *((_hvx_dot(module, kind), HVX_SIG) for kind in BLOCK_BYTES)]
+    """Emit the HVX kernels into `module` (after simd_htp's q8_groups, which q8x4x2_image calls): [(name,
+    signature)] (hvx_pairs first, then hvx_dot_<kind>, then q8x4x2_image)."""
+    return [(_hvx_pairs_kernel(module), "v:piiippii"), *((_hvx_dot(module, kind), HVX_SIG) for kind in BLOCK_BYTES),
+            (_q8x4x2_image_kernel(module), "v:piiiipppippii")]

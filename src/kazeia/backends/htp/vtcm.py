@@ -73,7 +73,6 @@ def hmx_scale_block(scale: float = 1.0) -> bytes:
     return v.tobytes()
 
 
-
 # --------------------------------------------------------------------------------------------------------------
 # the arena
 
@@ -246,6 +245,16 @@ class Vtcm:
         self.check(offset, nbytes, "view")
         self._flush(offset, offset + nbytes)
         return self._mem[offset:offset + nbytes].view(dt)
+
+    def land(self, lo: int, hi: int) -> None:
+        """`read`'s first step without its check: every deferred write on bytes lo..hi made (a bound matmul)."""
+        if self._ready or self._pending:
+            self._flush(lo, hi)
+
+    def raw_view(self, offset: int, nbytes: int) -> np.ndarray:
+        """A kept writable uint8 view that deferred writes do not land in first: `land` before reading it."""
+        self.check(offset, nbytes, "view")
+        return self._mem[offset:offset + nbytes]
 
     def _cover(self, lo: int, hi: int) -> None:
         """Bytes lo..hi are written now: no deferred write may land there later."""
