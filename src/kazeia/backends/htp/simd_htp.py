@@ -14,7 +14,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kazeia.backends.htp import simd_hvx
-from kazeia.backends.htp.simd_blocks import BLOCK_BYTES, QK, codes_i8
+from kazeia.backends.htp.simd_blocks import BLOCK_BYTES, CODE_OFFSET, IQ4_NL, QK, codes_i8
 from kazeia.backends.irkit import (
     F16,
     F32,
@@ -25,10 +25,12 @@ from kazeia.backends.irkit import (
     I64,
     V8F32,
     V8I32,
+    V16I8,
     Kernel,
     chunked,
     f32,
     i64,
+    lanes,
     ptr,
     splat,
     vec,
@@ -199,18 +201,67 @@ def _hmx_weight(module: ir.Module, kind: str) -> str:
         outp = k.gep(a.out, b.mul(r, a.ostride))
         with k.loop(0, a.nb, name="blk") as blk:
             base = k.gep(rowp, b.mul(blk, i64(BLOCK_BYTES[kind])))
-            d = k.broadcast(k.half_to_f32(k.load_as(base, I16, 0)), 8)
-            mv = k.broadcast(k.half_to_f32(k.load_as(base, I16, 2)), 8) if kind == "q4_1" else None
-            lo, hi = codes_i8(k, kind, base)
-            parts = _eighths(k, lo) + _eighths(k, hi)
             o = b.mul(blk, i64(QK))
-            for j, p in enumerate(parts):
-                v = _hw16(k, b.fmul(p, d))  # the product is exact in float32
-                if mv is not None:
-                    v = _q4_1_sum(k, v, mv)
-                k.store_vec(v, outp, b.add(o, i64(8 * j)))
+            if kind in CODE_VALUES:
+                _lut_block(k, kind, base, outp, o)
+            else:
+                d = k.broadcast(k.half_to_f32(k.load_as(base, I16, 0)), 8)
+                mv = k.broadcast(k.half_to_f32(k.load_as(base, I16, 2)), 8) if kind == "q4_1" else None
+                lo, hi = codes_i8(k, kind, base)
+                parts = _eighths(k, lo) + _eighths(k, hi)
+                for j, p in enumerate(parts):
+                    v = _hw16(k, b.fmul(p, d))  # the product is exact in float32
+                    if mv is not None:
+                        v = _q4_1_sum(k, v, mv)
+                    k.store_vec(v, outp, b.add(o, i64(8 * j)))
     k.ret()
     return name
+
+
+# the value each 4-bit code stands for in the product with d (Q4_0 q - 8, IQ4_NL the code book). Q4_1 keeps
+# the per-element form: where both fp16(q*d) and m are NaN its float64 add returns one of the two NaNs, and
+# which one LLVM's operand order made it differs between lanes of the compiled kernel (NaN payloads are not
+# part of LLVM's semantics), so one value per code could not reproduce it.
+CODE_VALUES = {"q4_0": [c - 8 for c in range(16)], "iq4_nl": list(IQ4_NL)}
+
+
+def _hw16_bits(k: Kernel, v: ir.Value) -> ir.Value:
+    """<8 x float> -> <8 x i16>, the fp16 bits whose widening is `_hw16(v)`: |v| > 65504 is replaced by +-inf
+    before the conversion (vcvtps2ph keeps an inf, and widening it gives the inf `_hw16` selects)."""
+    b = k.b
+    bits = b.bitcast(v, V8I32)
+    mag = b.bitcast(b.and_(bits, splat(V8I32, 0x7FFFFFFF)), V8F32)
+    big = b.fcmp_ordered(">", mag, splat(V8F32, 65504.0))  # false for NaN
+    inf = b.bitcast(b.or_(b.and_(bits, splat(V8I32, -0x80000000)), splat(V8I32, 0x7F800000)), V8F32)
+    return k.call("llvm.x86.vcvtps2ph.256", V8I16, b.select(big, inf, v), ir.Constant(I32, 0))
+
+
+def _code_table(k: Kernel, kind: str, base: ir.Value) -> list[ir.Value]:
+    """The block's 16 possible weight values, one per code, as the fp16 bits of two <8 x i16> (codes 0..7,
+    8..15) whose widening is what the per-element formula hw16(value * d) gives for that code (the product
+    is exact in float32 and has one NaN operand at most, so its NaN is the same whatever the order)."""
+    b = k.b
+    d = k.broadcast(k.half_to_f32(k.load_as(base, I16, 0)), 8)
+    return [_hw16_bits(k, b.fmul(lanes(V8F32, [float(c) for c in CODE_VALUES[kind][j:j + 8]]), d)) for j in (0, 8)]
+
+
+def _lut_block(k: Kernel, kind: str, base: ir.Value, outp: ir.Value, o: ir.Value) -> None:
+    """One block of a 4-bit kind by table look-up: the 16 fp16 values of `_code_table` split into a low-byte
+    and a high-byte table that pshufb indexes with the codes; the looked-up fp16 bits widen (vcvtph2ps) to the
+    float32 the per-element formula gives. Same bits as computing every element, with the conversions done
+    for 16 codes instead of 32 elements."""
+    b = k.b
+    h = [b.bitcast(t, V16I8) for t in _code_table(k, kind, base)]
+    tlo = k.shuffle(h[0], h[1], list(range(0, 32, 2)))
+    thi = k.shuffle(h[0], h[1], list(range(1, 32, 2)))
+    q = k.load_vec(base, V16I8, CODE_OFFSET[kind])
+    for half, codes in enumerate((b.and_(q, splat(V16I8, 15)), b.lshr(q, splat(V16I8, 4)))):  # elements 0..15, 16..31
+        lo = k.call("llvm.x86.ssse3.pshuf.b.128", V16I8, tlo, codes)
+        hi = k.call("llvm.x86.ssse3.pshuf.b.128", V16I8, thi, codes)
+        for j in (0, 8):
+            bits = k.shuffle(lo, hi, [x for e in range(j, j + 8) for x in (e, 16 + e)])
+            v = b.fpext(b.bitcast(bits, vec(F16, 8)), V8F32)
+            k.store_vec(v, outp, b.add(o, i64(16 * half + j)))
 
 
 def build() -> tuple[ir.Module, dict[str, str]]:
