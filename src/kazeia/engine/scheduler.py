@@ -55,6 +55,10 @@ class Router:
             raise KazeiaError(f"--cpu-nodes {cpu_nodes!r} is not a valid regular expression: {e}") from None
         return cls(cpu_ops=ops, cpu_nodes=pattern, cpu_node_ranges=parse_node_ranges(cpu_node_range))
 
+    def key(self) -> tuple:
+        """The rules placement depends on (gates and -ngl aside), for plans made under them."""
+        return (tuple(sorted(self.cpu_ops)), self.cpu_nodes, tuple(self.cpu_node_ranges), self.fallback)
+
     def forced(self, node: Tensor, index: int | None = None) -> tuple[str, str] | None:
         """(backend name, reason) if a rule decides for this node (`index`: its position in graph.nodes)."""
         if self._ngl_cpu and id(node) in self._ngl_cpu:
@@ -111,6 +115,61 @@ class Placement:
     index: int = -1  # position in graph.nodes
 
 
+class GraphPlan:
+    """What the general path works out for a graph before it computes anything: each computed node's backend
+    and Placement, the waits before it, the root it writes. Made when placement is a pure function of the node
+    (Scheduler._cacheable) and kept while the tensors sit where they sat (the waits follow data addresses).
+
+    steps: (node, backend, checks, root, other backends); a check is a backend to synchronize (the source's
+    writer earlier in this graph) or the data address of a source no node before it wrote (looked up in the
+    scheduler's last writers when the step runs, as the general path does)."""
+
+    def __init__(self, graph: Graph, key: tuple) -> None:
+        self.graph, self.n_nodes, self.key = graph, len(graph.nodes), key
+        self.steps: list[tuple[Tensor, Backend, tuple, Tensor, tuple[Backend, ...]]] = []
+        self.placements: list[Placement] = []
+        self.writes: list[tuple[int, Backend]] = []  # (root address, backend) per step, in order
+        self.last_writes: dict[int, Backend] = {}
+        self.places: list[tuple[Tensor, object, int]] = []  # (root, buffer, offset) of every root a step reads
+        self.bases: list[tuple[object, int]] = []  # (buffer, base address) of their buffers
+
+    @classmethod
+    def make(cls, sched: Scheduler, graph: Graph, key: tuple) -> GraphPlan:
+        plan = cls(graph, key)
+        roots: dict[int, Tensor] = {}
+        for i, node in enumerate(graph.nodes):
+            if not node.is_computed:
+                continue
+            backend, reason = sched.place(node, i)
+            plan.placements.append(Placement(node.name, node.desc(), backend.name, reason, i))
+            checks: list = []
+            for s in node.src:
+                if s is None:
+                    continue
+                roots[id(s.root)] = s.root
+                addr = s.root.data_addr
+                writer = plan.last_writes.get(addr, addr)
+                if writer is addr:
+                    checks.append(addr)
+                elif writer is not backend and writer.is_async:
+                    checks.append(writer)
+            root = node.root
+            roots[id(root)] = root
+            plan.steps.append((node, backend, tuple(checks), root,
+                               tuple(b for b in sched.backends if b is not backend)))
+            plan.writes.append((root.data_addr, backend))
+            plan.last_writes[root.data_addr] = backend
+        plan.places = [(r, r.buffer, r.offset) for r in roots.values()]
+        bufs = {id(r.buffer): r.buffer for r in roots.values()}
+        plan.bases = [(b, b.base_addr) for b in bufs.values()]
+        return plan
+
+    def valid(self, graph: Graph, key: tuple) -> bool:
+        return (self.graph is graph and self.n_nodes == len(graph.nodes) and self.key == key
+                and all(r.buffer is b and r.offset == o for r, b, o in self.places)
+                and all(b.base_addr == a for b, a in self.bases))
+
+
 class Scheduler:
     def __init__(self, backends: list[Backend], router: Router | None = None) -> None:
         if not backends:
@@ -122,6 +181,7 @@ class Scheduler:
         self.placements: list[Placement] = []
         self._last_writer: dict[int, Backend] = {}  # data address of a root tensor -> backend that wrote it
         self._plans: dict[int, tuple[Graph, int, list[Tensor], list[Placement]]] = {}  # single-backend fast path
+        self._general_plans: dict[int, GraphPlan] = {}  # the general path's, by graph
 
     def add_hook(self, hook: Hooks) -> None:
         self.hooks.append(hook)
@@ -154,8 +214,12 @@ class Scheduler:
         return not self.router.gates and all(b.static_supports for b in self.backends)
 
     def compute(self, graph: Graph) -> None:
-        if len(self.backends) == 1 and not self.backends[0].is_async and self._cacheable():
-            return self._compute_single(graph)
+        if self._cacheable():
+            if len(self.backends) == 1 and not self.backends[0].is_async:
+                return self._compute_single(graph)
+            plan = self._plan_for(graph) if self.router.n_gpu_layers is None else None
+            if plan is not None:
+                return self._replay(graph, plan)
         self.placements = []
         if len(self.backends) > 1:
             self.router.begin_graph(graph, self.backends[0].supports)
@@ -200,6 +264,54 @@ class Scheduler:
         backend.run_nodes(nodes)
         backend.end_graph()
 
+    def _plan_for(self, graph: Graph) -> GraphPlan | None:
+        """The graph's plan (placements, waits), made once and kept while the graph, its tensors' places, the
+        backends and the rules stay the same; None: no plan (placement failed: the general path says where)."""
+        key = (tuple(self.backends), self.router.key())
+        plan = self._general_plans.get(id(graph))
+        if plan is not None and plan.valid(graph, key):
+            return plan
+        try:
+            plan = GraphPlan.make(self, graph, key)
+        except KazeiaError:
+            return None
+        if len(self._general_plans) > 16:
+            self._general_plans.clear()
+        self._general_plans[id(graph)] = plan
+        return plan
+
+    def _replay(self, graph: Graph, plan: GraphPlan) -> None:
+        """The general path's steps from a plan: the same waits (a source written earlier in this graph has its
+        writer fixed; one from outside is looked up as the general path does), computes and foreign writes."""
+        self.placements = plan.placements
+        if len(self.backends) > 1:
+            self.router.begin_graph(graph, self.backends[0].supports)
+        for b in self.backends:
+            b.begin_graph(graph)
+        writers = self._last_writer
+        j = done = 0
+        try:
+            for j, (node, backend, checks, root, others) in enumerate(plan.steps):
+                node.route_path = node.route_rule = None  # as place() leaves it (no gate runs)
+                for c in checks:
+                    if type(c) is int:
+                        c = writers.get(c)
+                        if c is None or c is backend or not c.is_async:
+                            continue
+                    c.synchronize()
+                backend.compute(node)
+                done = j + 1
+                for other in others:
+                    other.foreign_write(root)
+        except BaseException:
+            for addr, b in plan.writes[:done]:  # what the general path had recorded when it stopped here
+                writers[addr] = b
+            self.placements = plan.placements[:j + 1]
+            raise
+        writers.update(plan.last_writes)
+        for b in self.backends:
+            b.end_graph()
+
     def _wait_for_inputs(self, node: Tensor, backend: Backend) -> None:
         for s in node.src:
             if s is None:
@@ -222,4 +334,5 @@ class Scheduler:
                 new.hooks.append(h)
         self._last_writer = {a: b for a, b in self._last_writer.items() if b is not old}
         self._plans.clear()
+        self._general_plans.clear()
 

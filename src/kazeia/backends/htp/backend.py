@@ -27,6 +27,7 @@ from kazeia.graph.tensor import Tensor
 class HtpBackend(Backend):
     name = "HTP0"
     is_async = True
+    static_supports = True  # supports_op reads the node and the session's fixed settings only
     float_dtype = "float32"
 
     def __init__(self, settings: HtpSettings | None = None, log=None, weight_store: WeightStore | None = None) -> None:
@@ -81,8 +82,8 @@ class HtpBackend(Backend):
         idx = self.node_index.get(id(node), -1)
         self.host.enqueue_op(node, idx)
         if self.hooks:  # (the info is only built for someone to read)
-            self.emit_enqueue(node, self._info(node, "queued", self.host.batch.seq,
-                                                 batch_index=len(self.host.batch.ops) - 1))
+            self.emit_enqueue(node, self._info(node, "queued", self.host.open_seq,
+                                                 batch_index=self.host.open_ops - 1))
 
     def synchronize(self) -> None:
         if self.host.dead is None:

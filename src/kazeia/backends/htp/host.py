@@ -10,6 +10,9 @@ When the DSP runs a batch comes from the timing model (timing.py): the host's st
 modeled durations, a batch runs (for real, in order) as soon as the host's clock passes its modeled finish, and
 a host read (the team's OPLOG and DUMP, oplog.py; kazeia's enqueue-time hooks) sees exactly the batches finished
 by then. A wait (flush_pending) runs the batch it waits for. Batches compute the same bytes whenever they run.
+
+The batch tables themselves are batch.py's; a batch built from empty is recorded and, while the same nodes come
+again with their tensors where they were (a decode's reused graph), replayed instead of built op by op.
 """
 
 from __future__ import annotations
@@ -17,144 +20,22 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from kazeia.backends.htp.batch import MAX_INPUTS, BatchRecord, OpBatch, OpDesc
 from kazeia.backends.htp.crash_record import crash_record
 from kazeia.backends.htp.oplog import OpDump, kzop_line
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.timing import Timing
 from kazeia.errors import DeviceDeathError, DeviceOpError
-from kazeia.graph.tensor import BufferUsage, GGMLType, Tensor, type_name
+from kazeia.graph.tensor import Tensor, type_name
 
 AEE_EINTERRUPTED = 0x2E
-MAX_BUFS = 16  # HTP_OP_MAX_BUFS: buffer table entries per batch
-MAX_INPUTS = 6  # HTP_OP_MAX_INPUTS
-MAX_VMEM = 3200 * 1024 * 1024  # GGML_HEXAGON_VMEM default on v75+
-
-TENSOR_COMPUTE = 1  # htp_tensor flag: lives in a compute buffer (not a weight)
 
 STATUS_OK, STATUS_INTERNAL_ERR, STATUS_NO_SUPPORT, STATUS_INVAL_PARAMS, STATUS_VTCM_TOO_SMALL = 1, 2, 3, 4, 5
 STATUS_NAMES = {1: "OK", 2: "INTERNAL-ERROR", 3: "NO-SUPPORT", 4: "INVAL-PARAMS", 5: "VTCM-TOO-SMALL"}
-
-
-@dataclass
-class TensorDesc:
-    """htp_tensor: what the DSP knows of a tensor (address, shape, strides, type, flags)."""
-
-    index: int
-    tensor: Tensor  # the first ggml tensor that produced this descriptor
-    addr: int
-    size: int
-    type: GGMLType
-    ne: tuple[int, int, int, int]
-    nb: tuple[int, int, int, int]
-    flags: int
-    buffer_index: int
-
-
-@dataclass
-class OpDesc:
-    index: int
-    node: Tensor
-    src: list[int | None]
-    dst: int
-    graph_index: int
-
-
-@dataclass
-class OpBatch:
-    seq: int = 0  # batch sequence number (monotonic, for logs and traces)
-    ops: list[OpDesc] = field(default_factory=list)
-    tensors: list[TensorDesc] = field(default_factory=list)
-    buffers: list[object] = field(default_factory=list)
-    vmem: int = 0
-    statuses: list[int] | None = None  # set once the DSP has run the batch
-    _by_data: dict[int, list[int]] = field(default_factory=dict)
-    _by_tensor: dict[int, int] = field(default_factory=dict)
-    _buf_index: dict[int, int] = field(default_factory=dict)
-
-    def empty(self) -> bool:
-        return not self.ops
-
-    def fits(self, node: Tensor, max_ops: int, max_tensors: int) -> bool:
-        if len(self.ops) >= max_ops:
-            return False
-        extra_tens = extra_bufs = extra_vmem = 0
-        seen_bufs: set[int] = set()
-        by_tensor, buf_index = self._by_tensor, self._buf_index
-        for t in _op_tensors(node):
-            if id(t) in by_tensor:
-                continue
-            extra_tens += 1
-            b = t.buffer
-            if id(b) not in buf_index and id(b) not in seen_bufs:
-                seen_bufs.add(id(b))
-                extra_bufs += 1
-                extra_vmem += b.size
-        return (len(self.buffers) + extra_bufs <= MAX_BUFS and len(self.tensors) + extra_tens <= max_tensors
-                and self.vmem + extra_vmem <= MAX_VMEM)
-
-    def add_tensor(self, t: Tensor) -> int:
-        # de-duplicate by data address with identical ne and nb (type is NOT compared, as upstream), then by
-        # tensor identity: two logical tensors ggml-alloc put at one address share a descriptor
-        addr = t.data_addr
-        hits = self._by_data.get(addr)
-        if hits is not None:
-            for i in hits:
-                d = self.tensors[i]
-                if d.ne == t.ne and d.nb == t.nb:
-                    return i
-        i = self._by_tensor.get(id(t))
-        if i is not None:
-            return i
-        bi = self._buf_index.get(id(t.buffer))
-        if bi is None:
-            bi = len(self.buffers)
-            self.buffers.append(t.buffer)
-            self._buf_index[id(t.buffer)] = bi
-            self.vmem += t.buffer.size
-        flags = TENSOR_COMPUTE if t.buffer.usage == BufferUsage.COMPUTE else 0
-        d = TensorDesc(len(self.tensors), t, addr, _nbytes(t), t.type, t.ne, t.nb, flags, bi)
-        self.tensors.append(d)
-        self._by_data.setdefault(addr, []).append(d.index)
-        self._by_tensor[id(t)] = d.index
-        return d.index
-
-    def add_op(self, node: Tensor, graph_index: int) -> OpDesc:
-        src = [self.add_tensor(s) if s is not None else None for s in node.src]
-        dst = self.add_tensor(node)
-        op = OpDesc(len(self.ops), node, src, dst, graph_index)
-        self.ops.append(op)
-        return op
-
-
-_OP_TENSORS: dict[int, tuple[Tensor, tuple, tuple[Tensor, ...]]] = {}
-
-
-def _op_tensors(node: Tensor) -> tuple[Tensor, ...]:
-    """The node's sources that are there, then the node: the tensors `fits` counts, kept by node (a decode
-    enqueues the same graph's nodes every token; a node whose sources changed is worked out again)."""
-    hit = _OP_TENSORS.get(id(node))
-    if hit is None or hit[0] is not node or hit[1] is not node.src:
-        if len(_OP_TENSORS) > 16384:  # nodes of graphs long gone (as the executor's bound ops)
-            _OP_TENSORS.clear()
-        hit = _OP_TENSORS[id(node)] = (node, node.src, (*[s for s in node.src if s is not None], node))
-    return hit[2]
-
-
-_NBYTES: dict[tuple, int] = {}
-
-
-def _nbytes(t: Tensor) -> int:
-    """t.nbytes, kept by (type, ne, nb): a decode describes the same few shapes every token."""
-    key = (t.type, t.ne, t.nb)
-    n = _NBYTES.get(key)
-    if n is None:
-        if len(_NBYTES) > 65536:
-            _NBYTES.clear()
-        n = _NBYTES[key] = t.nbytes
-    return n
+RECORDS_MAX = 64  # batch records kept per session (a decode graph needs a few; they hold its tensors alive)
 
 
 def op_desc_line(node: Tensor, session: str, flags: int = 0) -> str:
@@ -197,7 +78,7 @@ class HostSession:
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.max_tensors = settings.opbatch * (1 + MAX_INPUTS)
         self._seq = 1
-        self.batch = OpBatch(seq=1)
+        self._batch = OpBatch(seq=1)  # the open batch (while a record is replayed: empty, its number only)
         self.in_flight: deque[OpBatch] = deque()
         self.last_enqueued: OpDesc | None = None
         self.dead: DeviceDeathError | None = None
@@ -205,20 +86,72 @@ class HostSession:
         self.batch_seconds = batch_seconds or (lambda b: 120e-6)
         self.op_dump = (OpDump(settings.dump, settings.dump_dir, settings.dump_limit)
                         if settings.dump is not None else None)
+        # batch.py: batches built from empty, by first node; the one being replayed (and how many of its ops
+        # are in), or the one the open batch is being recorded in
+        self._records: dict[int, BatchRecord] = {}
+        self._replay: BatchRecord | None = None
+        self._replayed = 0
+        self._recording: BatchRecord | None = None
+
+    @property
+    def batch(self) -> OpBatch:
+        """The open batch."""
+        if self._replay is not None:
+            self._diverge()
+        return self._batch
+
+    @property
+    def open_ops(self) -> int:
+        """How many ops the open batch holds."""
+        return self._replayed if self._replay is not None else len(self._batch.ops)
+
+    @property
+    def open_seq(self) -> int:
+        return self._batch.seq
 
     # --- the upstream entry points ---
     def enqueue_op(self, node: Tensor, graph_index: int) -> None:
-        self._check_alive()
-        if not self.batch.fits(node, self.settings.opbatch, self.max_tensors):
+        if self.dead is not None:
+            raise self.dead
+        rec = self._replay
+        if rec is not None:
+            k = self._replayed
+            if rec.matches(k, node, graph_index):  # the op add_op would build, in the batch it would build
+                self._replayed = k + 1
+                self.last_enqueued = rec.batch.ops[k]
+                return self._enqueued(node)
+            self._diverge()
+        if not self._batch.fits(node, self.settings.opbatch, self.max_tensors):
             self.flush_batch()
-        op = self.batch.add_op(node, graph_index)
+        batch = self._batch
+        if not batch.ops:
+            rec = self._records.get(id(node))
+            if rec is not None and rec.matches(0, node, graph_index) and rec.buffers_unchanged():
+                self._replay, self._replayed, self._recording = rec, 1, None
+                self.last_enqueued = rec.batch.ops[0]
+                return self._enqueued(node)
+            self._recording = BatchRecord() if self.settings.opbatch > 1 else None  # one-op batches: nothing to save
+        op = batch.add_op(node, graph_index)
+        if self._recording is not None:
+            self._recording.add(node, graph_index, batch)
         self.last_enqueued = op
+        self._enqueued(node)
+
+    def _enqueued(self, node: Tensor) -> None:
+        """What the host does once an op is in the open batch: the VERBOSE line, the team's instrumentation."""
         if self.settings.verbose:
             self.log(op_desc_line(node, self.name))
         if self.settings.oplog or self.op_dump is not None:
             # the host clock only decides what a host read sees (advance): without one, its per-op step is not drawn
             self.timing.host(self.timing.costs.enqueue_s)
             self._instrument(node)
+
+    def _diverge(self) -> None:
+        """Stop replaying: the open batch becomes what add_op built of the ops replayed so far, and the ops
+        from here on are recorded after them."""
+        rec, k = self._replay, self._replayed
+        self._replay = None
+        self._batch, self._recording = rec.prefix(k, self._batch.seq)
 
     def _instrument(self, node: Tensor) -> None:
         """The team's OPLOG line and DUMP files: what the host reads of memory at this moment."""
@@ -230,7 +163,7 @@ class HostSession:
             read = s1.nbytes if s1 is not None and s1 is not node else 0
             self.timing.host(c.log_line_s + read / c.stats_bytes_per_s)
         if self.op_dump is not None:
-            wrote = self.op_dump.maybe_dump(node, self.batch.seq)
+            wrote = self.op_dump.maybe_dump(node, self._batch.seq)
             if wrote:
                 self.timing.host(c.dump_s + wrote / c.dump_bytes_per_s)
 
@@ -244,15 +177,28 @@ class HostSession:
             self._run(batch)
 
     def flush_batch(self) -> None:
-        if self.batch.empty():
+        rec = self._replay
+        if rec is not None:
+            self._replay = None
+            if self._replayed == len(rec.nodes):  # all of it: the record stays as it is
+                self._batch = rec.full(self._batch.seq)
+            else:
+                self._batch, self._recording = rec.prefix(self._replayed, self._batch.seq)
+        batch = self._batch
+        if batch.empty():
             return
         if len(self.in_flight) >= self.settings.opqueue:
             self.flush_pending(all_=False)
         self.timing.host(self.timing.costs.write_s)
-        self.timing.submit(self.batch.seq, self.batch_seconds(self.batch))
-        self.in_flight.append(self.batch)
+        self.timing.submit(batch.seq, self.batch_seconds(batch))
+        self.in_flight.append(batch)
+        if self._recording is not None:
+            if len(self._records) >= RECORDS_MAX:
+                self._records.clear()
+            self._records[id(batch.ops[0].node)] = self._recording.close(batch)
+            self._recording = None
         self._seq += 1
-        self.batch = OpBatch(seq=self._seq)
+        self._batch = OpBatch(seq=self._seq)
 
     def flush_pending(self, all_: bool = False) -> None:
         while self.in_flight:
@@ -274,10 +220,11 @@ class HostSession:
         of a recorded batch. The next flush sends it."""
         self._check_alive()
         self._seq = seq
-        self.batch = OpBatch(seq=seq)
+        self._replay = self._recording = None
+        self._batch = OpBatch(seq=seq)
         for node, graph_index in ops:
-            self.last_enqueued = self.batch.add_op(node, graph_index)
-        return self.batch
+            self.last_enqueued = self._batch.add_op(node, graph_index)
+        return self._batch
 
     def flush(self) -> None:
         """Graph end / synchronize: close the open batch and wait for every response."""
