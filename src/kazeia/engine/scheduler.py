@@ -273,7 +273,7 @@ class Scheduler:
             return plan
         try:
             plan = GraphPlan.make(self, graph, key)
-        except KazeiaError:
+        except (KazeiaError, RuntimeError):  # unplaceable or unallocated: the general path fails where it does
             return None
         if len(self._general_plans) > 16:
             self._general_plans.clear()
