@@ -143,10 +143,16 @@ def stage_activations(x: np.ndarray, arch: int | None = None, prev: np.ndarray |
     element of those pad rows keeps its previous value instead (pre-#22724 / htp-ops-lib behaviour).
     """
     x = np.asarray(x, dtype=np.float32)
-    m, k = x.shape
+    if x.shape[1] % TILE:
+        raise ValueError(f"K={x.shape[1]} must be a multiple of 32")
+    return stage_a16(shuffled_fp16(x, arch), prev)
+
+
+def stage_a16(a16: np.ndarray, prev: np.ndarray | None = None) -> np.ndarray:
+    """`stage_activations` from the converted rows a16 (M, K) (fp16 values as float32)."""
+    m, k = a16.shape
     if k % TILE:
         raise ValueError(f"K={k} must be a multiple of 32")
-    a16 = shuffled_fp16(x, arch)
     img = activation_to_tiles(a16)
     if prev is not None and m % TILE:
         old = np.asarray(prev, dtype=np.uint8).reshape(-1)
@@ -201,7 +207,8 @@ def weight_tile_rows(k: int) -> int:
     return max(TILE, TILE_WEIGHT_BYTES // (4 * k) // TILE * TILE)
 
 
-def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: float = 1.0) -> np.ndarray:
+def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: float = 1.0,
+                      out: np.ndarray | None = None) -> np.ndarray:
     """`hmx_matmul(a16, w.w16)` computed per tile of weight rows, never holding the whole fp16 weight.
 
     Each tile is one float32 GEMM over the whole K, then the fp16 read-out (times `scale` first when it is not
@@ -212,11 +219,14 @@ def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: flo
 
     The tiles are dequantized into one scratch per thread (`_tile_scratch`: no fresh pages per tile), each GEMM
     writes its columns of y in place (the same calls, C-contiguous operands; only the output's row stride
-    differs), and the read-out, elementwise, runs once over the whole y."""
+    differs), and the read-out, elementwise, runs once over the whole y. `out`: a C-contiguous float32 (M, N)
+    array to compute y in (the op's dst: the same GEMM calls, whose output has that row stride anyway)."""
     a = np.ascontiguousarray(a16, dtype=np.float32)
     if a.shape[1] != w.k:
         raise ValueError(f"K mismatch: {a.shape} vs ({w.n}, {w.k})")
-    y = np.empty((a.shape[0], w.n), dtype=np.float32)
+    if out is not None and (out.shape != (a.shape[0], w.n) or out.dtype != np.float32 or not out.flags.c_contiguous):
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {(a.shape[0], w.n)}")
+    y = np.empty((a.shape[0], w.n), dtype=np.float32) if out is None else out
     step = weight_tile_rows(w.k)
     scratch = _tile_scratch(min(step, w.n) * w.k)
     with np.errstate(all="ignore"):

@@ -11,10 +11,11 @@ from kazeia.backends.htp import cost, pipeline
 from kazeia.backends.htp import vtcm as V
 from kazeia.backends.htp.deep_loads import BANK_BYTES, bank_crossings
 from kazeia.backends.htp.dsp import Dsp, DspFault, OpRecord
-from kazeia.backends.htp.fast import round_hw, shuffled_fp16
+from kazeia.backends.htp.fast import ROUND_ROW, round_hw, shuffled_fp16
 from kazeia.backends.htp.hmx_matmul import (
     hmx_matmul_weight,
     output_to_tiles,
+    stage_a16,
     stage_activations,
     weight_from_tiles,
     weight_to_tiles,
@@ -47,13 +48,14 @@ class HmxPath:
                 raise DspFault("bus-error", f"precise bus error 0x2601: HMX {c.kind} load run 0x{c.offset:06x}-"
                                             f"0x{c.end - 1:06x} crosses a 4 MiB VTCM bank ({node.name})",
                                {"vtcm_offset": boundary, **c.to_dict()})
+        out = array(node)
         if batched or not (w.ne[2] == w.ne[3] == 1):
             y = self._hmx_batched_f16(node)
         else:
-            y = self._hmx_2d(dsp, node, plan)
+            y = self._hmx_2d(dsp, node, plan, out)
         dsp.hmx_scale = 1.0
-        out = array(node)
-        out[...] = y.reshape(out.shape)
+        if y is not None:  # (None: computed in dst itself)
+            out[...] = y.reshape(out.shape)
         return OpRecord("hmx", STATUS_OK, {"mc": plan.mc, "nc": plan.nc, "vtcm_used": plan.used,
                                            "modeled_s": cost.hmx_matmul_seconds(M, K, N, w.type, plan.mc or 32),
                                            "pipeline": f"{-(-M // (plan.mc or M))} M chunk(s) x "
@@ -69,7 +71,9 @@ class HmxPath:
         raw[:avail] = x.buffer.data[x.offset:x.offset + avail]
         return raw.view(np.float32).reshape(M, K).copy()
 
-    def _hmx_2d(self, dsp: Dsp, node: Tensor, plan: MatmulPlan) -> np.ndarray:
+    def _hmx_2d(self, dsp: Dsp, node: Tensor, plan: MatmulPlan, out: np.ndarray) -> np.ndarray | None:
+        """The 2-D HMX product; computed straight into `out` (dst) when that is a C-contiguous float32 (M, N)
+        array (returns None then), else returned."""
         w, x = node.src[0], node.src[1]
         M, K = x.ne[1], w.ne[0]
         if w.type == GGMLType.F16 or self.profile.hmx_reads_src1_layout:
@@ -81,9 +85,14 @@ class HmxPath:
         faults = self.settings.faults
         patch = self._unretired_scatter(dsp, node, plan, K) if "scatter-unretired" in faults else None
         scale = dsp.hmx_scale if "hmx-bias-stale" in faults else 1.0
-        y = hmx_matmul_weight(a16, rw, patch, scale)
-        self._leave_hmx_bytes(dsp, plan, rw, xs, a16, y)
-        return y
+        N = w.ne[1]
+        dst = None  # dst itself, when the product can be computed there (not over src1: xs is read after)
+        if (out.dtype == np.float32 and out.flags.c_contiguous and out.size == M * N
+                and not np.may_share_memory(out, xs)):
+            dst = out.reshape(M, N)
+        y = hmx_matmul_weight(a16, rw, patch, scale, out=dst)
+        self._leave_hmx_bytes(dsp, plan, rw, xs, a16, y, y_kept=dst is None)
+        return None if dst is not None else y
 
     def _unretired_scatter(self, dsp: Dsp, node: Tensor, plan: MatmulPlan, K: int):
         """Fault: some weight tiles of column chunk 0 were still in flight (vscatter not drained) when HMX read
@@ -119,14 +128,17 @@ class HmxPath:
             return round_hw(np.matmul(a16, wv.swapaxes(-1, -2)))
 
     def _leave_hmx_bytes(self, dsp: Dsp, plan: MatmulPlan, rw: RepackedWeight, xs: np.ndarray,
-                         a16: np.ndarray, y: np.ndarray) -> None:
+                         a16: np.ndarray, y: np.ndarray, y_kept: bool = True) -> None:
         """VTCM after the kernel: the last M chunk's activation tiles, the last column chunks' raw rows, weight
         tiles and output tiles in their ping-pong buffers, and the 256 B scale block.
 
         The images are deferred writes (`Vtcm.write_lazy`): made only if something reads those bytes before a
         later op overwrites them (a stale-read fault, a snapshot, a dump), which in a plain run is never. What
         they capture is copied now (src1 rows, the previous activation bytes) or immutable (the mapped weight
-        rows, this op's private output)."""
+        rows, this op's private output; when `y` is dst itself, not `y_kept`, the output chunks the areas hold are
+        copied now). The activation image is made from a16, the rows as converted (an elementwise rounding: the
+        bits of converting the last chunk's rows again), unless the staging converter differs from the op's
+        (an arch below v79) or the chunk does not start on a 1024-element row of the rounding kernel."""
         vt = dsp.vtcm
         M, N = y.shape
         K = xs.shape[1]
@@ -138,15 +150,22 @@ class HmxPath:
         # rows past M in the last tile: zero-filled (since #22724) or whatever the area held before
         prev = None if self.profile.zero_fill_m_tail else np.frombuffer(
             vt.read(a.offset, min(a.size, m_pad * K * 2)), dtype=np.uint8)
-        x_last = np.array(xs[m0:], dtype=np.float32)  # src1's buffer is reused by later ops
-        vt.write_lazy(a.offset, min(a.size, m_pad * K * 2), lambda: stage_activations(x_last, prev=prev)[: a.size])
+        arch = self.settings.arch
+        if (arch is None or arch >= 79) and (m0 * K) % ROUND_ROW == 0:
+            a_last = a16[m0:]  # a16 is this op's own array
+            vt.write_lazy(a.offset, min(a.size, m_pad * K * 2), lambda: stage_a16(a_last, prev)[: a.size])
+        else:
+            x_last = np.array(xs[m0:], dtype=np.float32)  # src1's buffer is reused by later ops
+            vt.write_lazy(a.offset, min(a.size, m_pad * K * 2),
+                          lambda: stage_activations(x_last, prev=prev)[: a.size])
 
         def lazy(area, n0: int, n1: int) -> None:
             ar = plan.area(area)
             if area.startswith("wt") or area == "weight":
                 nbytes, make = (n1 - n0) * K * 2, lambda: weight_to_tiles(rw.w16_rows(n0, n1))
             elif area.startswith("out"):
-                nbytes, make = m_pad * (n1 - n0) * 2, lambda: output_to_tiles(y[m0:, n0:n1])
+                y_chunk = y[m0:, n0:n1] if y_kept else np.array(y[m0:, n0:n1])  # dst is reused by later ops
+                nbytes, make = m_pad * (n1 - n0) * 2, lambda: output_to_tiles(y_chunk)
             else:  # qweight: the raw x4x2 rows of chunk j, at the plan's row stride
                 nbytes, make = (n1 - n0) * plan.row_stride, lambda: self._qweight_rows(rw, n0, n1, plan.row_stride)
             vt.write_lazy(ar.offset, min(nbytes, ar.size), lambda: make()[: ar.size])
