@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kazeia.backends.htp.dev_ops import compute_for
 from kazeia.backends.htp.dsp import Dsp, OpContext, OpRecord
 from kazeia.backends.htp.fast import f16_to_f32
 from kazeia.backends.htp.flash_attn import flash_attn
@@ -63,6 +64,58 @@ class BoundOp:
     program: ScratchBinding
     effect: str
     ufunc: np.ufunc | None = None  # ADD / MUL of float32 rows numpy broadcasts: computed straight into dst
+    fast: FastOp | None | bool = None  # the whole op bound to memory (None: not made yet, False: not possible)
+
+
+class FastOp:
+    """A bound op's whole run with everything bound to memory: the tensors' views (checked to be the same views
+    at every call, else the general path runs and the op is bound again), the compute (dev_ops, the ufunc, or
+    the numpy_ops kernel), the scratch copies (ScratchBinding's views) and the src1 effect. The same steps as
+    `Executor.execute`'s general path, in the same order."""
+
+    __slots__ = ("vtcm", "checks", "compute", "views", "reset")
+
+    def run(self, dsp: Dsp, octx: OpContext) -> bool:
+        if dsp.vtcm is not self.vtcm:
+            return False
+        for t, a in self.checks:
+            if array(t) is not a:
+                return False
+        self.compute()
+        if self.views is not None:
+            self.vtcm.write_views(*self.views)
+        if self.reset:
+            octx.src1_spad_src = None
+            octx.src1_spad_kind = None
+        return True
+
+    @staticmethod
+    def of(b: BoundOp, dsp: Dsp, io: DspOps) -> FastOp | bool:
+        """The FastOp of a bound op on this DSP, or False where the general path keeps running it."""
+        node, sc = b.node, b.sc
+        if sc.status != "ok" or node.op == "FLASH_ATTN_EXT" or node.op in KERNELS_DSP or node.op not in KERNELS:
+            return False
+        tensors = [node, *(t for t in node.src if t is not None)]
+        try:
+            arrays = [array(t) for t in tensors]
+        except (TypeError, RuntimeError):  # a block-typed source (a quantized embedding) or no buffer
+            return False
+        views = None
+        if sc.writes and not sc.info.get("kernel_writes"):
+            views = b.program.bind(dsp, node)
+            if views is None:
+                return False  # padded or strided rows: written run by run
+        f = FastOp()
+        f.vtcm, f.checks, f.views, f.reset = dsp.vtcm, tuple(zip(tensors, arrays)), views, b.effect == "reset"
+        compute = compute_for(node)
+        if compute is None and b.ufunc is not None:
+            fn, a0, a1, out = b.ufunc, arrays[1], array(node.src[1]), arrays[0]
+            compute = lambda: fn(a0, a1, out=out)  # noqa: E731
+        if compute is None:
+            kernel = KERNELS[node.op]
+            compute = lambda: kernel(io, node)  # noqa: E731
+        f.compute = compute
+        return f
 
 
 def _elementwise_ufunc(node: Tensor) -> np.ufunc | None:
@@ -94,6 +147,12 @@ class Executor:
         b = self._bound.get(id(node))
         if b is None or b.node is not node or b.src is not node.src or b.route_path != node.route_path:
             b = self._bind(node)
+        if b.fast is not False:  # the bound run; made (again) when missing or its views changed
+            if b.fast is not None and b.fast.run(dsp, octx):
+                return OpRecord(path=b.path, status=STATUS_OK)
+            b.fast = FastOp.of(b, dsp, self.io)
+            if b.fast is not False and b.fast.run(dsp, octx):
+                return OpRecord(path=b.path, status=STATUS_OK)
         sc, path = b.sc, b.path
         if sc.status == "VTCM_TOO_SMALL":
             # the op returns before touching anything: dst keeps whatever it held

@@ -289,3 +289,27 @@ class BoundQuant:
     def __call__(self) -> bool:
         self.fn(*self.args)
         return self.ok[0] == 1
+
+
+class CopyRuns:
+    """dst[...] = src for fixed (dst, src) pairs of C-contiguous uint8 views (the same number of bytes each) in
+    one native call (simd_dev.copy_runs). The pairs are kept, so the addresses stay theirs."""
+
+    __slots__ = ("fn", "table", "ptab", "n", "keep")
+
+    def __init__(self, pairs: list[tuple[np.ndarray, np.ndarray]]):
+        self.fn = lib()["copy_runs"]
+        for d, s in pairs:
+            if d.nbytes != s.nbytes or not (d.flags.c_contiguous and s.flags.c_contiguous):
+                raise ValueError("CopyRuns needs C-contiguous pairs of the same size")
+        self.keep = list(pairs)
+        self.table = np.array([(_ptr(d), _ptr(s), d.nbytes) for d, s in pairs], dtype=np.int64).reshape(-1, 3)
+        self.ptab, self.n = _ptr(self.table), len(pairs)
+
+    @staticmethod
+    def of(pairs: list[tuple[np.ndarray, np.ndarray]]) -> CopyRuns | None:
+        """A CopyRuns of the pairs, or None where the native kernels are missing (the caller copies them)."""
+        return CopyRuns(pairs) if lib() is not None and pairs else None
+
+    def __call__(self) -> None:
+        self.fn(self.ptab, 0, self.n)

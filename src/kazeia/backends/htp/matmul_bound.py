@@ -9,20 +9,20 @@ operands, F16 src1, fault injections, activations the native quantizer does not 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from kazeia.backends.htp import fast
 from kazeia.backends.htp.dsp import Dsp, OpContext, OpRecord
 from kazeia.backends.htp.host import STATUS_OK, OpDesc
 from kazeia.backends.htp.hvx_quant import _fp16_table, _round_up, q8x4x2_row_size
+from kazeia.backends.htp.matmul_hvx import HvxPath
 from kazeia.backends.htp.plan import MatmulPlan
 from kazeia.backends.htp.repack import QK, SUPER
 from kazeia.graph.tensor import GGMLType, Tensor, array
 
-if TYPE_CHECKING:
-    from kazeia.backends.htp.matmul import MatmulUnit
+# `unit` below is the matmul.MatmulUnit running the node (an HvxPath with `settings`, `profile`, `weights` and
+# `dot_scratch`); typed as its HvxPath half, which matmul.py does not sit under (no import cycle)
+MatmulUnit = HvxPath
 
 BOUND_TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.IQ4_NL)  # q8x4x2 activations, dot in fast.NAMES
 
@@ -56,8 +56,10 @@ class BoundHvx:
             octx.src1_spad_kind = "q8x4x2"
         self.dot.run(self.area, self.parea, self.stride, self.pdst)
         unit.leave_rings(vt, self.rw, self.prog)
-        vt.write_runs(self.dst_runs if self.dst_runs is not None else unit.dst_runs(self.prog, self.y),
-                      self.prog.dst_box)
+        if self.dst_runs is not None:  # (spans, VTCM views <- dst bytes, native copy): write_runs of the dst runs
+            vt.write_views(*self.dst_runs)
+        else:
+            vt.write_runs(unit.dst_runs(self.prog, self.y), self.prog.dst_box)
         reason, used, modeled = self.record
         return OpRecord("hvx", STATUS_OK, {"reason": reason, "src1_reused": reuse, "vtcm_used": used,
                                            "modeled_s": modeled})
@@ -97,7 +99,7 @@ def bind_hvx(unit: MatmulUnit, dsp: Dsp, node: Tensor, plan: MatmulPlan, modeled
     b.dot = fast.BoundDot(b8, w.type, m, k, unit.dot_scratch(fast.BoundDot.scratch_shape(w.type, rw.nsub, m), k))
     b.y = dst.reshape(m, -1)
     b.pdst = dst.__array_interface__["data"][0]
-    b.dst_runs = unit.dst_runs(prog, b.y) if m == 1 else None  # one output row: views of dst's bytes
+    b.dst_runs = _bound_runs(vt, unit.dst_runs(prog, b.y), prog.dst_box) if m == 1 else None
     b.checks_format = unit.profile.shortcut_checks_format
     b.record = (plan.reason, plan.used, modeled_s)
     return b
@@ -111,3 +113,11 @@ def dot_scratch(cache: dict, shape: tuple[int, int, int], k: int) -> tuple[np.nd
         m, n16, npad = shape
         hit = cache[(shape, k)] = (np.zeros((m, n16), dtype=np.int16), np.zeros((m, npad), dtype=np.int32))
     return hit
+
+
+def _bound_runs(vt, runs: list[tuple[int, np.ndarray]], box: tuple[int, int]) -> tuple:
+    """`write_views` arguments making `write_runs(runs, box)` of fixed runs (one output row: views of dst's
+    bytes, in range: bind_hvx checked the dst areas)."""
+    spans = [(off, raw.size) for off, raw in runs]
+    pairs = list(zip(vt.run_views(spans), (raw for _, raw in runs)))
+    return spans, pairs, box, fast.CopyRuns.of(pairs)

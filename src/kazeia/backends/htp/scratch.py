@@ -15,6 +15,7 @@ import re
 
 import numpy as np
 
+from kazeia.backends.htp import fast
 from kazeia.backends.htp import vtcm as V
 from kazeia.backends.htp.dsp import Dsp, OpContext
 from kazeia.backends.htp.host import OpBatch, OpDesc
@@ -231,6 +232,16 @@ class ScratchBinding:
         dsp.vtcm.write_views(*self.views)
         return True
 
+    def bind(self, dsp: Dsp, node: Tensor) -> tuple | None:
+        """`write_views` arguments of the program for the node's current views (what `run` would write), or None
+        where `run` would write run by run (executor.FastOp keeps them and checks the views itself)."""
+        src = node.src
+        try:
+            arrays = tuple(array(node if s < 0 else src[s]) for s in self.slots)
+        except (TypeError, RuntimeError):
+            return None
+        return self._bind(dsp, arrays)
+
     def _bind(self, dsp: Dsp, arrays: tuple) -> tuple | None:
         if any(e[4] < 0 for e in self.program) or not all(a.flags.c_contiguous for a in arrays):
             return None
@@ -240,8 +251,8 @@ class ScratchBinding:
             dst = dsp.vtcm.run_views(spans)
         except V.VtcmAccessError:
             return None  # the run-by-run write raises it, at the same run
-        return spans, [(d, flat[slot][b0:b0 + n]) for d, (slot, _, n, _, b0) in zip(dst, self.program)], \
-            V.span_box(spans)
+        pairs = [(d, flat[slot][b0:b0 + n]) for d, (slot, _, n, _, b0) in zip(dst, self.program)]
+        return spans, pairs, V.span_box(spans), fast.CopyRuns.of(pairs)  # (the copies in one native call)
 
 
 def _same_objects(a: list, b: list) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from kazeia.backends.htp import simd_dev
 from kazeia.backends.htp.simd_blocks import BLOCK_BYTES, CODE_OFFSET, QK, codes_i8
 from kazeia.backends.irkit import (
     F16,
@@ -293,6 +294,6 @@ def _q8x4x2_image_kernel(module: ir.Module) -> str:
 
 def kernels(module: ir.Module) -> list[tuple[str, str]]:
     """Emit the HVX kernels into `module` (after simd_htp's q8_groups, which q8x4x2_image calls): [(name,
-    signature)] (hvx_pairs first, then hvx_dot_<kind>, then q8x4x2_image)."""
+    signature)] (hvx_pairs first, then hvx_dot_<kind>, then q8x4x2_image, then simd_dev's helpers)."""
     return [(_hvx_pairs_kernel(module), "v:piiippii"), *((_hvx_dot(module, kind), HVX_SIG) for kind in BLOCK_BYTES),
-            (_q8x4x2_image_kernel(module), "v:piiiipppippii")]
+            (_q8x4x2_image_kernel(module), "v:piiiipppippii"), *simd_dev.kernels(module)]

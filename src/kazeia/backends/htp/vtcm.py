@@ -1,5 +1,5 @@
-"""VTCM of the emulated Hexagon NPU: the byte arena, its areas and bump allocator, and the arithmetic the
-layouts share.
+"""VTCM of the emulated Hexagon NPU: the byte arena (here), its areas and bump allocator and the arithmetic the
+layouts share (vtcm_areas.py, imported from here too).
 
 `Vtcm` is a real byte array that persists across ops and batches and is never cleared (as on the device, where
 correctness relies on each op writing every byte it later reads). How each op carves its scratch out of it is
@@ -28,6 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from kazeia.backends.htp.vtcm_areas import (  # noqa: F401 (the layout arithmetic, imported from here too)
+    Area,
+    BumpAllocator,
+    align_down,
+    align_up,
+    ceil_div,
+    find_area,
+    overlaps,
+    row_extent,
+    thread_rows,
+)
 from kazeia.errors import KazeiaError
 
 DEFAULT_VTCM_SIZE = 8 * 1024 * 1024  # what v79/v81 phones report; main.c: vtcm_alloc falls back to 8 MiB too
@@ -41,22 +52,6 @@ HMX_TILE = 32  # rows/cols of one HMX fp16 tile
 HMX_TILE_BYTES = 2048  # 32 x 32 fp16: granule of every HMX matmul area
 HMX_SCALES_BYTES = 256  # output scale/bias block: 64 fp16 scales then 64 fp16 zero biases
 HMX_ARCHS = (73, 75, 79, 81)  # htp/CMakeLists.txt: HMX code is only built for these
-
-
-# --------------------------------------------------------------------------------------------------------------
-# small arithmetic helpers (hex-utils.h semantics, for non-negative integers)
-
-
-def align_up(v: int, a: int) -> int:
-    return -(-v // a) * a
-
-
-def align_down(v: int, a: int) -> int:
-    return v // a * a
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def check_profile(profile: str) -> str:
@@ -195,22 +190,45 @@ class Vtcm:
         return [self._mem[o:o + n] for o, n in spans]
 
     def write_views(self, spans: list[tuple[int, int]], pairs: list[tuple[np.ndarray, np.ndarray]],
-                    box: tuple[int, int] | None = None) -> None:
+                    box: tuple[int, int] | None = None, copy=None) -> None:
         """dst[...] = src for each (dst, src) of `pairs`, dst made by `run_views(spans)`: the same as
         `write_runs` of those spans (a write changes the bytes, its cover only the deferred writes). `box`:
-        `span_box(spans)`, when the caller keeps it."""
+        `span_box(spans)`, when the caller keeps it. `copy`: a callable making the same copies at once (a
+        native copy of the pairs' bytes, fast.CopyRuns), used instead of the pairs when given."""
         if self._pending:
             for offset, nbytes in spans:
                 self._cover(offset, offset + nbytes)
         elif self._ready:  # (only ready writes deferred: the usual case in a decode)
-            lo, hi = box if box is not None else span_box(spans)
-            # a ready write outside the spans' extent is untouched by every span's cover: skip them all
-            if any(r.a < hi and lo < r.b for r in self._ready):
-                for offset, nbytes in spans:
-                    if nbytes:
-                        self._cover_ready(offset, offset + nbytes)
+            self._cover_spans(spans, box if box is not None else span_box(spans))
+        if copy is not None:
+            copy()
+            return
         for dst, src in pairs:
             dst[...] = src
+
+    def _cover_spans(self, spans: list[tuple[int, int]], box: tuple[int, int]) -> None:
+        """`_cover_ready` of each span in order, ready write by ready write: their live ranges are disjoint and
+        landing one touches only its own bytes, so each one sees the same sequence of covers as span by span.
+        A ready write outside the spans' extent (`box`) is untouched by every span's cover: skipped."""
+        lo, hi = box
+        dead = False
+        for r in self._ready:
+            if r.a < hi and lo < r.b:
+                for offset, nbytes in spans:
+                    end = offset + nbytes
+                    if nbytes and r.a < end and offset < r.b:
+                        if offset > r.a and end < r.b:  # inside: the part before lands now, the part after stays
+                            r.land(self._mem, offset)
+                            r.a = end
+                        elif offset <= r.a:
+                            r.a = end
+                        else:
+                            r.b = offset
+                        if r.a >= r.b:
+                            dead = True
+                            break
+        if dead:
+            self._ready = [r for r in self._ready if r.a < r.b]
 
     def write_lazy(self, offset: int, nbytes: int, make: Callable[[], np.ndarray]) -> None:
         """`write(offset, make())`, with `make` called only when some byte of it is read (read, view, mem).
@@ -326,79 +344,3 @@ def span_box(spans: Iterable[tuple[int, int]]) -> tuple[int, int]:
     """(lowest offset, highest end) of the non-empty (offset, nbytes) spans; (0, 0) when there is none."""
     ext = [(o, o + n) for o, n in spans if n]
     return (min(a for a, _ in ext), max(b for _, b in ext)) if ext else (0, 0)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# areas and the bump allocator
-
-
-@dataclass(frozen=True)
-class Area:
-    """A scratch region: `size` is what the allocator reserved (rounded); `requested` what the op asked for;
-    `written` the extent from `offset` the op actually writes for the given shapes (None: the whole area,
-    or data-dependent)."""
-
-    name: str
-    offset: int
-    size: int
-    requested: int | None = None
-    written: int | None = None
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.size
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "offset": self.offset, "size": self.size}
-        if self.requested is not None and self.requested != self.size:
-            d["requested"] = self.requested
-        if self.written is not None:
-            d["written"] = self.written
-        return d
-
-
-class BumpAllocator:
-    """vtcm-utils.h: vtcm_seq_alloc semantics (a pointer that only moves forward), with each size rounded up to a
-    granule first, as the callers do (2048 B for HMX matmul; each op's own rounding otherwise)."""
-
-    def __init__(self, granule: int = 1, base: int = 0):
-        self.granule = granule
-        self.base = base
-        self.ptr = base
-        self.areas: list[Area] = []
-
-    def alloc(self, name: str, size: int, granule: int | None = None, written: int | None = None) -> Area:
-        g = self.granule if granule is None else granule
-        a = Area(name, self.ptr, align_up(size, g), size, written)
-        self.ptr += a.size
-        self.areas.append(a)
-        return a
-
-    @property
-    def used(self) -> int:
-        return self.ptr - self.base
-
-
-def row_extent(rows: int, stride: int, row_bytes: int) -> int:
-    """Bytes from the start of a row spad that a DMA of `rows` rows of `row_bytes` at `stride` touches."""
-    return 0 if rows <= 0 else (rows - 1) * stride + row_bytes
-
-
-def thread_rows(nrows: int, n_threads: int) -> list[int]:
-    """Rows each worker gets: ceil(nrows / n) each, the last ones fewer or none (the pattern of every HTP op)."""
-    per = ceil_div(nrows, n_threads) if n_threads else 0
-    return [max(0, min(per, nrows - t * per)) for t in range(n_threads)]
-
-
-def overlaps(areas: Iterable[Area]) -> list[tuple[Area, Area]]:
-    """Pairs of areas that share bytes (an allocator bug if ever non-empty)."""
-    s = sorted((a for a in areas if a.size), key=lambda a: a.offset)
-    return [(a, b) for a, b in zip(s, s[1:]) if b.offset < a.end]
-
-
-def find_area(areas: Iterable[Area], name: str) -> Area:
-    """The area called `name` (KeyError if the layout has none)."""
-    for a in areas:
-        if a.name == name:
-            return a
-    raise KeyError(name)

@@ -1,0 +1,122 @@
+"""The device's float32 kernels for one bound node (executor.FastOp): the numpy_ops kernel's own operations, the
+same ufuncs on the same operands in the same order, written into dst and into temporaries kept with the node
+instead of new arrays (a decode runs each node every token). What they compute is bitwise the kernel's
+(tests/test_htp_dev_ops.py); `compute_for` returns None for every case it does not restate (other ops, modes,
+types or layouts), and the executor runs the numpy_ops kernel for those.
+
+ROPE's cos/sin tables depend only on the positions and the params: they are computed by numpy_ops.rope_angles
+exactly as the kernel computes them and kept by those values (every rope of a decode step has the same
+positions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kazeia.backends.numpy_ops import rope_angles
+from kazeia.graph.builder import ROPE_NEOX
+from kazeia.graph.tensor import GGMLType, Tensor, array
+
+F32 = np.float32
+
+
+def compute_for(node: Tensor) -> Callable[[], None] | None:
+    """A closure computing the node into its dst from its sources' current values, or None (see the module)."""
+    if node.type != GGMLType.F32 or any(t is None or t.type not in (GGMLType.F32, GGMLType.I32) for t in node.src):
+        return None
+    make = {"RMS_NORM": _rms_norm, "GLU": _swiglu, "ROPE": _rope}.get(node.op)
+    return make(node) if make is not None else None
+
+
+def _rms_norm(node: Tensor) -> Callable[[], None] | None:
+    """numpy_ops._rms_norm: the float64 sum of squares by the same einsum, the float32 scale by the same ufuncs."""
+    x, dst = array(node.src[0]), array(node)
+    if node.src[0].type != GGMLType.F32 or x.shape != dst.shape:
+        return None
+    eps, k = node.params["eps"], x.shape[-1]
+
+    def run() -> None:
+        mean = np.einsum("...i,...i->...", x, x, dtype=np.float64) / k
+        inv = (1.0 / np.sqrt(mean + eps)).astype(F32)
+        np.multiply(x, inv[..., None], out=dst)
+
+    return run
+
+
+def _swiglu(node: Tensor) -> Callable[[], None] | None:
+    """numpy_ops._glu (SWIGLU): silu(a) * b = a / (1 + exp(-a)) * b, each step the kernel's ufunc into kept
+    temporaries (exp reads a fresh contiguous array and writes another, as in the kernel)."""
+    if node.params.get("glu_op") != "SWIGLU" or len(node.src) != 2:
+        return None
+    a, b, dst = array(node.src[0]), array(node.src[1]), array(node)
+    if node.params.get("swapped"):
+        a, b = b, a
+    if not (a.shape == b.shape == dst.shape) or any(t.type != GGMLType.F32 for t in node.src):
+        return None
+    neg, e = np.empty(a.shape, F32), np.empty(a.shape, F32)
+
+    def run() -> None:
+        with np.errstate(over="ignore"):
+            np.negative(a, out=neg)
+            np.exp(neg, out=e)
+            np.add(1, e, out=e)
+            np.divide(a, e, out=e)
+        np.multiply(e, b, out=dst)
+
+    return run
+
+
+_ANGLES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def rope_tables(pos: np.ndarray, nd: int, base: float, scale: float, attn: float) -> tuple[np.ndarray, np.ndarray]:
+    """numpy_ops._rope's cos and sin (1, T, 1, nd/2) for these positions and params, kept by them (read-only)."""
+    key = (pos.tobytes(), pos.dtype.str, nd, base, scale, attn)
+    hit = _ANGLES.get(key)
+    if hit is None:
+        if len(_ANGLES) > 64:
+            _ANGLES.clear()
+        cos, sin = rope_angles(pos, nd, base, scale, F32)
+        cos = (cos * F32(attn))[None, :, None, :]
+        sin = (sin * F32(attn))[None, :, None, :]
+        cos.flags.writeable = sin.flags.writeable = False
+        hit = _ANGLES[key] = (cos, sin)
+    return hit
+
+
+def _rope(node: Tensor) -> Callable[[], None] | None:
+    """numpy_ops._rope for the NEOX mode: out[:h] = x0*cos - x1*sin, out[h:nd] = x0*sin + x1*cos (each product,
+    then the difference or sum, rounded to float32 as there), dims past nd copied; into dst directly when dst
+    does not share memory with x."""
+    p = node.params
+    if p.get("ext_factor", 0.0) != 0.0 or p.get("mode") != ROPE_NEOX or node.src[0].type != GGMLType.F32:
+        return None
+    if len(node.src) < 2 or node.src[1].type != GGMLType.I32:
+        return None
+    x, dst, posv = array(node.src[0]), array(node), array(node.src[1])
+    nd = p["n_dims"]
+    h = nd // 2
+    if x.shape != dst.shape or nd % 2 or nd > x.shape[-1] or np.shares_memory(x, dst):
+        return None
+    pos = posv.reshape(-1)  # (a view: read at each call, as the kernel reads it)
+    if pos.size != x.shape[1] or not posv.flags.c_contiguous:
+        return None
+    base, scale, attn = p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0)
+    x0, x1, d0, d1 = x[..., :h], x[..., h:nd], dst[..., :h], dst[..., h:nd]
+    t0, t1 = np.empty(x0.shape, F32), np.empty(x0.shape, F32)
+    tail = nd < x.shape[-1]
+
+    def run() -> None:
+        cos, sin = rope_tables(pos, nd, base, scale, attn)
+        np.multiply(x0, cos, out=t0)
+        np.multiply(x1, sin, out=t1)
+        np.subtract(t0, t1, out=d0)
+        np.multiply(x0, sin, out=t0)
+        np.multiply(x1, cos, out=t1)
+        np.add(t0, t1, out=d1)
+        if tail:
+            dst[..., nd:] = x[..., nd:]
+
+    return run

@@ -1,0 +1,138 @@
+"""The device's bound float32 kernels (dev_ops.py) are bitwise the numpy_ops kernels they restate, over many
+sizes, layouts and special values; an executor running its ops bound (executor.FastOp: compute, scratch copies
+in one native call, shortcut effect) leaves the general path's dst, VTCM bytes and shortcut."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kazeia.backends.htp import dev_ops
+from kazeia.backends.htp import executor as X
+from kazeia.backends.htp.dsp import Dsp, OpContext
+from kazeia.backends.htp.host import OpBatch, OpDesc
+from kazeia.backends.htp.profiles import get_profile
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.numpy_ops import KERNELS
+from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, array, make_tensor
+
+F32, I32 = GGMLType.F32, GGMLType.I32
+SPECIAL = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -3e38, 3e38, 88.8, -104.0, 1e-30], np.float32)
+
+
+def _place(tensors, rng, pad=0):
+    size = pad + sum(-(-t.nbytes // 128) * 128 for t in tensors) + 256
+    buf = Buffer("compute", np.zeros(size, dtype=np.uint8), BufferUsage.COMPUTE)
+    off = pad
+    for t in tensors:
+        t.buffer, t.offset = buf, off
+        off += -(-t.nbytes // 128) * 128
+        if t.type == F32:
+            v = array(t)
+            v[...] = (rng.standard_normal(v.shape) * rng.choice([1e-20, 1e-3, 1.0, 30.0, 1e18])).astype(np.float32)
+            flat = v.reshape(-1)
+            k = min(flat.size, SPECIAL.size)
+            if rng.random() < 0.5:
+                flat[rng.choice(flat.size, k, replace=False)] = SPECIAL[:k]
+
+
+def _same_as_kernel(node):
+    run = dev_ops.compute_for(node)
+    assert run is not None, node
+    with np.errstate(all="ignore"):
+        run()
+        got = np.array(array(node))
+        array(node)[...] = 7.0
+        KERNELS[node.op](X.DspOps(), node)
+    assert got.tobytes() == np.array(array(node)).tobytes(), node
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rms_norm_glu_rope_are_the_kernels(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(25):
+        k = int(rng.choice([1, 7, 64, 128, 129, 1000, 2560, 4096, 5003]))
+        rows, tok = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+        x = make_tensor(F32, (k, rows, tok), "x")
+        norm = make_tensor(F32, (k, rows, tok), "norm", op="RMS_NORM", src=(x,),
+                           params={"eps": float(rng.choice([1e-6, 1e-5, 0.0]))})
+        g, u = make_tensor(F32, (k, tok), "g"), make_tensor(F32, (k, tok), "u")
+        glu = make_tensor(F32, (k, tok), "glu", op="GLU", src=(g, u),
+                          params={"glu_op": "SWIGLU", "swapped": int(rng.integers(0, 2))})
+        d = int(rng.choice([64, 128, 80]))
+        nd = int(rng.choice([d, d // 2, 32]))
+        q = make_tensor(F32, (d, rows, tok), "q")
+        pos = make_tensor(I32, (tok,), "pos")
+        rope = make_tensor(F32, (d, rows, tok), "rope", op="ROPE", src=(q, pos),
+                           params={"n_dims": nd, "mode": 2, "freq_base": float(rng.choice([1e4, 1e6])),
+                                   "freq_scale": float(rng.choice([1.0, 0.25])), "ext_factor": 0.0,
+                                   "attn_factor": float(rng.choice([1.0, 0.7]))})
+        _place([x, norm, g, u, glu, q, pos, rope], rng)
+        array(pos)[...] = rng.integers(0, 40000, tok)
+        for node in (norm, glu, rope):
+            _same_as_kernel(node)
+        array(pos)[...] = rng.integers(0, 40000, tok)  # new positions: new tables
+        _same_as_kernel(rope)
+
+
+def test_in_place_and_other_modes_are_left_to_the_kernels():
+    rng = np.random.default_rng(9)
+    q, pos = make_tensor(F32, (128, 4), "q"), make_tensor(I32, (1,), "pos")
+    norm_rope = make_tensor(F32, (128, 4), "r", op="ROPE", src=(q, pos),
+                            params={"n_dims": 128, "mode": 0, "freq_base": 1e4, "freq_scale": 1.0})
+    inplace = make_tensor(F32, (128, 4), "r2", op="ROPE", src=(q, pos),
+                          params={"n_dims": 128, "mode": 2, "freq_base": 1e4, "freq_scale": 1.0})
+    _place([q, pos, norm_rope, inplace], rng)
+    inplace.offset = q.offset
+    assert dev_ops.compute_for(norm_rope) is None and dev_ops.compute_for(inplace) is None
+
+
+def _program(rng):
+    x, w = make_tensor(F32, (2560, 1), "x"), make_tensor(F32, (2560,), "w")
+    q, qw, pos = make_tensor(F32, (128, 32, 1), "q"), make_tensor(F32, (128,), "qw"), make_tensor(I32, (1,), "p")
+    g, u = make_tensor(F32, (9728, 1), "g"), make_tensor(F32, (9728, 1), "u")
+    rp = {"n_dims": 128, "mode": 2, "freq_base": 1e6, "freq_scale": 1.0, "ext_factor": 0.0, "attn_factor": 1.0}
+    nodes = [make_tensor(F32, (2560, 1), "n", op="RMS_NORM", src=(x,), params={"eps": 1e-6})]
+    nodes.append(make_tensor(F32, (2560, 1), "m", op="MUL", src=(nodes[0], w)))
+    nodes.append(make_tensor(F32, (128, 32, 1), "qn", op="RMS_NORM", src=(q,), params={"eps": 1e-6}))
+    nodes.append(make_tensor(F32, (128, 32, 1), "qm", op="MUL", src=(nodes[2], qw)))
+    nodes.append(make_tensor(F32, (128, 32, 1), "r", op="ROPE", src=(nodes[3], pos), params=rp))
+    nodes.append(make_tensor(F32, (9728, 1), "s", op="GLU", src=(g, u), params={"glu_op": "SWIGLU", "swapped": 0}))
+    nodes.append(make_tensor(F32, (2560, 1), "a", op="ADD", src=(nodes[1], x)))
+    return [x, w, q, qw, pos, g, u], nodes
+
+
+def test_bound_ops_leave_the_general_paths_bytes(monkeypatch):
+    settings = HtpSettings.from_env(env={}, profile="robust")
+    rng = np.random.default_rng(3)
+    leaves, nodes = _program(rng)
+    _place(leaves + nodes, rng)
+    runs = []
+    for bound in (True, False):
+        with monkeypatch.context() as m:
+            if not bound:
+                m.setattr(X.FastOp, "of", staticmethod(lambda *a: False))
+            ex = X.Executor(settings, get_profile("robust"))
+            dsp = Dsp(settings, get_profile("robust"), ex)
+            trng = np.random.default_rng(5)
+            out = []
+            for step in range(4):
+                if step == 2:  # the tensors move: bound again
+                    _place(leaves + nodes, np.random.default_rng(8), pad=512)
+                for t in leaves:
+                    if t.type == F32:
+                        array(t)[...] = trng.standard_normal(array(t).shape).astype(np.float32)
+                array(leaves[4])[...] = step * 7
+                octx = OpContext(src1_spad_src=3, src1_spad_kind="q8x4x2")
+                for i, node in enumerate(nodes):
+                    # ring images pending over the spads, as an HVX matmul leaves them
+                    off = int(trng.integers(0, settings.vtcm_bytes - 600_000))
+                    dsp.vtcm.write_deferred(off, trng.integers(0, 256, 500_000, dtype=np.uint8))
+                    with np.errstate(all="ignore"):
+                        rec = ex.execute(dsp, octx, OpDesc(i, node, [0, 1], 2, 0), OpBatch())
+                    out.append((rec.path, rec.status, octx.src1_spad_src, np.array(array(node)).tobytes()))
+                out.append(dsp.vtcm.mem.tobytes())
+            runs.append(out)
+            if bound:
+                assert all(b.fast for b in ex._bound.values())
+    assert runs[0] == runs[1]
