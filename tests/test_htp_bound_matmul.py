@@ -64,7 +64,7 @@ class _Device:
 
 
 @pytest.mark.parametrize("qtype", list(BLOCK))
-@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("m", [1, pytest.param(3, marks=pytest.mark.slow)])  # (the quick loop: M=1, a decode)
 def test_bound_matmul_is_the_general_path(qtype, m):
     rng = np.random.default_rng(m * 7 + len(qtype.name))
     f32 = GGMLType.F32

@@ -293,7 +293,7 @@ class BoundQuant:
 
 class CopyRuns:
     """dst[...] = src for fixed (dst, src) pairs of C-contiguous uint8 views (the same number of bytes each) in
-    one native call (simd_dev.copy_runs). The pairs are kept, so the addresses stay theirs."""
+    one native call (simd_hvx.copy_runs). The pairs are kept, so the addresses stay theirs."""
 
     __slots__ = ("fn", "table", "ptab", "n", "keep")
 

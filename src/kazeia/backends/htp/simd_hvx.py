@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from kazeia.backends.htp import simd_dev
 from kazeia.backends.htp.simd_blocks import BLOCK_BYTES, CODE_OFFSET, QK, codes_i8
 from kazeia.backends.irkit import (
     F16,
     F32,
+    I1,
     I8,
     I16,
     I32,
@@ -292,8 +292,29 @@ def _q8x4x2_image_kernel(module: ir.Module) -> str:
     return "q8x4x2_image"
 
 
+# --- bookkeeping of the emulated DSP ------------------------------------------------------------------------
+
+
+def _copy_runs_kernel(module: ir.Module) -> str:
+    """copy_runs(tab, r0, r1): for each run i in [r0, r1), memcpy(tab[3i], tab[3i+1], tab[3i+2]): destination
+    address, source address, bytes (int64 each). The runs never overlap their sources (VTCM vs DDR)."""
+    k = Kernel(module, "copy_runs", [("tab", ptr(I64)), ("r0", I64), ("r1", I64)])
+    b, a = k.b, k.a
+    memcpy = module.globals.get("llvm.memcpy.p0i8.p0i8.i64")
+    if memcpy is None:
+        memcpy = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr(I8), ptr(I8), I64, I1]),
+                             name="llvm.memcpy.p0i8.p0i8.i64")
+    with k.loop(a.r0, a.r1, name="run") as i:
+        base = b.mul(i, i64(3))
+        dst = b.inttoptr(k.load(a.tab, base), ptr(I8))
+        src = b.inttoptr(k.load(a.tab, b.add(base, i64(1))), ptr(I8))
+        b.call(memcpy, [dst, src, k.load(a.tab, b.add(base, i64(2))), ir.Constant(I1, 0)])
+    k.ret()
+    return "copy_runs"
+
+
 def kernels(module: ir.Module) -> list[tuple[str, str]]:
     """Emit the HVX kernels into `module` (after simd_htp's q8_groups, which q8x4x2_image calls): [(name,
-    signature)] (hvx_pairs first, then hvx_dot_<kind>, then q8x4x2_image, then simd_dev's helpers)."""
+    signature)] (hvx_pairs first, then hvx_dot_<kind>, then q8x4x2_image, then copy_runs)."""
     return [(_hvx_pairs_kernel(module), "v:piiippii"), *((_hvx_dot(module, kind), HVX_SIG) for kind in BLOCK_BYTES),
-            (_q8x4x2_image_kernel(module), "v:piiiipppippii"), *simd_dev.kernels(module)]
+            (_q8x4x2_image_kernel(module), "v:piiiipppippii"), (_copy_runs_kernel(module), "v:pii")]
