@@ -67,3 +67,40 @@ def test_lazy_write_checks_its_range_now_and_its_size_when_made():
     v.write_lazy(0, 8, lambda: np.zeros(4, np.uint8))
     with pytest.raises(ValueError, match="made 4 B, announced 8"):
         v.read(0, 1)
+
+
+def test_lazy_write_cut_into_again_and_again_is_landed_with_the_same_bytes():
+    """An image that later writes keep cutting into (a prefill's HMX tiles under a decode's scratch) is made and
+    landed after LAND_AFTER_HITS covers, once; what reads see is what eager writes give, before and after."""
+    from kazeia.backends.htp.vtcm import LAND_AFTER_HITS
+
+    eager, lazy = Vtcm(SIZE, fill=None, seed=1), Vtcm(SIZE, fill=None, seed=1)
+    image = np.random.default_rng(2).integers(0, 256, 2048, dtype=np.uint8)
+    made = []
+    eager.write(512, image)
+    lazy.write_lazy(512, 2048, lambda: made.append(1) or image)
+    for i in range(LAND_AFTER_HITS + 8):
+        off = 512 + 7 * (i % 50)
+        data = np.full(5, i, np.uint8)
+        eager.write(off, data)
+        lazy.write(off, data)
+        if i == LAND_AFTER_HITS - 2:
+            assert not made  # still deferred
+    assert made == [1] and not lazy._pending
+    assert np.array_equal(lazy.mem, eager.mem)
+
+
+def test_write_views_beside_a_lazy_image_leaves_it_deferred():
+    from kazeia.backends.htp.vtcm import span_box
+
+    v = Vtcm(SIZE)
+    made = []
+    v.write_lazy(2048, 1024, lambda: made.append(1) or np.full(1024, 9, np.uint8))
+    v.write_deferred(0, np.full(512, 4, np.uint8))
+    spans = [(100, 8), (300, 16)]
+    for _ in range(3 * 64):
+        v.write_views(spans, list(zip(v.run_views(spans), (np.full(8, 1, np.uint8), np.full(16, 2, np.uint8)))),
+                      span_box(spans))
+    assert not made
+    assert v.read(96, 240)[4:12] == b"\x01" * 8 and v.read(2048, 4) == b"\x09" * 4 and made == [1]
+    assert v.read(0, 100) == b"\x04" * 100

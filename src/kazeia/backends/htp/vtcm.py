@@ -92,6 +92,7 @@ class _LazyWrite:
     nbytes: int
     make: Callable[[], np.ndarray]
     live: list[tuple[int, int]]
+    hits: int = 0  # covers that reached its extent (see Vtcm._cover)
 
     def land(self, mem: np.ndarray) -> None:
         raw = np.ascontiguousarray(self.make()).reshape(-1).view(np.uint8)
@@ -117,6 +118,13 @@ class _ReadyWrite:
         if self.a < hi:
             mem[self.a:hi] = self.data[self.a - self.offset:hi - self.offset]
             self.a = hi
+
+
+# A deferred image that later writes keep cutting into without ever covering it (a prefill's HMX tiles, partly
+# overwritten by every decode op after it) would make each of those writes walk its live ranges, token after token
+# (~60 ms a decode token of the 36-layer model after a pp128). After this many covers it is made and landed: its
+# live ranges are disjoint from every other deferred write's, so landing it now leaves the same bytes.
+LAND_AFTER_HITS = 64
 
 
 class Vtcm:
@@ -195,11 +203,14 @@ class Vtcm:
         `write_runs` of those spans (a write changes the bytes, its cover only the deferred writes). `box`:
         `span_box(spans)`, when the caller keeps it. `copy`: a callable making the same copies at once (a
         native copy of the pairs' bytes, fast.CopyRuns), used instead of the pairs when given."""
-        if self._pending:
-            for offset, nbytes in spans:
-                self._cover(offset, offset + nbytes)
-        elif self._ready:  # (only ready writes deferred: the usual case in a decode)
-            self._cover_spans(spans, box if box is not None else span_box(spans))
+        if self._pending or self._ready:
+            box = box if box is not None else span_box(spans)
+            lo, hi = box
+            if any(p.offset < hi and lo < p.offset + p.nbytes for p in self._pending):
+                for offset, nbytes in spans:
+                    self._cover(offset, offset + nbytes)
+            elif self._ready:  # (no lazy image under these spans: the usual case in a decode)
+                self._cover_spans(spans, box)
         if copy is not None:
             copy()
             return
@@ -286,8 +297,13 @@ class Vtcm:
         for p in self._pending:
             if p.offset < hi and lo < p.offset + p.nbytes:  # most writes miss most deferred images
                 p.live = [(a, b) for x, y in p.live for a, b in ((x, min(y, lo)), (max(x, hi), y)) if a < b]
+                p.hits += 1
                 hit = True
         if hit:
+            for p in self._pending:
+                if p.live and p.hits >= LAND_AFTER_HITS:
+                    p.land(self._mem)
+                    p.live = []
             self._pending = [p for p in self._pending if p.live]
 
     def _cover_ready(self, lo: int, hi: int) -> None:
