@@ -17,6 +17,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kazeia.backends.irkit import F16, F32, I32, I64, V8F32, V8I32, Kernel, f32, i64, ptr, splat, vec
+from kazeia.backends.simd_gemm import transpose8  # the same 8x8 register transpose as the CPU GEMM
 
 W = 8  # lanes of the vector loops; a row's last n % 8 elements take the same steps as <1 x float>
 
@@ -74,7 +75,7 @@ def _transpose_kernel(module: ir.Module) -> str:
         with k.loop(0, d8, 8, name="j0") as j0:
             with k.loop(0, n8, 8, name="i0") as i0:
                 rows = [k.load_vec(a.src, V8I32, base, b.mul(b.add(i0, i64(r)), a.d), j0) for r in range(8)]
-                for c, v in enumerate(_transpose8(k, rows)):
+                for c, v in enumerate(transpose8(k, rows)):
                     k.store_vec(v, a.dst, base, b.mul(b.add(j0, i64(c)), a.n), i0)
         # the edges: rows past n8 (all columns) and columns past d8 (rows below n8), one element at a time
         with k.loop(0, a.n, name="ie") as i:
@@ -83,22 +84,6 @@ def _transpose_kernel(module: ir.Module) -> str:
                 k.store(k.load(a.src, base, b.mul(i, a.d), j), a.dst, base, b.mul(j, a.n), i)
     k.ret()
     return "fa_transpose"
-
-
-def _transpose8(k: Kernel, r: list[ir.Value]) -> list[ir.Value]:
-    """Eight <8 x i32> rows -> the eight columns (unpack, 64-bit shuffles, 128-bit lane swaps)."""
-    t = []
-    for p in range(0, 8, 2):
-        t.append(k.shuffle(r[p], r[p + 1], [0, 8, 1, 9, 4, 12, 5, 13]))
-        t.append(k.shuffle(r[p], r[p + 1], [2, 10, 3, 11, 6, 14, 7, 15]))
-    s = []
-    for x, y in ((t[0], t[2]), (t[1], t[3]), (t[4], t[6]), (t[5], t[7])):
-        s.append(k.shuffle(x, y, [0, 1, 8, 9, 4, 5, 12, 13]))
-        s.append(k.shuffle(x, y, [2, 3, 10, 11, 6, 7, 14, 15]))
-    # s[0..3]: columns 0..3 of rows 0..3 (low lanes) / columns 4..7 (high lanes); s[4..7] the same of rows 4..7
-    lo = [k.shuffle(s[c], s[4 + c], [0, 1, 2, 3, 8, 9, 10, 11]) for c in range(4)]
-    hi = [k.shuffle(s[c], s[4 + c], [4, 5, 6, 7, 12, 13, 14, 15]) for c in range(4)]
-    return lo + hi
 
 
 def _scores_kernel(module: ir.Module) -> str:
