@@ -37,7 +37,7 @@ def test_pair_layout_and_sums(k):
     img = rng.integers(0, 256, (m, k + 100), dtype=np.uint8)  # bytes past K (scales) must not leak in
     xp = np.full((m, npad * 32), 77, dtype=np.int8)
     xs = np.full((m, npad), 77, dtype=np.int32)
-    fast.lib()["hvx_pairs"](fast._ptr(img), img.strides[0], nb, npad, fast._ptr(xp), fast._ptr(xs), 0, m)
+    fast.lib()["hvx_pairs"](fast.ptr(img), img.strides[0], nb, npad, fast.ptr(xp), fast.ptr(xs), 0, m)
     x8 = img[:, :k].view(np.int8)
     assert np.array_equal(xp, pair_order(x8, npad))
     want = np.zeros((m, npad), dtype=np.int32)

@@ -37,7 +37,8 @@ def numba_kernels():
     return jit.kernels("kazeia.backends.htp.kernels")
 
 
-def _ptr(a: np.ndarray) -> int:
+def ptr(a: np.ndarray) -> int:
+    """The address of an array's first element (what the native kernels take)."""
     return a.__array_interface__["data"][0]
 
 
@@ -51,7 +52,7 @@ def _kept_ptr(a: np.ndarray) -> int:
     if hit is None or hit[0] is not a:
         if len(_PTRS) > 8192:
             _PTRS.clear()
-        hit = _PTRS[id(a)] = (a, _ptr(a))
+        hit = _PTRS[id(a)] = (a, ptr(a))
     return hit[1]
 
 
@@ -70,7 +71,7 @@ def _dot_scratch(m: int, n16: int, npad: int, k: int) -> tuple[np.ndarray, np.nd
             cache.clear()
         x16 = np.zeros((m, n16), dtype=np.int16)
         xs = np.zeros((m, npad), dtype=np.int32)
-        hit = cache[(m, n16, npad, k)] = (x16, xs, _ptr(x16), _ptr(xs))
+        hit = cache[(m, n16, npad, k)] = (x16, xs, ptr(x16), ptr(xs))
     return hit
 
 
@@ -79,7 +80,7 @@ def _run(fn, args: tuple, n: int, chunk: int, parallel: bool, linger: bool = Fal
     they spin for the next job, see native.run)."""
     if parallel and native.threads() > 1 and n > chunk:
         ctr = np.zeros(1, dtype=np.int64)
-        native.run(fn[1], (*args, _ptr(ctr), n, chunk), linger=linger)
+        native.run(fn[1], (*args, ptr(ctr), n, chunk), linger=linger)
     else:
         fn[0](*args, 0, n)
 
@@ -106,7 +107,7 @@ def round_hw(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     y = np.empty_like(xc) if out is None else out
     flat_x, flat_y = xc.reshape(-1), y.reshape(-1)
     rows = xc.size // ROUND_ROW
-    _run(_pair(k, "round_f16_hw"), (_ptr(xc), _ptr(y)), rows, 64, xc.size >= PARALLEL_MIN_ELEMS)
+    _run(_pair(k, "round_f16_hw"), (ptr(xc), ptr(y)), rows, 64, xc.size >= PARALLEL_MIN_ELEMS)
     tail = rows * ROUND_ROW
     if tail < xc.size:
         flat_y[tail:] = round_fp16_hw(flat_x[tail:])
@@ -128,7 +129,7 @@ def f16_to_f32(a: np.ndarray, order: str = "K") -> np.ndarray:
     if out.strides[3] != 4:
         return np.asarray(a, dtype=np.float32, order=order)
     _, n2, n1, d = a.shape
-    k["f16_rows_f32"](_ptr(a), a.strides[2], a.strides[1], n1, d, _ptr(out), out.strides[2] // 4,
+    k["f16_rows_f32"](ptr(a), a.strides[2], a.strides[1], n1, d, ptr(out), out.strides[2] // 4,
                       out.strides[1] // 4, 0, n2 * n1)
     return out
 
@@ -150,7 +151,7 @@ def q8_groups(x: np.ndarray, k: int, kp: int, group: int, tinv: np.ndarray,
     q = np.empty((m, kp), dtype=np.int8)
     d = np.empty((m, kp // group), dtype=np.uint16)
     tinv, ti8 = np.ascontiguousarray(tinv, dtype=np.uint16), np.ascontiguousarray(ti8, dtype=np.int8)
-    lk["q8_groups"](_ptr(xc), k, k, kp, group, _kept_ptr(tinv), _kept_ptr(ti8), _ptr(q), kp, _ptr(d), 0, m)
+    lk["q8_groups"](ptr(xc), k, k, kp, group, _kept_ptr(tinv), _kept_ptr(ti8), ptr(q), kp, ptr(d), 0, m)
     return q, from_fp16_bits(d)
 
 
@@ -168,7 +169,7 @@ def hmx_weight_rows(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, out: np.nd
     if k is None or not out.flags.c_contiguous or b8.strides[2] != 1:
         numba_kernels().hmx_weight_rows(b8, b16, KIND[qtype], iq4, lut, out)
         return
-    args = (_ptr(b8), b8.strides[0], nb, _ptr(out), nb * 32)
+    args = (ptr(b8), b8.strides[0], nb, ptr(out), nb * 32)
     _run(_pair(k, f"hmx_weight_{NAMES[qtype]}"), args, r, 16, out.size >= PARALLEL_MIN_ELEMS)
 
 
@@ -189,14 +190,14 @@ def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray,
                                 np.ascontiguousarray(ad, dtype=np.float32),
                                 np.ascontiguousarray(asum, dtype=np.float32), y)
         return y
-    npad, pimg = -(-nb // 8) * 8, _ptr(img)
+    npad, pimg = -(-nb // 8) * 8, ptr(img)
     if qtype in NIBBLE_TYPES:  # the int8 quants in the kernel's pair order, and their sums per sub-block
         x16, xs, p16, ps = _dot_scratch(m, npad * 16, npad, k)
         lk["hvx_pairs"](pimg, img.strides[0], nb, npad, p16, ps, 0, m)
     else:
         x16, xs, p16, ps = _dot_scratch(m, npad * 32, npad, k)  # the int8 quants widened once (zero past K)
         x16[:, :k] = img[:m, :k].view(np.int8)
-    args = (_kept_ptr(b8), b8.strides[0], nb, p16, ps, pimg, img.strides[0], k, m, _ptr(y), n, n)
+    args = (_kept_ptr(b8), b8.strides[0], nb, p16, ps, pimg, img.strides[0], k, m, ptr(y), n, n)
     # a decode's HVX dots come one after another, a few hundred us of Python apart: the worker waits spinning
     # (as for the CPU decode GEMVs); after a batch of many rows it sleeps at once
     _run(_pair(lk, f"hvx_dot_{NAMES[qtype]}"), args, n, HVX_CHUNK, n * nb * 32 * m >= PARALLEL_MIN_ELEMS,
@@ -215,8 +216,8 @@ def q8x4x2_image(x: np.ndarray, kp: int, group: int, tinv: np.ndarray, ti8: np.n
         return False
     xc = np.ascontiguousarray(x, dtype=np.float32)
     ok = np.zeros(1, dtype=np.int64)
-    lk["q8x4x2_image"](_ptr(xc), k, k, kp, group, _kept_ptr(tinv), _kept_ptr(ti8), _ptr(img), img.shape[1],
-                       _ptr(dbits), _ptr(ok), 0, m)
+    lk["q8x4x2_image"](ptr(xc), k, k, kp, group, _kept_ptr(tinv), _kept_ptr(ti8), ptr(img), img.shape[1],
+                       ptr(dbits), ptr(ok), 0, m)
     return bool(ok[0])
 
 
@@ -237,12 +238,12 @@ class BoundDot:
         self.npad = -(-self.nb // 8) * 8
         self.pw, self.wstride = _kept_ptr(b8), b8.strides[0]
         self.x16 = scratch[0]
-        self.p16, self.ps = _ptr(scratch[0]), _ptr(scratch[1])
+        self.p16, self.ps = ptr(scratch[0]), ptr(scratch[1])
         self.fn = _pair(lk, f"hvx_dot_{NAMES[qtype]}")
         self.parallel = self.n > HVX_CHUNK and self.n * self.nb * 32 * m >= PARALLEL_MIN_ELEMS
         self.linger = m <= DECODE_ROWS
         self.ctr = np.zeros(1, dtype=np.int64)
-        self.pctr = _ptr(self.ctr)
+        self.pctr = ptr(self.ctr)
 
     @staticmethod
     def usable(b8: np.ndarray, qtype: GGMLType, m: int) -> bool:
@@ -283,8 +284,8 @@ class BoundQuant:
         self.ok = np.zeros(1, dtype=np.int64)
         self.dbits = np.empty((m, kp // group), dtype=np.uint16)
         self.keep = (x, tinv, ti8, img)  # the arrays whose addresses the arguments hold
-        self.args = (_ptr(x), k, k, kp, group, _ptr(tinv), _ptr(ti8), _ptr(img), img.shape[1], _ptr(self.dbits),
-                     _ptr(self.ok), 0, m)
+        self.args = (ptr(x), k, k, kp, group, ptr(tinv), ptr(ti8), ptr(img), img.shape[1], ptr(self.dbits),
+                     ptr(self.ok), 0, m)
 
     def __call__(self) -> bool:
         self.fn(*self.args)
@@ -303,8 +304,8 @@ class CopyRuns:
             if d.nbytes != s.nbytes or not (d.flags.c_contiguous and s.flags.c_contiguous):
                 raise ValueError("CopyRuns needs C-contiguous pairs of the same size")
         self.keep = list(pairs)
-        self.table = np.array([(_ptr(d), _ptr(s), d.nbytes) for d, s in pairs], dtype=np.int64).reshape(-1, 3)
-        self.ptab, self.n = _ptr(self.table), len(pairs)
+        self.table = np.array([(ptr(d), ptr(s), d.nbytes) for d, s in pairs], dtype=np.int64).reshape(-1, 3)
+        self.ptab, self.n = ptr(self.table), len(pairs)
 
     @staticmethod
     def of(pairs: list[tuple[np.ndarray, np.ndarray]]) -> CopyRuns | None:

@@ -9,15 +9,12 @@ import threading
 import numpy as np
 
 from kazeia.backends import native
+from kazeia.backends.htp.fast import ptr
 
 
 def lib():
     """The AVX2 flash-attention kernels, or None."""
     return native.library("kazeia.backends.htp.simd_fa") if native.available() else None
-
-
-def _ptr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
 
 
 _SCRATCH = threading.local()
@@ -45,7 +42,7 @@ def transposed(k: np.ndarray, reuse: bool = False) -> np.ndarray | None:
         return None
     h, n, d = k.shape
     out = _scratch((h, d, n)) if reuse else np.empty((h, d, n), dtype=np.float32)
-    lk["fa_transpose"](_ptr(k), _ptr(out), n, d, 0, h)
+    lk["fa_transpose"](ptr(k), ptr(out), n, d, 0, h)
     return out
 
 
@@ -62,10 +59,10 @@ def scores(s: np.ndarray, mask: np.ndarray | None, scale: np.float32, hmx: bool)
         if (mask.dtype != np.float32 or mask.ndim != 2 or mask.shape[0] < t or mask.shape[1] < n
                 or mask.strides[1] != 4 or mask.strides[0] % 4):
             return None
-        mp, ms = _ptr(mask), mask.strides[0] // 4
+        mp, ms = ptr(mask), mask.strides[0] // 4
     out = np.empty_like(s)
     bad = np.zeros(1, dtype=np.int64)
-    lk["fa_scores"](_ptr(s), mp, ms, t, n, float(scale), int(hmx), _ptr(out), _ptr(bad), 0, h * t)
+    lk["fa_scores"](ptr(s), mp, ms, t, n, float(scale), int(hmx), ptr(out), ptr(bad), 0, h * t)
     return None if bad[0] else out
 
 
@@ -77,7 +74,7 @@ def acc16(o: np.ndarray, pv: np.ndarray) -> bool:
             or not (o.flags.c_contiguous and pv.flags.c_contiguous)):
         return False
     bad = np.zeros(1, dtype=np.int64)
-    lk["fa_acc16"](_ptr(pv), _ptr(o), o.size, _ptr(bad))
+    lk["fa_acc16"](ptr(pv), ptr(o), o.size, ptr(bad))
     return not bad[0]
 
 
@@ -88,5 +85,5 @@ def divide(o: np.ndarray, l: np.ndarray) -> bool:
     if (lk is None or o.dtype != np.float32 or l.dtype != np.float32 or not o.flags.c_contiguous
             or not l.flags.c_contiguous or l.shape != o.shape[:-1] + (1,)):
         return False
-    lk["fa_div"](_ptr(o), _ptr(l), l.size, o.shape[-1])
+    lk["fa_div"](ptr(o), ptr(l), l.size, o.shape[-1])
     return True

@@ -93,12 +93,12 @@ def bind_hvx(unit: MatmulUnit, dsp: Dsp, node: Tensor, plan: MatmulPlan, modeled
     b.xarr, b.darr, b.wkey = array(x), dst, (w.buffer, w.offset, w.type, w.ne, w.nb)
     b.nbytes, b.stride = m * stride, stride
     b.area = vt.raw_view(0, m * stride).reshape(m, stride)
-    b.parea = b.area.__array_interface__["data"][0]
+    b.parea = fast.ptr(b.area)
     b.quant = fast.BoundQuant(xs, kp, unit.settings.fp32_quantize_group, _fp16_table("inverse"),
                               _fp16_table("int8"), b.area)
     b.dot = fast.BoundDot(b8, w.type, m, k, unit.dot_scratch(fast.BoundDot.scratch_shape(w.type, rw.nsub, m), k))
     b.y = dst.reshape(m, -1)
-    b.pdst = dst.__array_interface__["data"][0]
+    b.pdst = fast.ptr(dst)
     b.dst_runs = _bound_runs(vt, unit.dst_runs(prog, b.y), prog.dst_box) if m == 1 else None
     b.checks_format = unit.profile.shortcut_checks_format
     b.record = (plan.reason, plan.used, modeled_s)
