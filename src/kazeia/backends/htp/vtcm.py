@@ -119,6 +119,18 @@ class _ReadyWrite:
             mem[self.a:hi] = self.data[self.a - self.offset:hi - self.offset]
             self.a = hi
 
+    def cut(self, mem: np.ndarray, lo: int, hi: int) -> bool:
+        """Bytes lo..hi (overlapping the live range) are written now: inside it, the part before lo lands now and
+        the part after hi stays deferred; else the range shrinks. True when nothing is left live."""
+        if lo > self.a and hi < self.b:
+            self.land(mem, lo)
+            self.a = hi
+        elif lo <= self.a:
+            self.a = hi
+        else:
+            self.b = lo
+        return self.a >= self.b
+
 
 # A deferred image that later writes keep cutting into without ever covering it (a prefill's HMX tiles, partly
 # overwritten by every decode op after it) would make each of those writes walk its live ranges, token after token
@@ -227,17 +239,9 @@ class Vtcm:
             if r.a < hi and lo < r.b:
                 for offset, nbytes in spans:
                     end = offset + nbytes
-                    if nbytes and r.a < end and offset < r.b:
-                        if offset > r.a and end < r.b:  # inside: the part before lands now, the part after stays
-                            r.land(self._mem, offset)
-                            r.a = end
-                        elif offset <= r.a:
-                            r.a = end
-                        else:
-                            r.b = offset
-                        if r.a >= r.b:
-                            dead = True
-                            break
+                    if nbytes and r.a < end and offset < r.b and r.cut(self._mem, offset, end):
+                        dead = True
+                        break
         if dead:
             self._ready = [r for r in self._ready if r.a < r.b]
 
@@ -309,15 +313,8 @@ class Vtcm:
     def _cover_ready(self, lo: int, hi: int) -> None:
         dead = False
         for r in self._ready:
-            if r.a < hi and lo < r.b:
-                if lo > r.a and hi < r.b:  # inside: the part before lo lands now, the part after stays
-                    r.land(self._mem, lo)
-                    r.a = hi
-                elif lo <= r.a:
-                    r.a = hi
-                else:
-                    r.b = lo
-                dead = dead or r.a >= r.b
+            if r.a < hi and lo < r.b and r.cut(self._mem, lo, hi):
+                dead = True
         if dead:
             self._ready = [r for r in self._ready if r.a < r.b]
 
