@@ -23,8 +23,8 @@ import tempfile
 import time
 
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.debug.runner import RunSpec, build_context, prompt_ids
 from kazeia.engine.modeled import modeled_prefill_tps
+from kazeia.engine.session import RunSpec, build_context, prompt_ids
 from kazeia.engine.threads import set_threads
 from kazeia.gguf.writer import preset, write_model
 from kazeia.models.base import ModelArgs

@@ -20,8 +20,9 @@ from kazeia.backends.htp.plan import plan_matmul
 from kazeia.cli.main import build_parser
 from kazeia.cli.main import main as cli_main
 from kazeia.debug import bisect as B
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
 from kazeia.engine.scheduler import Router, format_node_ranges, parse_node_ranges
+from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 
 QWEN3_4B_MATMULS = [(2560, 4096), (2560, 1024), (4096, 2560), (2560, 9728), (9728, 2560)]  # (K, N)

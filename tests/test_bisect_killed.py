@@ -17,7 +17,8 @@ import pytest
 
 from kazeia.cli.main import main as cli_main
 from kazeia.debug import bisect as B
-from kazeia.debug.runner import RunSpec, external_kill
+from kazeia.debug.runner import external_kill
+from kazeia.engine.session import RunSpec
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from kazeia.debug.compare import (
     capture_reference,
     compare,
 )
-from kazeia.debug.runner import RunSpec, load_model
+from kazeia.engine.session import RunSpec, load_model
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import GGMLType, array
 
@@ -66,7 +66,8 @@ def test_reference_activation_conversion():
 
 
 def _computed_nodes(spec: RunSpec) -> int:
-    from kazeia.debug.runner import build_context, prompt_ids, run
+    from kazeia.debug.runner import run
+    from kazeia.engine.session import build_context, prompt_ids
 
     ctx = build_context(spec.with_(device="REF"))
     run(spec.with_(device="REF"), ctx=ctx)

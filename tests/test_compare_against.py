@@ -13,7 +13,7 @@ import re
 import pytest
 
 from kazeia.debug.evalcb import compare_log, parse_log, reference_nodes
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 
 LOG = os.path.join(os.path.dirname(__file__), "data", "eval_callback_qwen3_tiny_f32_values.txt")
 NUM = re.compile(r"-?\d+\.\d+")

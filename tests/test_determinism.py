@@ -16,7 +16,8 @@ import pytest
 from kazeia.backends.numpy_ops import KERNELS
 from kazeia.cli.main import main as cli_main
 from kazeia.debug.determinism import HashedRun, check_determinism, compare_runs
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
+from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import array
 

@@ -21,7 +21,8 @@ import pytest
 from kazeia.backends.base import Hook
 from kazeia.debug.dump import load_dumps, manifest_digest
 from kazeia.debug.replay import replay
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
+from kazeia.engine.session import RunSpec
 from kazeia.errors import DumpFileError, KazeiaError
 
 

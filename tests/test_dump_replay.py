@@ -36,8 +36,9 @@ from kazeia.debug.dump import (
 )
 from kazeia.debug.judge import judge
 from kazeia.debug.replay import replay
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
 from kazeia.engine.scheduler import Scheduler
+from kazeia.engine.session import RunSpec
 from kazeia.errors import DumpFileError, KazeiaError
 from kazeia.graph import builder as gb
 from kazeia.graph.alloc import GraphAllocator
@@ -312,7 +313,7 @@ def test_cli_glue_adds_flags_and_limit(tiny_qwen3, tmp_path):
     add_dump_args(p)
     args = p.parse_args(["--dump", "^norm-", str(tmp_path), "--dump-limit", "2"])
     spec = RunSpec(model=tiny_qwen3, n_prompt=5, device="CPU")
-    from kazeia.debug.runner import build_context
+    from kazeia.engine.session import build_context
 
     ctx = build_context(spec)
     hook = install_dump(args, ctx.scheduler)

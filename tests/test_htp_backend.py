@@ -13,7 +13,8 @@ import pytest
 
 from kazeia.backends.htp.plan import plan_matmul
 from kazeia.debug.judge import nmse
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
+from kazeia.engine.session import RunSpec
 
 pytestmark = pytest.mark.slow  # whole-model runs
 
@@ -74,7 +75,7 @@ def test_default_batching_surfaces_the_death_late(q4b2):
     (qwen3 leaves it unnamed: ggml's node_<index>): what the original team's log pointed at."""
     res = run(spec(q4b2, 38, htp_profile="2026-05", env={"GGML_HEXAGON_OPBATCH": "1"}))
     assert res.death and res.death["faulting"] == "ffn_out-0"
-    from kazeia.debug.runner import build_context, prompt_ids
+    from kazeia.engine.session import build_context, prompt_ids
 
     ctx = build_context(spec(q4b2, 38))
     ctx.decode(prompt_ids(spec(q4b2, 38), ctx.model))
@@ -131,7 +132,7 @@ def test_opfilter_routes_matching_ops_to_cpu(q4b2):
 
 
 def test_robust_surfaces_op_errors_with_the_op_name(q4b1):
-    from kazeia.debug.runner import build_context, prompt_ids
+    from kazeia.engine.session import build_context, prompt_ids
     from kazeia.errors import DeviceOpError
 
     # a VTCM too small for the ops' row buffers: 2026-05 drops the status, robust raises naming the op

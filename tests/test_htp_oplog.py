@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from kazeia.backends.htp.oplog import kzop_line, s1_stats
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
+from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 from kazeia.graph import builder as gb
 from kazeia.graph.tensor import Buffer, GGMLType, make_tensor

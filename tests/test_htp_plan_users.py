@@ -12,8 +12,9 @@ from kazeia.backends.htp.cost import op_seconds
 from kazeia.backends.htp.plan import plan_for_node, src_layout
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.debug.investigate.facts import PlanScan
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
 from kazeia.engine.gates import VtcmPlanGate
+from kazeia.engine.session import RunSpec
 
 M = 40  # prompt tokens: M >= 32 sends eligible matmuls to HMX
 

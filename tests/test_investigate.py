@@ -19,7 +19,8 @@ from kazeia.debug.investigate import DEATH, HEALTHY, Context, Findings, Investig
 from kazeia.debug.investigate.table import run_table
 from kazeia.debug.investigate.verdicts import mechanism
 from kazeia.debug.investigate.vtcm import why_it_fails
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
+from kazeia.engine.session import RunSpec
 from oracle_utils import hmx_q_layout_bytes
 
 M = 38

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from kazeia.debug.investigate import investigate
-from kazeia.debug.runner import RunSpec
 from kazeia.engine.policy import Policy
+from kazeia.engine.session import RunSpec
 
 
 def _investigate(model, tmp_path, fault, n, vtcm):

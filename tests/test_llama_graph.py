@@ -128,8 +128,9 @@ def _trace_rows(path: str, prompt: str) -> list[tuple[str, str, str]]:
     """(name without #k, op, dst shape) of every op `kazeia trace` records for one prompt."""
     import io
 
-    from kazeia.debug.runner import RunSpec, run
+    from kazeia.debug.runner import run
     from kazeia.debug.trace import TraceHook
+    from kazeia.engine.session import RunSpec
 
     hook = TraceHook(None, io.StringIO())
     assert run(RunSpec(model=path, prompt=prompt), hooks=(hook,)).ok

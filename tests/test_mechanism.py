@@ -18,8 +18,9 @@ import pytest
 from kazeia.debug.dump import DumpHook, load_dumps
 from kazeia.debug.race import localise_race
 from kazeia.debug.replay import htp_settings_for
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
 from kazeia.debug.state_experiment import preceding_cases, state_experiment
+from kazeia.engine.session import RunSpec
 
 VTCM = 6 << 20
 

@@ -9,7 +9,8 @@ import pytest
 
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.debug.op_stream import parse_stream, replay_stream
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
+from kazeia.engine.session import RunSpec
 
 SEED_STREAM = """\
 KZOP RMS_NORM dst=[2560,38,1,1] src0=f32[2560,38]

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from kazeia.backends.base import Hook
-from kazeia.debug.prefix import layer_end, layers_text
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
+from kazeia.engine.prefix import layer_end, layers_text
+from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import array
 

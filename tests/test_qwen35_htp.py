@@ -21,10 +21,11 @@ from gguf import GGUFReader
 
 from kazeia.backends.base import Hook
 from kazeia.backends.cpu import CpuBackend
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
 from kazeia.engine.chat import ChatSession, render_chat
 from kazeia.engine.context import Context, Model
 from kazeia.engine.scheduler import Scheduler
+from kazeia.engine.session import RunSpec
 from kazeia.engine.tokenizer import GGUFTokenizer
 from kazeia.gguf.writer import preset, write_model
 from oracle_utils import nmse

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from kazeia.backends.base import Hook
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
 from kazeia.debug.stats import values_stats
 from kazeia.debug.trace import NonFiniteStop, TraceHook
+from kazeia.engine.session import RunSpec
 from kazeia.graph.tensor import array
 
 

@@ -230,6 +230,7 @@ def peak_rss_bytes() -> int:
 
 def _session_args(args: argparse.Namespace, tests: list[BenchTest]) -> argparse.Namespace:
     ns = argparse.Namespace(**vars(args))
+    ns.n_prompt = None  # (llama-bench's -p / --n-prompt are the test sizes here, not a prompt)
     if ns.ctx_size is None:
         ns.ctx_size = max(t.depth for t in tests) + max([t.n for t in tests if t.kind == "pp"], default=0) \
             + max([t.n for t in tests if t.kind == "tg"], default=0)

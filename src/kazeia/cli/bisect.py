@@ -12,9 +12,9 @@ import json
 import sys
 
 from kazeia.cli import validate as V
-from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads
+from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads, tool_spec
 from kazeia.debug import bisect as B
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 
 
@@ -101,20 +101,8 @@ def _add_search_args(p: argparse.ArgumentParser, check: bool) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
-    """The RunSpec of the model/device flags shared with `kazeia run`."""
-    if args.n_prompt is not None and args.n_prompt <= 0:
-        raise KazeiaError("--n-prompt must be positive")
-    if getattr(args, "cache_type_k", "f16") != "f16" or getattr(args, "cache_type_v", "f16") != "f16":
-        raise KazeiaError("forensic runs use the F16 KV cache (-ctk/-ctv f16)")
-    for flag in ("oplog", "oplog_file", "stop_on_nonfinite"):
-        if getattr(args, flag, None):
-            raise KazeiaError(f"--{flag.replace('_', '-')} belongs to kazeia run / kazeia trace")
-    env = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"} if getattr(args, "sync", False) else {}
-    return RunSpec(model=args.model, prompt=args.prompt, n_prompt=args.n_prompt, device=args.device.upper(),
-                   htp_profile=args.htp_profile, vtcm=args.vtcm, faults=list(args.fault or []), env=env,
-                   cpu_ops=args.cpu_ops, cpu_nodes=args.cpu_nodes, ubatch=args.ubatch_size, ctx=args.ctx_size,
-                   flash_attn=args.flash_attn != "off", n_predict=getattr(args, "n_predict", 0) or 0,
-                   stop_after=getattr(args, "stop_after", None))
+    """The RunSpec of the model/device flags, as `kazeia run` maps them."""
+    return tool_spec(args, args.command if isinstance(getattr(args, "command", None), str) else "bisect")
 
 
 def make_judge(args: argparse.Namespace) -> B.Judge:

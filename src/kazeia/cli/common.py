@@ -5,27 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
 
 from kazeia.backends.weights import WeightCache
 from kazeia.cli import validate as V
-from kazeia.engine.context import Context, Model
-from kazeia.engine.default_model import default_model_path
-from kazeia.engine.devices import DeviceOptions, make_backends
-from kazeia.engine.scheduler import Router, Scheduler
-from kazeia.engine.tokenizer import GGUFTokenizer
+from kazeia.engine.context import Model
+from kazeia.engine.devices import DeviceOptions
+from kazeia.engine.session import SYNC_ENV, RunSpec, Session
+from kazeia.engine.threads import set_threads  # noqa: F401 (the tools' -t, from here)
 from kazeia.errors import KazeiaError
-from kazeia.graph.tensor import GGMLType
 
 MAX_PROMPT_CHARS = 64 << 20  # -f: the largest context (262144 tokens) at a few characters a token, with room
-
-
-def set_threads(n: int | None) -> None:
-    if n is None or n <= 0:
-        return
-    from kazeia.debug.runner import set_threads as set_run_threads  # children of the forensic tools get it too
-
-    set_run_threads(n)
 
 
 def add_model_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
@@ -109,79 +98,90 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
 
 
+def spec_from_args(args: argparse.Namespace, device: str | None = None) -> RunSpec:
+    """The RunSpec of every model, device and routing flag, with the meaning `kazeia run` gives it: the one
+    mapping from flags to a run, which `kazeia run` and every forensic tool use (a tool refuses the flags it does
+    not honour itself). `--gates auto` is resolved by `open_session` (it validates on the device)."""
+    g = lambda name, default=None: getattr(args, name, default)  # noqa: E731 - tools define subsets of the flags
+    n_prompt = g("n_prompt")
+    if n_prompt is not None and n_prompt <= 0:
+        raise KazeiaError("--n-prompt must be positive")
+    policy = g("gates")
+    n_predict = g("n_predict", 0) or 0
+    return RunSpec(model=g("model"), prompt=prompt_text(args), n_prompt=n_prompt, device=(device or g("device", "CPU")),
+                   htp_profile=g("htp_profile"), vtcm=g("vtcm"), faults=list(g("fault") or []),
+                   env=dict(SYNC_ENV) if g("sync", False) else {}, cpu_ops=g("cpu_ops"), cpu_nodes=g("cpu_nodes"),
+                   cpu_node_range=g("cpu_node_range"), gates=list(g("gate") or []),
+                   policy=None if policy in (None, "auto") else policy, ubatch=g("ubatch_size", 512),
+                   ctx=g("ctx_size", 4096), flash_attn=g("flash_attn", "on") != "off",
+                   n_predict=max(0, n_predict), stop_after=g("stop_after"), n_gpu_layers=g("n_gpu_layers"),
+                   type_k=g("cache_type_k", "f16"), type_v=g("cache_type_v", "f16"), recover=g("recover", False),
+                   max_deaths=g("max_deaths", 12))
+
+
+RUN_ONLY = ("oplog", "oplog_file", "stop_on_nonfinite", "dump", "inject_death_at", "inject_death_rate")
+
+
+def tool_spec(args: argparse.Namespace, tool: str, refuse: tuple[str, ...] = RUN_ONLY) -> RunSpec:
+    """`spec_from_args` for a forensic tool: -t set, --gates auto resolved to the validated policy file, and the
+    flags only `kazeia run` honours refused with one line (accepted and ignored, they would mislead)."""
+    set_threads(getattr(args, "threads", None))
+    for flag in refuse:
+        if getattr(args, flag, None):
+            raise KazeiaError(f"--{flag.replace('_', '-')} belongs to kazeia run / kazeia trace, not {tool}")
+    spec = spec_from_args(args)
+    if getattr(args, "gates", None) == "auto":
+        spec.policy = auto_policy_file(spec)
+    return spec
+
+
+def auto_policy_file(spec: RunSpec) -> str:
+    """The policy file `kazeia gate --auto` validated (or had cached) for this model and device settings."""
+    from kazeia.cli.routing import gate_summary, progress_bar
+    from kazeia.debug.gate.auto import auto_policy
+
+    settings = spec.htp_settings()
+    if settings is None:
+        raise KazeiaError("--gates auto: validates for a device (-dev HTP0)")
+    res = auto_policy(spec.model_path, settings, spec.ubatch, progress=progress_bar)
+    print(gate_summary(res), file=sys.stderr, flush=True)
+    if not os.path.isfile(res.cache_path):
+        raise KazeiaError(f"--gates auto: the validated policy could not be kept at {res.cache_path}; write it with "
+                          f"`kazeia gate --auto -o FILE` and pass --gates FILE")
+    return res.cache_path
+
+
 def device_options(args: argparse.Namespace) -> DeviceOptions:
-    env: dict[str, str] = {}
-    if getattr(args, "sync", False):
-        env["GGML_HEXAGON_OPBATCH"] = "1"
-        env["GGML_HEXAGON_OPQUEUE"] = "1"
-    return DeviceOptions(htp_profile=getattr(args, "htp_profile", None), vtcm_bytes=getattr(args, "vtcm", None),
-                         htp_env=env, fault=list(getattr(args, "fault", []) or []))
-
-
-@dataclass
-class Session:
-    model: Model
-    tok: GGUFTokenizer
-    ctx: Context
-    scheduler: Scheduler
-    injector: object | None = None  # --inject-death-*: engine/recovery.py DeathInjector
+    """The device settings of the flags (`kazeia gate` validates on them)."""
+    return spec_from_args(args).device_options()
 
 
 def model_path(args: argparse.Namespace) -> str:
-    return args.model if getattr(args, "model", None) else default_model_path()
+    return RunSpec(model=getattr(args, "model", None)).model_path
 
 
 def open_session(args: argparse.Namespace, model: Model | None = None, device: str | None = None) -> Session:
+    """The session of `kazeia run` (and trace, bench): the spec of the flags, then what only a command line
+    adds: -t, kazeia's op trace (--oplog), dumps, --gates auto and injected deaths."""
     set_threads(getattr(args, "threads", None))
-    model = model or Model.load(model_path(args))
-    tok = GGUFTokenizer.from_gguf(model.file)
-    backends = make_backends(device or args.device, device_options(args), WeightCache())
-    router = Router.from_args(getattr(args, "cpu_ops", None), getattr(args, "cpu_nodes", None),
-                              getattr(args, "cpu_node_range", None))
-    from kazeia.debug.runner import gates_for
-
-    router.gates += gates_for(getattr(args, "gate", []) or [], backends)
-    ngl = getattr(args, "n_gpu_layers", None)
-    if ngl is not None and 0 <= ngl <= model.args.n_layer:  # more than the layer count (99): all on the device
-        router.n_gpu_layers, router.n_layer = ngl, model.args.n_layer
-    stop = getattr(args, "stop_after", None)
-    if stop:
-        from kazeia.debug.prefix import make_scheduler
-
-        sched = make_scheduler(backends, router, stop)
-    else:
-        sched = Scheduler(backends, router)
+    spec = spec_from_args(args, device)
+    s = Session.open(spec, model or Model.load(spec.model_path), WeightCache())
     trace = make_trace(args)
     if trace is not None:
-        sched.add_hook(trace)
+        s.scheduler.add_hook(trace)
     from kazeia.debug.dump import install_dump
 
-    install_dump(args, sched)
-    n_ctx = min(args.ctx_size, model.args.n_ctx_train) if args.ctx_size > 0 else model.args.n_ctx_train
-    types = {"f16": GGMLType.F16, "f32": GGMLType.F32}
-    ctx = Context(model, sched, n_ctx=n_ctx, n_ubatch=args.ubatch_size, flash_attn=args.flash_attn != "off",
-                  type_k=types[args.cache_type_k], type_v=types[args.cache_type_v])
-    session = Session(model, tok, ctx, sched)
+    install_dump(args, s.scheduler)
     from kazeia.cli.routing import install_routing
 
-    install_routing(args, session, model.path)
-    return session
+    install_routing(args, s, spec.model_path)
+    return s
 
 
 def prompt_tokens(args: argparse.Namespace, s: Session) -> list[int]:
-    from kazeia.engine.generate import synthetic_prompt
-
-    if getattr(args, "n_prompt", None) is not None:
-        if args.n_prompt <= 0:
-            raise KazeiaError("--n-prompt must be positive")
-        return synthetic_prompt(args.n_prompt, s.model.args.n_vocab, s.tok.is_control)
-    text = prompt_text(args)  # read once: -f /dev/stdin cannot be read twice
-    if not text:
+    if s.spec.n_prompt is None and not s.spec.prompt:
         raise KazeiaError("nothing to do: give -p PROMPT, -f FILE, --n-prompt N, or -cnv for a chat")
-    ids = s.tok.encode(text)
-    if not ids:
-        raise KazeiaError("the prompt encodes to no tokens")
-    return ids
+    return s.prompt_ids()
 
 
 def prompt_text(args: argparse.Namespace) -> str | None:

@@ -10,9 +10,9 @@ import json
 import sys
 
 from kazeia.cli import validate as V
-from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads
+from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads, tool_spec
 from kazeia.debug.compare import MODES, compare, format_table, summary_lines
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 
 EPILOG = """\
@@ -54,21 +54,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
-    """The RunSpec of the model/device flags shared with `kazeia run`."""
+    """The RunSpec of the model/device flags, as `kazeia run` maps them."""
     if args.n_prompt is None and not args.prompt:
         raise KazeiaError("nothing to compare: give -p PROMPT or --n-prompt N")
-    if args.n_prompt is not None and args.n_prompt <= 0:
-        raise KazeiaError("--n-prompt must be positive")
-    if args.cache_type_k != "f16" or args.cache_type_v != "f16":
-        raise KazeiaError("compare runs with the F16 KV cache (-ctk/-ctv f16)")
-    for flag in ("oplog", "oplog_file", "stop_on_nonfinite", "dump"):  # run/trace flags compare does not honour
-        if getattr(args, flag, None):
-            raise KazeiaError(f"--{flag.replace('_', '-')} belongs to kazeia run / kazeia trace, not compare")
-    env = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"} if args.sync else {}
-    return RunSpec(model=args.model, prompt=args.prompt, n_prompt=args.n_prompt, device=args.device.upper(),
-                   htp_profile=args.htp_profile, vtcm=args.vtcm, faults=list(args.fault or []), env=env,
-                   cpu_ops=args.cpu_ops, cpu_nodes=args.cpu_nodes, cpu_node_range=getattr(args, "cpu_node_range", None),
-                   ubatch=args.ubatch_size, ctx=args.ctx_size, flash_attn=args.flash_attn != "off")
+    return tool_spec(args, "compare")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -79,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         return against(args)
     spec = spec_from_args(args)
     if args.prompt is not None and args.n_prompt is None:
-        from kazeia.debug.runner import load_model, prompt_ids
+        from kazeia.engine.session import load_model, prompt_ids
 
         if not prompt_ids(spec, load_model(spec.model_path)):
             raise KazeiaError("the prompt encodes to no tokens")

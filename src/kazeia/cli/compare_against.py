@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from kazeia.cli.common import spec_from_args
 from kazeia.cli.crashlog import read_log
-from kazeia.debug.runner import RunSpec
 from kazeia.errors import KazeiaError
 
 MAX_LOG_BYTES = 256 << 20
@@ -20,8 +20,7 @@ def main(args: argparse.Namespace) -> int:
         raise KazeiaError(f"{args.against}: no llama-eval-callback tensor lines ('name = (type) OP(...) = {{ne}}')")
     if tokens is None and args.prompt is None and args.n_prompt is None:
         raise KazeiaError(f"{args.against} lists no token ids: give -p PROMPT or --n-prompt N")
-    spec = RunSpec(model=args.model, prompt=args.prompt, n_prompt=args.n_prompt, tokens=tokens, device="REF",
-                   ubatch=args.ubatch_size, ctx=args.ctx_size, flash_attn=args.flash_attn != "off")
+    spec = spec_from_args(args, device="REF").with_(tokens=tokens)
     rep = AgainstReport(compare_log(log, reference_nodes(spec), rel=args.tolerance), len(tokens or []))
     print("\n".join(rep.lines()))
     return 1 if rep.first_departure is not None else 0

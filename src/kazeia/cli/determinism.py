@@ -38,8 +38,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     spec = spec_from_args(args)
-    if args.cpu_node_range:
-        spec = spec.with_(cpu_node_range=args.cpu_node_range)
     if spec.n_prompt is None and not spec.prompt:
         raise KazeiaError("nothing to run: give -p PROMPT or --n-prompt N")
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from kazeia.cli import validate as V
-from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads
-from kazeia.debug.runner import RunSpec
+from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads, tool_spec
+from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 
 
@@ -27,13 +27,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
     if args.prompt is None and args.n_prompt is None:
         raise KazeiaError("investigate needs -p PROMPT or --n-prompt N")
-    env: dict[str, str] = {}
-    if getattr(args, "sync", False):
-        env.update({"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"})
-    return RunSpec(model=args.model, prompt=args.prompt, n_prompt=args.n_prompt, device=args.device,
-                   htp_profile=args.htp_profile, vtcm=args.vtcm, faults=list(args.fault or []), env=env,
-                   cpu_ops=args.cpu_ops, cpu_nodes=args.cpu_nodes, ubatch=args.ubatch_size, ctx=args.ctx_size,
-                   flash_attn=args.flash_attn != "off", n_predict=args.n_predict, gates=list(args.gate or []))
+    return tool_spec(args, "investigate")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -7,8 +7,9 @@ import argparse
 import sys
 
 from kazeia.cli import validate as V
-from kazeia.engine.policy import Policy, PolicyGate
-from kazeia.engine.recovery import DeathInjector, Recovery
+from kazeia.engine.policy import Policy
+from kazeia.engine.recovery import DeathInjector
+from kazeia.engine.session import apply_policy
 from kazeia.errors import KazeiaError
 
 
@@ -35,19 +36,15 @@ def add_routing_args(p: argparse.ArgumentParser) -> None:
 
 
 def install_routing(args: argparse.Namespace, session, model_path: str) -> None:
-    """--gates, --recover and death injection on an open session (kazeia.cli.common.Session)."""
-    ctx, sched = session.ctx, session.scheduler
-    spec = getattr(args, "gates", None)
-    if spec:
-        policy = auto_gates(args, sched, model_path) if spec == "auto" else Policy.load(spec)
-        sched.router.gates.append(PolicyGate(policy))
-        ctx.policy = policy
-    if getattr(args, "recover", False):
-        ctx.recovery = Recovery(sched, max_attempts=args.max_deaths)  # its rules route through its own gate
+    """What the session's spec cannot hold, on an open session (engine/session.py Session): the policy of
+    `--gates auto` (validated on this device, or cached) and injected deaths. A --gates FILE and --recover are
+    the spec's (spec_from_args)."""
+    if getattr(args, "gates", None) == "auto":
+        apply_policy(session.ctx, auto_gates(args, session.scheduler, model_path))
     at, rate = getattr(args, "inject_death_at", None), getattr(args, "inject_death_rate", 0.0)
     if at is not None or rate:
         inj = DeathInjector(at, rate, args.inject_seed, args.inject_deaths)
-        if not any(b.set_death_injector(inj) for b in sched.backends):
+        if not any(b.set_death_injector(inj) for b in session.scheduler.backends):
             raise KazeiaError("--inject-death-*: the device has no session to kill (use -dev HTP0)")
         session.injector = inj
 

@@ -99,8 +99,8 @@ def main(args: argparse.Namespace) -> int:
 
 def _prefix_run(args: argparse.Namespace, s, ids: list[int]) -> int:
     """--stop-after: the prompt through one node (debug/prefix.py); a device death ends it as any run."""
-    from kazeia.debug.prefix import check_prefix_run
     from kazeia.debug.stats import values_stats
+    from kazeia.engine.prefix import check_prefix_run
 
     check_prefix_run(args.stop_after, args.n_predict)  # (-cnv took the chat path before this)
     s.ctx.decode(ids)

@@ -9,7 +9,9 @@ from dataclasses import asdict
 
 import numpy as np
 
-from kazeia.debug.runner import RunSpec, apply_threads, run
+from kazeia.debug.runner import run
+from kazeia.engine.session import RunSpec
+from kazeia.engine.threads import apply_threads
 from kazeia.errors import KazeiaError
 
 

@@ -230,7 +230,8 @@ def reference_nodes(spec) -> list[tuple[str, str, tuple, np.ndarray | None]]:
     from kazeia.backends.ref import RefBackend
     from kazeia.debug.compare.op_io import ref_output
     from kazeia.debug.compare.reference import ref_spec
-    from kazeia.debug.runner import build_context, run
+    from kazeia.debug.runner import run
+    from kazeia.engine.session import build_context
     from kazeia.errors import KazeiaError
     from kazeia.graph.builder import ggml_name
 

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kazeia.backends.base import Hook, OpInfo
-from kazeia.debug.runner import RunSpec, run
+from kazeia.debug.runner import run
 from kazeia.debug.signature import Signature, classify, ranges
 from kazeia.debug.tensors import logical_values
+from kazeia.engine.session import RunSpec
 from kazeia.graph.tensor import Tensor
 
 PAGE = 2048

@@ -37,10 +37,29 @@ def set_blas_threads(n: int) -> None:
         c.limit(limits=n, user_api="blas")  # the returned limiter is not restored: it stays in force
 
 
-def set_threads(n: int) -> None:
-    """The -t flag: BLAS threads and the numba kernels' threads (the quantized matmuls)."""
-    if n > 0:
-        from kazeia.backends.jit import set_threads as set_kernel_threads
+_THREADS: int | None = None  # this process's -t: every child process a forensic tool starts gets the same
 
-        set_blas_threads(n)
-        set_kernel_threads(n)
+
+def set_threads(n: int | None) -> None:
+    """The -t flag: BLAS threads and the kernels' threads, for this process and for the child processes the
+    forensic tools start (kernels are bitwise reproducible at a fixed thread count, so a child must not pick its
+    own). None or n <= 0: unchanged."""
+    global _THREADS
+    if n is None or n <= 0:
+        return
+    from kazeia.backends.jit import set_threads as set_kernel_threads
+
+    set_blas_threads(n)
+    set_kernel_threads(n)
+    _THREADS = int(n)
+
+
+def child_threads(share: int = 1) -> int | None:
+    """The -t a child process gets (None: this process was given none); `share`: children running at once."""
+    return None if _THREADS is None else max(1, _THREADS // max(1, share))
+
+
+def apply_threads(job: dict) -> None:
+    """In a child: the thread count its parent put in the job."""
+    if job.get("threads"):
+        set_threads(int(job["threads"]))

@@ -28,7 +28,8 @@ import numpy as np
 
 from kazeia.backends.weights import WeightCache
 from kazeia.debug.judge import WHOLE_MODEL_NMSE, judge
-from kazeia.debug.runner import RunResult, RunSpec, build_context, external_kill, run, run_child
+from kazeia.debug.runner import RunResult, external_kill, run, run_child
+from kazeia.engine.session import RunSpec, build_context
 from kazeia.errors import KazeiaError
 
 PASS, FAIL, OTHER, INCONCLUSIVE = "pass", "fail", "other", "inconclusive"
@@ -149,7 +150,8 @@ class OracleJudge:
     def reference_spec(self, spec: RunSpec) -> RunSpec:
         return RunSpec(model=spec.model, prompt=spec.prompt, n_prompt=spec.n_prompt, tokens=spec.tokens,
                        device=self.reference, ubatch=spec.ubatch, ctx=spec.ctx, flash_attn=spec.flash_attn,
-                       n_predict=spec.n_predict, stop_after=spec.stop_after)
+                       n_predict=spec.n_predict, stop_after=spec.stop_after, type_k=spec.type_k,
+                       type_v=spec.type_v)
 
     def reference_logits(self, spec: RunSpec) -> np.ndarray:
         """The reference run's logits (a prefix run's: its stop node's output), run once per configuration."""

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 
 from kazeia.debug.bisect.judges import FAIL, OTHER, Judge
 from kazeia.debug.bisect.state import SearchState, spec_config, step_line, table
-from kazeia.debug.runner import RunSpec, build_context, close_backends, prompt_ids
 from kazeia.debug.trace import tensor_label
+from kazeia.engine.session import RunSpec, build_context, close_backends, prompt_ids
 from kazeia.errors import KazeiaError
 
 

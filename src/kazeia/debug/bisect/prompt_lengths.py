@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from kazeia.debug.bisect.judges import FAIL, Judge
 from kazeia.debug.bisect.state import SearchState, spec_config, step_line, table
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, asdict, fields
 
 from kazeia.debug.bisect.judges import INCONCLUSIVE, Outcome
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 
 STATE_VERSION = 1

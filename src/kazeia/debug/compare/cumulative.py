@@ -15,8 +15,9 @@ from kazeia.debug.compare.report import CompareReport
 from kazeia.debug.compare.rows import OpRow, compare_output, logits_nmse, make_row, reference_for, row_threshold
 from kazeia.debug.compare.verdict import DEATH, DRIFT, FAIL, OK
 from kazeia.debug.judge import WHOLE_MODEL_NMSE, judge, node_threshold, nonfinite
-from kazeia.debug.runner import RunSpec, build_context, close_backends, run
+from kazeia.debug.runner import run
 from kazeia.debug.tensors import logical_values
+from kazeia.engine.session import RunSpec, build_context, close_backends
 from kazeia.graph.tensor import Tensor, TFlag
 
 

@@ -21,9 +21,10 @@ from kazeia.debug.compare.rows import (
     signature_line,
 )
 from kazeia.debug.compare.verdict import DEATH, FAIL
-from kazeia.debug.runner import RunSpec, build_context, close_backends, run
+from kazeia.debug.runner import run
 from kazeia.debug.tensors import write_elements
 from kazeia.engine.scheduler import Placement, Scheduler
+from kazeia.engine.session import RunSpec, build_context, close_backends
 from kazeia.errors import DeviceDeathError, DeviceOpError, KazeiaError
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Tensor

@@ -14,8 +14,9 @@ from kazeia.backends.ref import RefBackend
 from kazeia.debug.allowance import conversion_allowance, conversion_floor
 from kazeia.debug.compare.op_io import read_sources, ref_output
 from kazeia.debug.compare.spill import ArrayStore, SpilledArrays, SpilledSources
-from kazeia.debug.runner import RunSpec, build_context, load_model, prompt_ids, run
+from kazeia.debug.runner import run
 from kazeia.debug.tensors import logical_values
+from kazeia.engine.session import RunSpec, build_context, load_model, prompt_ids
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Tensor
 

@@ -9,7 +9,7 @@ from kazeia.debug.compare.rows import OpRow
 from kazeia.debug.compare.verdict import DRIFT, MODES, OK, REF_INVALID
 from kazeia.debug.json_safe import json_safe
 from kazeia.debug.judge import WHOLE_MODEL_NMSE
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 
 
 @dataclass

@@ -7,7 +7,7 @@ from kazeia.debug.compare.isolated import run_isolated
 from kazeia.debug.compare.reference import Reference, capture_reference, fix_tokens
 from kazeia.debug.compare.report import CompareReport
 from kazeia.debug.compare.verdict import MODES
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 
 

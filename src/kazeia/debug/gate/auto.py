@@ -33,9 +33,10 @@ from kazeia.backends.htp.cost import PHONE_CPU, graph_seconds, hmx_matmul_second
 from kazeia.backends.htp.plan import matmul_node
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.debug.gate.classes import OpClass, enumerate_classes
-from kazeia.debug.runner import child_threads, load_model
 from kazeia.engine.context import Model
 from kazeia.engine.policy import Policy, Rule
+from kazeia.engine.session import load_model
+from kazeia.engine.threads import child_threads
 from kazeia.graph.rowsplit import row_pieces, split_path
 from kazeia.graph.tensor import GGMLType
 from kazeia.models.shapes import shape_caches, ubatch_graph

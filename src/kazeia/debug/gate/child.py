@@ -19,8 +19,8 @@ from kazeia.backends.htp.backend import HtpBackend
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.ref import RefBackend
 from kazeia.debug.judge import judge, op_threshold
-from kazeia.debug.runner import apply_threads
 from kazeia.engine.context import Model
+from kazeia.engine.threads import apply_threads
 from kazeia.errors import DeviceDeathError, DeviceOpError, KazeiaError
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import Graph

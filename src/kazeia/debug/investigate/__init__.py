@@ -39,7 +39,7 @@ from kazeia.debug.investigate.table import Context, Progress, StepDef, run_table
 from kazeia.debug.investigate.trace import TRACE
 from kazeia.debug.investigate.verdicts import death_verdict, evaluate, healthy_verdict, numeric_verdict
 from kazeia.debug.investigate.vtcm import PLAN, THRESHOLD
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 
 
 @dataclass(frozen=True)

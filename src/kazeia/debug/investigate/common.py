@@ -7,8 +7,9 @@ import re
 
 from kazeia.debug.investigate.table import Context
 from kazeia.debug.judge import WHOLE_MODEL_NMSE, Verdict, judge, judge_logits
-from kazeia.debug.prefix import layer_end, layers_text
-from kazeia.debug.runner import RunResult, RunSpec, run
+from kazeia.debug.runner import RunResult, run
+from kazeia.engine.prefix import layer_end, layers_text
+from kazeia.engine.session import RunSpec
 
 SYNC_ENV = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"}
 

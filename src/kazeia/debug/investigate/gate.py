@@ -8,7 +8,7 @@ from kazeia.debug.investigate.common import cpu_nodes_spec, rerun
 from kazeia.debug.investigate.facts import OpPlan, dies
 from kazeia.debug.investigate.table import Context, StepDef
 from kazeia.debug.investigate.vtcm import failing_ranges, m_limit, runs
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 
 
 def validate(cx: Context, spec: RunSpec, description: str) -> bool:

@@ -17,7 +17,7 @@ from kazeia.debug.investigate.findings import (
     RoutingTrial,
 )
 from kazeia.debug.investigate.table import Context, StepDef
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 
 
 def _trial(cx: Context, kind: str, label: str, spec: RunSpec, node: str | None = None) -> RoutingTrial:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.debug.investigate.findings import Findings, is_set
 from kazeia.debug.investigate.report import Investigation, Step
-from kazeia.debug.runner import RunSpec
+from kazeia.engine.session import RunSpec
 
 
 @dataclass
