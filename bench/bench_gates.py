@@ -18,8 +18,7 @@ import time
 
 import numpy as np
 
-from kazeia.backends.htp.cost import graph_seconds
-from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp import HtpSettings, graph_seconds
 from kazeia.cli.common import open_session
 from kazeia.cli.main import build_parser
 from kazeia.debug.gate.auto import auto_policy

@@ -22,12 +22,12 @@ import sys
 import tempfile
 import time
 
-from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp import HtpSettings
 from kazeia.engine.modeled import modeled_prefill_tps
 from kazeia.engine.session import RunSpec, build_context, prompt_ids
-from kazeia.engine.threads import set_threads
 from kazeia.gguf.writer import preset, write_model
 from kazeia.models.base import ModelArgs
+from kazeia.native.threads import set_threads
 
 QWEN3_4B = ModelArgs(arch="qwen3", n_layer=36, n_embd=2560, n_ff=9728, n_head=32, n_head_kv=8, head_dim=128,
                      n_rot=128, n_vocab=151936, n_ctx_train=40960, rope_freq_base=1e6, rope_freq_scale=1.0,

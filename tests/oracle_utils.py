@@ -179,6 +179,6 @@ def shared_model(path: str):
 
 
 def shared_cache(path: str):
-    from kazeia.backends.weights import WeightCache
+    from kazeia.backends.ref import WeightCache
 
     return _caches.setdefault(path, WeightCache())

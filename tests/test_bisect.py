@@ -16,7 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from kazeia.backends.htp.plan import plan_matmul
+from kazeia.backends.htp.vtcm.matmul_plan import plan_matmul
 from kazeia.cli.main import build_parser
 from kazeia.cli.main import main as cli_main
 from kazeia.debug import bisect as B

@@ -11,13 +11,16 @@ import math
 import numpy as np
 import pytest
 
-from kazeia.backends import cpu_native, cpu_program, native
+from kazeia import native
 from kazeia.backends.cpu import CpuBackend
+from kazeia.backends.cpu import bind as cpu_native
+from kazeia.backends.cpu.kernels import program as cpu_program
 from kazeia.engine.scheduler import Scheduler
 from kazeia.graph import builder as gb
 from kazeia.graph.alloc import GraphAllocator
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import GGMLType, TFlag, array
+from kazeia.native.threads import set_kernel_threads, threads
 from oracle_utils import assert_nmse, leaf, random_blocks
 
 F32, F16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64
@@ -129,7 +132,7 @@ def test_rope(mode):
 
 def test_rope_table_is_numpys():
     """The native cos/sin table (libm on float64 angles) has numpy's bits: native and numpy ropes agree exactly."""
-    from kazeia.backends.fast_ops import angles
+    from kazeia.backends.cpu.f32_ops import angles
 
     pos = np.arange(0, 4096, 7, dtype=np.int32)
     for p in ({"n_dims": 64, "freq_base": 1e4, "freq_scale": 1.0}, {"n_dims": 22, "freq_base": 1e6,
@@ -298,7 +301,7 @@ def test_cpy_f32_to_f16():
 def test_bound_gemv_same_bits_at_any_thread_count():
     """A weight large enough for the pool (qmatmul.PARALLEL_MIN_BYTES): 1 and 2 threads, the same bits, and the
     thread count read at each call (not when the node was bound)."""
-    from kazeia.backends import qmatmul
+    from kazeia.backends.cpu.kernels import dequant as qmatmul
 
     K, N = 1024, 2048
     raw = random_blocks(GGMLType.Q4_0, N, K // 32, seed=5, scale_kind="small")
@@ -309,15 +312,15 @@ def test_bound_gemv_same_bits_at_any_thread_count():
     g = Graph()
     g.expand(out)
     GraphAllocator().allocate(g)
-    sched, before = Scheduler([CpuBackend()]), native.threads()
+    sched, before = Scheduler([CpuBackend()]), threads()
     got = []
     try:
         for t in (1, 2, 1):
-            native.set_threads(t)
+            set_kernel_threads(t)
             sched.compute(g)
             got.append(np.array(array(out)))
     finally:
-        native.set_threads(before)
+        set_kernel_threads(before)
     assert sched.backends[0]._bound[id(out)][1] is not None
     np.testing.assert_array_equal(got[0], got[1])
     np.testing.assert_array_equal(got[0], got[2])

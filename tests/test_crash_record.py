@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from kazeia.backends.htp.crash_record import VTCM_VA, crash_record, parse_crash
-from kazeia.backends.htp.deep_loads import BANK_BYTES, bank_crossings
-from kazeia.backends.htp.plan import plan_for_node
+from kazeia.backends.htp.hmx.deep_loads import BANK_BYTES, bank_crossings
+from kazeia.backends.htp.host.crash_record import VTCM_VA, crash_record, parse_crash
 from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp.vtcm.matmul_plan import plan_for_node
 from kazeia.debug.crashmap import place_bad_va
 from kazeia.debug.oracle.backends import BackendSpec
 from kazeia.debug.oracle.mul_mat import mul_mat_case

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kazeia.backends.htp.crash_record import crash_record
+from kazeia.backends.htp.host.crash_record import crash_record
 
 
 def _kazeia(*args: str) -> subprocess.CompletedProcess:

@@ -25,11 +25,11 @@ from kazeia.engine.generate import Sampler, SamplingParams, generate
 from kazeia.engine.scheduler import Scheduler
 from kazeia.engine.tokenizer import GGUFTokenizer
 from kazeia.errors import ContextOverflowError
-from oracle_utils import shared_cache, shared_model
+from oracle_utils import shared_model
 
 
 def make_ctx(path: str, backend: str = "cpu", n_ctx: int = 256, **kw) -> Context:
-    be = CpuBackend(shared_cache(path)) if backend == "cpu" else RefBackend()
+    be = CpuBackend() if backend == "cpu" else RefBackend()
     return Context(shared_model(path), Scheduler([be]), n_ctx=n_ctx, **kw)
 
 

@@ -21,7 +21,7 @@ from kazeia.engine.scheduler import Scheduler
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import BufferUsage, GGMLType, Tensor, TFlag, array
-from oracle_utils import cpu_and_ref, leaf, shared_cache, shared_model
+from oracle_utils import cpu_and_ref, leaf, shared_model
 
 F32, F16 = GGMLType.F32, GGMLType.F16
 
@@ -173,7 +173,7 @@ def check_allocation(graph: Graph) -> dict:
 
 
 def _context(path: str, flash_attn: bool, backend=None, n_ctx: int = 128) -> Context:
-    backend = backend or CpuBackend(shared_cache(path))
+    backend = backend or CpuBackend()
     return Context(shared_model(path), Scheduler([backend]), n_ctx=n_ctx, flash_attn=flash_attn)
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from kazeia.backends.cpu import CpuBackend
 from kazeia.backends.htp.backend import HtpBackend
-from kazeia.backends.htp.batch import BatchRecord, OpBatch
+from kazeia.backends.htp.host.batch import BatchRecord
+from kazeia.backends.htp.msg import OpBatch
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.engine.context import Context, Model
 from kazeia.engine.scheduler import Router, Scheduler

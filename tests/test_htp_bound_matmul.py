@@ -2,24 +2,24 @@
 of the general path (matmul_hvx.HvxPath, run for every call when op_matmul is not bound): dst, every VTCM byte,
 the src1 shortcut and the record, over a sequence of matmuls that reuse src1, change it, move tensors, feed
 values the native quantizer does not take, and run with VTCM starting from random bytes. The fused native
-quantizer (fast.q8x4x2_image) gives the numpy quantizer's image, padded rows included."""
+quantizer (kernels/quant.py q8x4x2_image) gives the numpy quantizer's image, padded rows included."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kazeia.backends.htp import fast
-from kazeia.backends.htp import hvx_quant as Q
-from kazeia.backends.htp.dsp import Dsp, OpContext
-from kazeia.backends.htp.executor import Executor
-from kazeia.backends.htp.host import OpBatch, OpDesc
-from kazeia.backends.htp.matmul import MatmulUnit, WeightStore
+from kazeia import native as native_kernels
+from kazeia.backends.htp.device import Dsp
+from kazeia.backends.htp.hvx import quant as Q
+from kazeia.backends.htp.msg import OpBatch, OpContext, OpDesc
+from kazeia.backends.htp.ops.executor import Executor
+from kazeia.backends.htp.ops.matmul import MatmulUnit, WeightStore
 from kazeia.backends.htp.profiles import get_profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, TFlag, array, make_tensor, rows
 
-pytestmark = pytest.mark.skipif(fast.lib() is None, reason="no native HTP kernels on this host")
+pytestmark = pytest.mark.skipif(not native_kernels.available(), reason="no native HTP kernels on this host")
 
 SETTINGS = HtpSettings.from_env(env={}, profile="robust")
 BLOCK = {GGMLType.Q4_0: 18, GGMLType.Q8_0: 34, GGMLType.IQ4_NL: 18}
@@ -120,6 +120,6 @@ def test_fused_quantizer_is_the_numpy_image(group, monkeypatch):
         native.append(img)
     img = cases[4][1].copy()
     assert not Q.quantize_q8x4x2_into(bad, group, img) and np.array_equal(img, cases[4][1])  # untouched
-    monkeypatch.setattr(fast, "lib", lambda: None)  # the numpy quantizer
-    for (x, prev), got in zip(cases, native):
-        assert got.tobytes() == Q.quantize_q8x4x2(x, group, prev=prev).tobytes()
+    with native_kernels.portable_only():  # the numpy quantizer
+        for (x, prev), got in zip(cases, native):
+            assert got.tobytes() == Q.quantize_q8x4x2(x, group, prev=prev).tobytes()

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kazeia.backends.htp.scratch import ScratchBinding, ScratchWriter, op_scratch
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.vtcm import Vtcm
+from kazeia.backends.htp.vtcm.arena import Vtcm
+from kazeia.backends.htp.vtcm.scratch import ScratchBinding, ScratchWriter, op_scratch
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, array, make_tensor
 
 SETTINGS = HtpSettings.from_env(env={}, profile="robust")
@@ -111,7 +111,7 @@ def test_bound_scratch_writes_are_the_per_area_rule(case):
 @pytest.mark.parametrize("b_ne", [(2560, 1, 1, 1), (2560, 3, 1, 1), (2560, 1, 2, 1), (1, 1, 1, 1)])
 def test_bound_elementwise_is_the_kernel(op, b_ne):
     """An ADD / MUL bound to its ufunc writes the kernel's bits (NaN, inf, -0.0 and a dst on src0 included)."""
-    from kazeia.backends.htp.executor import DspOps, _elementwise_ufunc
+    from kazeia.backends.htp.ops.executor import DspOps, _elementwise_ufunc
     from kazeia.backends.numpy_ops import KERNELS
 
     rng = np.random.default_rng(len(b_ne) + b_ne[0])

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kazeia.backends.htp import dev_ops
-from kazeia.backends.htp import executor as X
-from kazeia.backends.htp.dsp import Dsp, OpContext
-from kazeia.backends.htp.host import OpBatch, OpDesc
+from kazeia.backends.htp.device import Dsp
+from kazeia.backends.htp.msg import OpBatch, OpContext, OpDesc
+from kazeia.backends.htp.ops import bound_ops as dev_ops
+from kazeia.backends.htp.ops import executor as X
 from kazeia.backends.htp.profiles import get_profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.numpy_ops import KERNELS

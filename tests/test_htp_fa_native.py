@@ -1,5 +1,5 @@
 """The native element-wise passes of the HTP flash attention (htp/simd_fa.py through htp/fast_fa.py) give the bits of
-the numpy expressions they replace: flash_attn with the kernels and with them switched off (fast_fa.lib -> None, the
+the numpy expressions they replace: flash_attn with the kernels and with them switched off (native.portable_only, the
 numpy form) must store the same bits, NaN payloads included, on decode and prefill shapes, GQA, a row length that is
 not a multiple of 8, the prefill's permuted Q layout, no mask, fully masked rows, and the inputs the kernels decline
 (NaN in Q or the mask, +inf in the mask, scores or P@V past 65504, signed zeros)."""
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kazeia.backends import native
-from kazeia.backends.htp import fast_fa
-from kazeia.backends.htp import flash_attn as fa
+from kazeia import native
+from kazeia.backends.htp.kernels import fa as fast_fa
+from kazeia.backends.htp.ops import flash_attn as fa
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA/F16C on this host")
 
@@ -86,7 +86,7 @@ def test_flash_attn_native_is_numpy(shape, monkeypatch):
             for hmx in (True, False):
                 got = run(n, hmx)
                 with monkeypatch.context() as mp:
-                    mp.setattr(fast_fa, "lib", lambda: None)
+                    mp.setattr(native.compile, "_portable", True)
                     want = run(n, hmx)
                 assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
                     (special, perm_q, mask, hmx)

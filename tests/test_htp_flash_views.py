@@ -5,9 +5,9 @@ strided F16 K/V, GQA, masks and both paths."""
 import numpy as np
 import pytest
 
-from kazeia.backends.htp.executor import DspOps
-from kazeia.backends.htp.flash_attn import flash_attn
 from kazeia.backends.htp.fp16 import round_fp16
+from kazeia.backends.htp.ops.executor import DspOps
+from kazeia.backends.htp.ops.flash_attn import flash_attn
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, array, make_tensor
 
 

@@ -8,9 +8,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from kazeia.backends.htp import hmx_matmul as hm
-from kazeia.backends.htp.fast import shuffled_fp16
-from kazeia.backends.htp.repack import RepackedWeight
+from kazeia.backends.htp.hmx import tiles as hm
+from kazeia.backends.htp.host.repack import RepackedWeight
+from kazeia.backends.htp.kernels.rounding import shuffled_fp16
 
 
 def test_matmul_into_out_is_the_fresh_result():

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from kazeia.backends import native
+from kazeia import native
 from kazeia.backends.htp.fp16 import round_fp16_hw
-from kazeia.backends.htp.repack import F16_LUT, IQ4_NL_VALUES, RepackedWeight
+from kazeia.backends.htp.host.repack import F16_LUT, IQ4_NL_VALUES, RepackedWeight
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA/F16C on this host")
 

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from kazeia.backends import native
-from kazeia.backends.htp import fast
-from kazeia.backends.htp import hvx_matmul as hvx
-from kazeia.backends.htp.repack import RepackedWeight
+from kazeia import native
+from kazeia.backends.htp.host.repack import RepackedWeight
+from kazeia.backends.htp.hvx import dot as hvx
+from kazeia.backends.htp.kernels.hvx import PAIRS
+from kazeia.native.buffers import ptr
 from test_htp_simd import image_for, portable, same_bits, weight_rows
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA/F16C on this host")
@@ -37,7 +38,7 @@ def test_pair_layout_and_sums(k):
     img = rng.integers(0, 256, (m, k + 100), dtype=np.uint8)  # bytes past K (scales) must not leak in
     xp = np.full((m, npad * 32), 77, dtype=np.int8)
     xs = np.full((m, npad), 77, dtype=np.int32)
-    fast.lib()["hvx_pairs"](fast.ptr(img), img.strides[0], nb, npad, fast.ptr(xp), fast.ptr(xs), 0, m)
+    PAIRS.fn(ptr(img), img.strides[0], nb, npad, ptr(xp), ptr(xs), 0, m)
     x8 = img[:, :k].view(np.int8)
     assert np.array_equal(xp, pair_order(x8, npad))
     want = np.zeros((m, npad), dtype=np.int32)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kazeia.backends.htp import fast, hvx_quant
-from kazeia.backends.htp.hvx_quant import q8x4x2_row_size, quantize_q8x4x2
+from kazeia import native
+from kazeia.backends.htp.hvx import quant as hvx_quant
+from kazeia.backends.htp.hvx.quant import q8x4x2_row_size, quantize_q8x4x2
+from kazeia.backends.htp.kernels import quant as fast
+from kazeia.backends.htp.kernels.rounding import f16_to_f32
 
-pytestmark = pytest.mark.skipif(fast.lib() is None, reason="no native HTP kernels on this host")
+pytestmark = pytest.mark.skipif(not native.available(), reason="no native HTP kernels on this host")
 
 ALL_FP16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
 
@@ -21,8 +24,8 @@ def _numpy_quantize(monkeypatch, x, group, prev):
 
 def _native_taken(x, group) -> bool:
     k = x.shape[1]
-    return fast.q8_groups(x, k, -(-k // 256) * 256, group, hvx_quant._fp16_table("inverse"),
-                          hvx_quant._fp16_table("int8")) is not None
+    return fast.q8_groups(x, k, -(-k // 256) * 256, group, hvx_quant.fp16_table("inverse"),
+                          hvx_quant.fp16_table("int8")) is not None
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
@@ -57,6 +60,6 @@ def test_f16_kv_widening_keeps_bits_and_layout():
     views = [cache[:256].transpose(1, 0, 2)[None],            # a KV cache view (1, heads, cells, D)
              cache[None, 300:10:-1], cache[None, :512, :, :8], cache[None, :2048]]
     for v in views:
-        got, want = fast.f16_to_f32(v), np.asarray(v, dtype=np.float32)
+        got, want = f16_to_f32(v), np.asarray(v, dtype=np.float32)
         assert got.strides == want.strides
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # NaN payloads too

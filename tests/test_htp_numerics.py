@@ -15,11 +15,11 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gq
 
-from kazeia.backends.htp import hmx_matmul as hmx
-from kazeia.backends.htp import hvx_matmul as hvx
-from kazeia.backends.htp import hvx_quant as hq
 from kazeia.backends.htp.fp16 import f32_to_f16_plain, f32_to_f16_shuffled, round_fp16, round_fp16_hw
-from kazeia.backends.htp.repack import RepackedWeight, repack_x4x2, unpack_x4x2
+from kazeia.backends.htp.hmx import tiles as hmx
+from kazeia.backends.htp.host.repack import RepackedWeight, repack_x4x2, unpack_x4x2
+from kazeia.backends.htp.hvx import dot as hvx
+from kazeia.backends.htp.hvx import quant as hq
 
 T = GGMLQuantizationType
 QTYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.IQ4_NL]

@@ -21,7 +21,7 @@ from contextlib import redirect_stderr
 import numpy as np
 import pytest
 
-from kazeia.backends.htp.oplog import kzop_line, s1_stats
+from kazeia.backends.htp.host.oplog import kzop_line, s1_stats
 from kazeia.debug.runner import run
 from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kazeia.backends.htp import pipeline
+from kazeia.backends.htp.hmx import pipeline
 
 
 def test_program_order_for_three_chunks():

@@ -8,8 +8,8 @@ import numpy as np
 
 from kazeia.backends.base import Hook
 from kazeia.backends.htp.backend import HtpBackend
+from kazeia.backends.htp.host.support import supports_op
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.support import supports_op
 from kazeia.engine.session import RunSpec, build_context, prompt_ids
 from kazeia.graph import builder as gb
 from kazeia.graph.tensor import GGMLType, TFlag, make_tensor, rows

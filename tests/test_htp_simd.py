@@ -1,5 +1,5 @@
-"""The AVX2 HTP kernels (htp/simd_htp.py through htp/fast.py) give the bits of the portable ones (numba
-kernels.py, numpy fp16.py), which tests/test_htp_numerics.py checks against lane-by-lane transcriptions:
+"""The AVX2 HTP kernels (htp/kernels/) give the bits of their portable twins (numba, beside them; numpy fp16.py),
+which tests/test_htp_numerics.py checks against lane-by-lane transcriptions:
 
 - fp16 rounding with the hw overflow rule on every class of float32 (random bit patterns, the overflow and
   subnormal boundaries, ties), in-place shapes with a tail shorter than a kernel row;
@@ -16,13 +16,14 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from kazeia.backends import native
-from kazeia.backends.htp import fast
-from kazeia.backends.htp import hvx_matmul as hvx
-from kazeia.backends.htp import hvx_quant as hq
+from kazeia import native
 from kazeia.backends.htp.fp16 import round_fp16_hw
-from kazeia.backends.htp.repack import RepackedWeight
-from kazeia.backends.jit import set_threads
+from kazeia.backends.htp.host.repack import RepackedWeight
+from kazeia.backends.htp.hvx import dot as hvx
+from kazeia.backends.htp.hvx import quant as hq
+from kazeia.backends.htp.kernels import hvx as hvx_kernels
+from kazeia.backends.htp.kernels.rounding import round_hw
+from kazeia.native.threads import set_kernel_threads as set_threads
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA/F16C on this host")
 QTYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.IQ4_NL]
@@ -35,8 +36,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def portable(monkeypatch, fn, *args):
-    with monkeypatch.context() as mp:
-        mp.setattr(native, "_available", False)
+    with native.portable_only():
         return fn(*args)
 
 
@@ -50,8 +50,8 @@ def test_rounding_is_round_fp16_hw():
     x = np.concatenate([bits.view(np.float32), special, small, (rng.standard_normal(50_001) * 300).astype(np.float32)])
     with np.errstate(all="ignore"):
         want = round_fp16_hw(x)
-    assert same_bits(fast.round_hw(x), want)
-    assert same_bits(fast.round_hw(x[:3000].reshape(30, 100)), want[:3000].reshape(30, 100))  # tail of 952
+    assert same_bits(round_hw(x), want)
+    assert same_bits(round_hw(x[:3000].reshape(30, 100)), want[:3000].reshape(30, 100))  # tail of 952
 
 
 def weight_rows(qtype: T, n: int, k: int, seed: int, spread: bool) -> np.ndarray:
@@ -108,7 +108,7 @@ def test_hvx_dot_on_threads(qtype, monkeypatch):
     w = RepackedWeight.from_ggml(weight_rows(qtype, n, k, seed=9, spread=False), qtype, k)
     img = image_for(qtype, 2, k, seed=10, garbage=False)
     want = portable(monkeypatch, hvx.hvx_matmul, w, img, 2)
-    monkeypatch.setattr(fast, "HVX_CHUNK", 4)
+    monkeypatch.setattr(hvx_kernels, "HVX_CHUNK", 4)
     try:
         for t in (1, 2):
             set_threads(t)

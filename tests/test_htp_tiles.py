@@ -16,14 +16,15 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from kazeia.backends.htp import hmx_matmul as hmx
-from kazeia.backends.htp import hvx_matmul as hvx
-from kazeia.backends.htp import hvx_quant as hq
 from kazeia.backends.htp.fp16 import f32_to_f16_shuffled, round_fp16_hw
-from kazeia.backends.htp.matmul import WeightStore
-from kazeia.backends.htp.repack import RepackedWeight, htp_kernels, repack_x4x2
-from kazeia.backends.jit import set_threads
+from kazeia.backends.htp.hmx import tiles as hmx
+from kazeia.backends.htp.host.repack import RepackedWeight, repack_x4x2
+from kazeia.backends.htp.hvx import dot as hvx
+from kazeia.backends.htp.hvx import quant as hq
+from kazeia.backends.htp.kernels.rounding import round_f16_f32
+from kazeia.backends.htp.ops.matmul import WeightStore
 from kazeia.engine.context import Model
+from kazeia.native.threads import set_kernel_threads as set_threads
 
 QTYPES = [T.Q4_0, T.Q4_1, T.Q8_0]
 
@@ -81,9 +82,8 @@ def test_numba_fp16_rounding_is_round_fp16_hw():
     small = (rng.standard_normal(50_000) * 1e-5).astype(np.float32)  # the fp16 subnormal range
     x = np.concatenate([bits.view(np.float32), special, small, (rng.standard_normal(50_000) * 300).astype(np.float32)])
     got = np.empty_like(x)
-    kern = htp_kernels()
     for i, v in enumerate(x):
-        got[i] = kern.round_f16_f32(v)
+        got[i] = round_f16_f32(v)
     with np.errstate(all="ignore"):
         want = round_fp16_hw(x)
     assert np.array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])

@@ -11,16 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kazeia.backends.htp import vtcm as V
-from kazeia.backends.htp.deep_loads import bank_crossings, hmx_deep_loads
-from kazeia.backends.htp.plan import (
+from kazeia.backends.htp.hmx.deep_loads import bank_crossings, hmx_deep_loads
+from kazeia.backends.htp.vtcm import arena as V
+from kazeia.backends.htp.vtcm.matmul_plan import (
     hmx_failure_fallback,
     hmx_matmul_plan,
     hvx_matmul_plan,
     matmul_dispatch,
     plan_matmul,
 )
-from kazeia.backends.htp.scratch_layouts import (
+from kazeia.backends.htp.vtcm.op_layouts import (
     act_scratch,
     argsort_scratch,
     binary_scratch,
@@ -29,7 +29,7 @@ from kazeia.backends.htp.scratch_layouts import (
     softmax_scratch,
     unary_scratch,
 )
-from kazeia.backends.htp.src1_shortcut import src1_cache_effect
+from kazeia.backends.htp.vtcm.src1_shortcut import src1_cache_effect
 from kazeia.cli.main import main as cli_main
 
 MiB = 1024 * 1024

@@ -5,8 +5,9 @@ images (write_deferred) and HMX images (write_lazy) pending over and around them
 import numpy as np
 import pytest
 
-from kazeia.backends.htp import fast
-from kazeia.backends.htp.vtcm import Vtcm, span_box
+from kazeia import native as native_kernels
+from kazeia.backends.htp.kernels.vtcm_copy import CopyRuns
+from kazeia.backends.htp.vtcm.arena import Vtcm, span_box
 
 SIZE = 8192
 
@@ -21,7 +22,7 @@ def _pieces(rng, off: int, nbytes: int, data: np.ndarray) -> list[tuple[int, np.
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("seed", [0, 1, *(pytest.param(s, marks=pytest.mark.slow) for s in range(2, 6))])
 def test_views_with_native_copies_are_eager_writes(seed, native):
-    if native and fast.lib() is None:
+    if native and not native_kernels.available():
         pytest.skip("no native HTP kernels on this host")
     rng = np.random.default_rng(seed)
     eager, vt = Vtcm(SIZE, fill=None, seed=seed), Vtcm(SIZE, fill=None, seed=seed)
@@ -46,7 +47,7 @@ def test_views_with_native_copies_are_eager_writes(seed, native):
                 eager.write(o, d)
             spans = [(o, d.size) for o, d in pieces]
             pairs = list(zip(vt.run_views(spans), (d for _, d in pieces)))
-            copy = fast.CopyRuns.of(pairs) if native else None
+            copy = CopyRuns.of(pairs) if native else None
             vt.write_views(spans, pairs, span_box(spans) if rng.random() < .7 else None, copy)
         elif kind == "read":
             assert vt.read(off, nbytes) == eager.read(off, nbytes)

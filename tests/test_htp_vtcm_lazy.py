@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kazeia.backends.htp.vtcm import Vtcm, VtcmAccessError
+from kazeia.backends.htp.vtcm.arena import Vtcm, VtcmAccessError
 
 SIZE = 4096
 
@@ -72,7 +72,7 @@ def test_lazy_write_checks_its_range_now_and_its_size_when_made():
 def test_lazy_write_cut_into_again_and_again_is_landed_with_the_same_bytes():
     """An image that later writes keep cutting into (a prefill's HMX tiles under a decode's scratch) is made and
     landed after LAND_AFTER_HITS covers, once; what reads see is what eager writes give, before and after."""
-    from kazeia.backends.htp.vtcm import LAND_AFTER_HITS
+    from kazeia.backends.htp.vtcm.arena import LAND_AFTER_HITS
 
     eager, lazy = Vtcm(SIZE, fill=None, seed=1), Vtcm(SIZE, fill=None, seed=1)
     image = np.random.default_rng(2).integers(0, 256, 2048, dtype=np.uint8)
@@ -91,7 +91,7 @@ def test_lazy_write_cut_into_again_and_again_is_landed_with_the_same_bytes():
 
 
 def test_write_views_beside_a_lazy_image_leaves_it_deferred():
-    from kazeia.backends.htp.vtcm import span_box
+    from kazeia.backends.htp.vtcm.arena import span_box
 
     v = Vtcm(SIZE)
     made = []

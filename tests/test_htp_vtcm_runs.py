@@ -4,7 +4,7 @@ and checks as `write`."""
 import numpy as np
 import pytest
 
-from kazeia.backends.htp.vtcm import Vtcm, VtcmAccessError
+from kazeia.backends.htp.vtcm.arena import Vtcm, VtcmAccessError
 
 SIZE = 4096
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kazeia.backends.htp import fast
-from kazeia.backends.htp.flash_attn import _round16, _transposed
+from kazeia import native
 from kazeia.backends.htp.fp16 import round_fp16
-from kazeia.backends.htp.hvx_quant import q8x4x2_row_size, quantize_q8x4x2, quantize_q8x4x2_into
-from kazeia.backends.htp.vtcm import Vtcm, span_box
+from kazeia.backends.htp.hvx.quant import q8x4x2_row_size, quantize_q8x4x2, quantize_q8x4x2_into
+from kazeia.backends.htp.ops.flash_attn import _round16, _transposed
+from kazeia.backends.htp.vtcm.arena import Vtcm, span_box
 
-pytestmark = pytest.mark.skipif(fast.lib() is None, reason="no native HTP kernels on this host")
+pytestmark = pytest.mark.skipif(not native.available(), reason="no native HTP kernels on this host")
 
 ALL_FP16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
 

@@ -21,8 +21,8 @@ import pytest
 
 from kazeia.backends.cpu import CpuBackend
 from kazeia.backends.htp.backend import HtpBackend
+from kazeia.backends.htp.host.support import supports_op
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.support import supports_op
 from kazeia.engine.scheduler import Scheduler
 from kazeia.graph import builder as gb
 from kazeia.graph.alloc import GraphAllocator

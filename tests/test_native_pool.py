@@ -1,6 +1,6 @@
-"""native.py's kernel threads: the mailbox protocol of simd_pool.py and native.run on top of it.
+"""The native kernel threads (native/pool.py): the mailbox protocol of pool_ir.py and pool.run on top of it.
 
-The kernels are real ones (simd_cpu's dequantizers), checked against gguf-py's dequantization; the protocol
+The kernels are real ones (the cpu dequantizers), checked against gguf-py's dequantization; the protocol
 is driven by hand (post, serve, finish on one thread) where its outcome is otherwise a race.
 """
 
@@ -14,7 +14,11 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from kazeia.backends import native, qmatmul
+from kazeia import native
+from kazeia.backends.cpu import qmatmul
+from kazeia.backends.cpu.kernels.dequant import DEQUANT
+from kazeia.native import pool
+from kazeia.native import threads as native_threads
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA/F16C here: no native kernels")
 
@@ -26,13 +30,13 @@ def _q8_rows(n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _mb():
-    from kazeia.backends import simd_pool
+    from kazeia.native import pool_ir
 
-    return simd_pool, native.library("kazeia.backends.simd_pool")
+    return pool_ir, pool_ir.LIB.functions()
 
 
 def _post(slot: np.ndarray, mb, job: int, fn, args: tuple, linger: int = 0) -> None:
-    native.post(slot, job, native.address(fn), args, linger)
+    pool.post(slot, job, pool.address(fn), args, linger)
 
 
 def _posted_dequant(n: int, k: int, seed: int, job: int, r0: int, r1: int):
@@ -42,7 +46,7 @@ def _posted_dequant(n: int, k: int, seed: int, job: int, r0: int, r1: int):
     raw, want = _q8_rows(n, k, seed)
     out = np.zeros((n, k), dtype=np.float32)
     slot = np.zeros(mb.SLOT_WORDS, dtype=np.int64)
-    _post(slot, mb, job, native.library("kazeia.backends.simd_cpu")["dequant_q8_0"],
+    _post(slot, mb, job, DEQUANT["q8_0"].fn,
           (raw.ctypes.data, raw.strides[0], k // 32, out.ctypes.data, k, r0, r1))
     return slot, slot.ctypes.data, out, want
 
@@ -80,13 +84,13 @@ def test_exchange_returns_the_old_word():
 def _dequant_all(raw: np.ndarray, n: int, k: int, chunk: int) -> np.ndarray:
     out = np.full((n, k), np.nan, dtype=np.float32)
     ctr = np.zeros(1, dtype=np.int64)
-    fn = native.library("kazeia.backends.simd_cpu")["dequant_q8_0_par"]
-    native.run(fn, (raw.ctypes.data, raw.strides[0], k // 32, out.ctypes.data, k, ctr.ctypes.data, n, chunk))
+    fn = DEQUANT["q8_0"].par
+    pool.run(fn, (raw.ctypes.data, raw.strides[0], k // 32, out.ctypes.data, k, ctr.ctypes.data, n, chunk))
     return out
 
 
 def test_run_on_two_threads_gives_every_row_once_many_times(monkeypatch):
-    monkeypatch.setattr(native, "_n_threads", 2)
+    monkeypatch.setattr(native_threads, "_n_threads", 2)
     raw, want = _q8_rows(97, 96, 2)
     for rep in range(300):  # back to back (worker spinning) and, every 50, after it went back to sleep
         if rep % 50 == 49:
@@ -95,7 +99,7 @@ def test_run_on_two_threads_gives_every_row_once_many_times(monkeypatch):
 
 
 def test_concurrent_callers_each_get_their_result(monkeypatch):
-    monkeypatch.setattr(native, "_n_threads", 2)
+    monkeypatch.setattr(native_threads, "_n_threads", 2)
     cases = [_q8_rows(64 + i, 64, 10 + i) for i in range(3)]
     errors: list[BaseException] = []
 
@@ -117,7 +121,7 @@ def test_concurrent_callers_each_get_their_result(monkeypatch):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 def test_a_forked_child_runs_kernels_without_the_parents_workers(monkeypatch):
-    monkeypatch.setattr(native, "_n_threads", 2)
+    monkeypatch.setattr(native_threads, "_n_threads", 2)
     raw, want = _q8_rows(40, 64, 3)
     np.testing.assert_array_equal(_dequant_all(raw, 40, 64, 2), want)  # the parent's workers exist now
     pid = os.fork()
@@ -134,16 +138,16 @@ def test_weight_matmul_is_the_same_on_one_and_two_threads(monkeypatch):
     ws = qmatmul.WeightSet([(raw, T.Q4_0, 576)])
     ws.parallel = True  # force the parallel path for this small weight
     x = rng.standard_normal((3, 576)).astype(np.float32)
-    monkeypatch.setattr(native, "_n_threads", 1)
+    monkeypatch.setattr(native_threads, "_n_threads", 1)
     one = ws.matmul(x)
-    monkeypatch.setattr(native, "_n_threads", 2)
+    monkeypatch.setattr(native_threads, "_n_threads", 2)
     for _ in range(20):
         np.testing.assert_array_equal(ws.matmul(x), one)
 
 
 def test_a_worker_waits_for_a_next_job_only_after_a_lingering_one():
     mb, lib = _mb()
-    dq = native.library("kazeia.backends.simd_cpu")["dequant_q8_0"]
+    dq = DEQUANT["q8_0"].fn
     raw, want = _q8_rows(4, 32, 5)
     out = np.zeros((4, 32), dtype=np.float32)
     slot = np.zeros(mb.SLOT_WORDS, dtype=np.int64)

@@ -1,5 +1,5 @@
-"""The `cpu` backend's weight matmuls on the quantized bytes (kazeia.backends.qmatmul), on both kernel sets:
-the AVX2 ones (native.py / simd_cpu.py, "native") and the portable numba ones (qkernels.py, "portable", what
+"""The `cpu` backend's weight matmuls on the quantized bytes (kazeia.backends.cpu.qmatmul), on both kernel sets:
+the AVX2 ones (kernels/: gemv, gemm, dequant, quantize, "native") and their portable numba twins ("portable", what
 a host without AVX2/F16C or KAZEIA_SIMD=0 runs).
 
 - MUL_MAT on a 2-D weight, cpu vs ref (float64, exact weights) at test-backend-ops' 5e-4 NMSE, for
@@ -22,13 +22,15 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 
-from kazeia.backends import native
-from kazeia.backends import qmatmul as Q
+from kazeia import native
 from kazeia.backends.cpu import CpuBackend
-from kazeia.backends.jit import set_threads
+from kazeia.backends.cpu import qmatmul as Q
+from kazeia.backends.cpu.kernels import gemm as G
+from kazeia.backends.cpu.kernels.quantize import quantize_activations
 from kazeia.gguf.quants import dequantize
 from kazeia.graph import builder as gb
 from kazeia.graph.tensor import GGMLType, TFlag
+from kazeia.native.threads import set_kernel_threads as set_threads
 from oracle_utils import _finite_f16_bits, assert_nmse, cpu_and_ref, leaf, random_blocks, run_graph
 
 T = GGMLType
@@ -41,8 +43,8 @@ def kernels(request, monkeypatch):
     """Run the test on the AVX2 kernels, then on the portable numba ones."""
     if request.param == "native" and not HAVE_SIMD:
         pytest.skip("no AVX2/FMA/F16C on this host")
-    monkeypatch.setattr(native, "_available", request.param == "native")
-    return request.param
+    with native.portable_only(request.param == "portable"):
+        yield request.param
 
 
 def weight_rows(qtype: T, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -136,9 +138,9 @@ def test_native_activation_codes_are_the_portable_ones(monkeypatch):
     x[1, 5], x[2, 100], x[2, 300] = np.nan, -np.inf, np.inf
     x[0, 64:96] = 0
     x[2, 200:232] = 1e-30  # amax/32767 is subnormal
-    native_codes = Q.quantize_activations(x)
-    monkeypatch.setattr(native, "_available", False)
-    portable = Q.quantize_activations(x)
+    native_codes = quantize_activations(x)
+    with native.portable_only():
+        portable = quantize_activations(x)
     for a, b in zip(native_codes, portable):
         assert np.array_equal(a, b, equal_nan=True)
 
@@ -170,10 +172,10 @@ def test_bitwise_deterministic(qtype, kernels, monkeypatch):
             set_threads(2)
             two = Q.weight_matmul(raw, qtype, 2560, x)
             monkeypatch.setattr(Q, "GEMV_CHUNK", 8)
-            monkeypatch.setattr(Q, "GEMM_CHUNK", 16)
+            monkeypatch.setattr(G, "CHUNK", 16)
             small_chunks = Q.weight_matmul(raw, qtype, 2560, x)
             monkeypatch.setattr(Q, "GEMV_CHUNK", 64)
-            monkeypatch.setattr(Q, "GEMM_CHUNK", 32)
+            monkeypatch.setattr(G, "CHUNK", 32)
             assert np.array_equal(one, two)  # each output: one thread, one order
             assert np.array_equal(one, small_chunks)
         assert np.array_equal(Q.weight_matmul(raw, qtype, 2560, x64), Q.weight_matmul(raw, qtype, 2560, x64))
@@ -222,4 +224,3 @@ def test_no_float_copy_of_the_weight(kernels):
     finally:
         tracemalloc.stop()
     assert peak < n * k * 4 // 2, f"peak {peak} bytes: a float copy of the weight?"
-    assert be.weights.bytes == 0

@@ -10,9 +10,9 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from kazeia.backends.htp import hmx_matmul as hmx
-from kazeia.backends.htp.fast import shuffled_fp16
-from kazeia.backends.htp.repack import RepackedWeight
+from kazeia.backends.htp.hmx import tiles as hmx
+from kazeia.backends.htp.host.repack import RepackedWeight
+from kazeia.backends.htp.kernels.rounding import shuffled_fp16
 from kazeia.debug.signature import classify, ranges
 
 M, K, N = 40, 512, 96

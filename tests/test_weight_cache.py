@@ -7,9 +7,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
-from kazeia.backends import cpu as cpu_mod
-from kazeia.backends.ref import RefBackend
-from kazeia.backends.weights import WeightCache
+from kazeia.backends import ref as cpu_mod
+from kazeia.backends.ref import RefBackend, WeightCache
 from kazeia.graph.tensor import Buffer, GGMLType, make_tensor
 
 

@@ -1,6 +1,13 @@
 """The `ref` backend: the float64 oracle.
 
-Weights are dequantized exactly (float64 holds every value the block formats can express). Results of
+Weights are dequantized exactly (float64 holds every value the block formats can express) and kept in a bounded
+cache (`WeightCache`): keeping all of them would not fit for a 4B model (30 GB), so the cache keeps the first
+matrices that fit a byte budget (KAZEIA_WEIGHT_CACHE_MB, default 768 MiB, so a run stays within the GGUF size +
+1.5 GiB) and admits nothing more once full. A forward pass uses every weight once in the same order, so evicting the
+least recently used one would throw away exactly the weight needed soonest (every access a miss past the budget);
+keeping a fixed set makes the budget's worth of weights hits on every pass. Weights not kept are multiplied in
+tiles of rows, never whole. The `cpu` backend and the HTP model keep no such copies: they compute from the
+quantized bytes. Results of
 float ops are kept as float64 "shadows" beside the float32 buffer contents, so a chain of ref ops never
 rounds to float32 in between; storage types narrower than that (an F16 KV cache) are rounded, since that
 rounding is part of the model. Kernels are the shared numpy ones; softmax never turns finite inputs into
@@ -9,15 +16,63 @@ NaN (a fully masked row gives zeros).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from kazeia.backends.cpu import NumpyBackend
+from kazeia import settings
+from kazeia.backends.cpu.backend import NumpyBackend
 from kazeia.backends.numpy_ops import scatter_rows
-from kazeia.backends.weights import WeightCache
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import BufferUsage, GGMLType, Tensor, array
 
 _SHADOWED = (GGMLType.F32,)
+WEIGHT_TILE_BYTES = 64 << 20  # rows of a weight dequantized at a time when its whole copy is not kept
+
+
+
+
+def default_budget_bytes() -> int:
+    """KAZEIA_WEIGHT_CACHE_MB (kazeia/settings.py), in bytes."""
+    return int(settings.get().weight_cache_mb * 2**20)
+
+
+class WeightCache:
+    def __init__(self, budget_bytes: int | None = None) -> None:
+        self.budget = default_budget_bytes() if budget_bytes is None else int(budget_bytes)
+        self._items: dict[object, np.ndarray] = {}
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.peak_bytes = 0
+
+    def get(self, key: object, make: Callable[[], np.ndarray]) -> np.ndarray:
+        arr = self._items.get(key)
+        if arr is not None:
+            self.hits += 1
+            return arr
+        self.misses += 1
+        arr = make()
+        if self.admits(arr.nbytes):
+            self._items[key] = arr
+            self.bytes += arr.nbytes
+            self.peak_bytes = max(self.peak_bytes, self.bytes)
+        return arr
+
+    def cached(self, key: object) -> np.ndarray | None:
+        """The kept array for key, or None (counts a hit when found)."""
+        arr = self._items.get(key)
+        if arr is not None:
+            self.hits += 1
+        return arr
+
+    def admits(self, nbytes: int) -> bool:
+        """Whether an array of nbytes would be kept now."""
+        return self.bytes + nbytes <= self.budget
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
 
 
 class RefBackend(NumpyBackend):
@@ -27,7 +82,8 @@ class RefBackend(NumpyBackend):
     path_name = "ref"
 
     def __init__(self, weight_cache: WeightCache | None = None) -> None:
-        super().__init__(weight_cache)
+        super().__init__()
+        self.weights = weight_cache if weight_cache is not None else WeightCache()
         self.shadows: dict[int, tuple[Tensor, np.ndarray]] = {}  # id(root) -> (root, float64 values)
 
     def begin_graph(self, graph: Graph) -> None:
@@ -38,6 +94,32 @@ class RefBackend(NumpyBackend):
 
     def foreign_write(self, root: Tensor) -> None:
         self.shadows.pop(id(root), None)
+
+    # --- weights: exact float64 copies, kept while the budget lasts ---
+    def _weight_key(self, t: Tensor) -> tuple:
+        return (t.weight_name or t.name, t.data_addr, t.type, self.ft)
+
+    def weight_matrix(self, t: Tensor) -> np.ndarray:
+        return self.weights.get(self._weight_key(t), lambda: np.ascontiguousarray(self.load(t)[0, 0]))
+
+    def weight_matmul(self, t: Tensor, y: np.ndarray) -> np.ndarray:
+        w = self.weights.cached(self._weight_key(t))
+        if w is not None:
+            return y @ w.T
+        if not self.weights.admits(t.ne[1] * t.ne[0] * np.dtype(self.ft).itemsize):
+            return self._tiled_weight_matmul(t, y)
+        return y @ self.weight_matrix(t).T
+
+    def _tiled_weight_matmul(self, t: Tensor, y: np.ndarray) -> np.ndarray:
+        """y @ W^T with W dequantized WEIGHT_TILE_BYTES of rows at a time (a weight the cache does not keep:
+        the whole float64 copy of a 4B model's FFN matrix alone is 200 MB, a K=5120 one 700 MB)."""
+        n, k = t.ne[1], t.ne[0]
+        out = np.empty((y.shape[0], n), dtype=np.result_type(y.dtype, self.ft))
+        step = max(1, WEIGHT_TILE_BYTES // (k * np.dtype(self.ft).itemsize))
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            out[:, r0:r1] = y @ self.load_rows(t, slice(r0, r1)).T
+        return out
 
     def _shadow_view(self, t: Tensor) -> np.ndarray | None:
         entry = self.shadows.get(id(t.root))

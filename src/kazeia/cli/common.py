@@ -6,13 +6,13 @@ import argparse
 import os
 import sys
 
-from kazeia.backends.weights import WeightCache
+from kazeia.backends.devices import DeviceOptions
+from kazeia.backends.ref import WeightCache
 from kazeia.cli import validate as V
 from kazeia.engine.context import Model
-from kazeia.engine.devices import DeviceOptions
 from kazeia.engine.session import SYNC_ENV, RunSpec, Session
-from kazeia.engine.threads import set_threads  # noqa: F401 (the tools' -t, from here)
 from kazeia.errors import KazeiaError
+from kazeia.native.threads import set_threads  # noqa: F401 (the tools' -t, from here)
 
 MAX_PROMPT_CHARS = 64 << 20  # -f: the largest context (262144 tokens) at a few characters a token, with room
 

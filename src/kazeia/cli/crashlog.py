@@ -63,8 +63,7 @@ def read_log(path: str, limit: int = MAX_LOG_BYTES) -> str:
 
 def plans_for(model: str, n_prompt: int, ubatch: int, settings) -> list:
     """(node name, plan) of every MUL_MAT the HTP takes in the prefill graphs of `n_prompt` tokens."""
-    from kazeia.backends.htp.plan import plan_for_node
-    from kazeia.backends.htp.support import supports_op
+    from kazeia.backends.htp import plan_for_node, supports_op
     from kazeia.gguf.reader import load_gguf
     from kazeia.models.base import model_args
     from kazeia.models.shapes import prefill_graphs
@@ -81,8 +80,7 @@ def plans_for(model: str, n_prompt: int, ubatch: int, settings) -> list:
 
 
 def main(args: argparse.Namespace) -> int:
-    from kazeia.backends.htp.crash_record import VTCM_VA, parse_crash
-    from kazeia.backends.htp.settings import HtpSettings
+    from kazeia.backends.htp import VTCM_VA, HtpSettings, parse_crash
     from kazeia.debug.crashmap import crash_map
 
     crash = parse_crash(read_log(args.file))

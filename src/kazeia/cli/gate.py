@@ -37,7 +37,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace):
-    from kazeia.backends.htp.settings import HtpSettings
+    from kazeia.backends.htp import HtpSettings
 
     if args.device.upper() not in ("HTP0", "HTP"):
         raise KazeiaError(f"kazeia gate validates the HTP model (-dev HTP0), not {args.device}")

@@ -11,9 +11,17 @@ import dataclasses
 import json
 from collections.abc import Callable
 
-from kazeia.backends.htp import vtcm as V
-from kazeia.backends.htp.deep_loads import bank_crossings
-from kazeia.backends.htp.plan import MatmulPlan, matmul_node, plan_for_node
+from kazeia.backends.htp import (
+    DEFAULT_HVX_THREADS,
+    DEFAULT_VTCM,
+    MAX_HVX_THREADS,
+    PROFILES,
+    MatmulPlan,
+    bank_crossings,
+    get_profile,
+    matmul_node,
+    plan_for_node,
+)
 from kazeia.cli import validate
 from kazeia.cli.common import add_common
 from kazeia.debug.plan_view import plan_svg, plan_text
@@ -54,12 +62,12 @@ def add_plan_parser(hsub) -> argparse.ArgumentParser:
     p.add_argument("--n", type=validate.positive(), required=True, help="weight rows (output features)")
     p.add_argument("--type", dest="qtype", choices=PLAN_TYPES, default="q4_0", help="weight type (default q4_0)")
     p.add_argument("--vtcm", type=validate.vtcm_bytes, default=None, metavar="BYTES",
-                   help=f"VTCM size (default {V.DEFAULT_VTCM_SIZE}; env KAZEIA_HTP_VTCM)")
-    p.add_argument("--htp-profile", choices=V.PROFILES, default=None,
+                   help=f"VTCM size (default {DEFAULT_VTCM}; env KAZEIA_HTP_VTCM)")
+    p.add_argument("--htp-profile", choices=list(PROFILES), default=None,
                    help="2026-05 (the upstream snapshot) or robust (default; env KAZEIA_HTP_PROFILE)")
-    p.add_argument("--threads", type=validate.integer(1, V.MAX_HVX_THREADS), default=None, metavar="N",
-                   help=f"HVX threads (default GGML_HEXAGON_NHVX or {V.DEFAULT_HVX_THREADS}, at most "
-                        f"{V.MAX_HVX_THREADS})")
+    p.add_argument("--threads", type=validate.integer(1, MAX_HVX_THREADS), default=None, metavar="N",
+                   help=f"HVX threads (default GGML_HEXAGON_NHVX or {DEFAULT_HVX_THREADS}, at most "
+                        f"{MAX_HVX_THREADS})")
     p.add_argument("--no-hmx", action="store_true", help="HMX disabled (as GGML_HEXAGON_USE_HMX=0)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("--svg", type=validate.output_file, metavar="FILE", help="also write an SVG drawing of the VTCM map")
@@ -71,7 +79,7 @@ def add_plan_parser(hsub) -> argparse.ArgumentParser:
 def plan_from_args(args: argparse.Namespace) -> MatmulPlan:
     """The plan for the flags, with the defaults the HTP backend itself resolves from the environment
     (KAZEIA_HTP_VTCM, KAZEIA_HTP_PROFILE, GGML_HEXAGON_NHVX, GGML_HEXAGON_USE_HMX, GGML_HEXAGON_ARCH)."""
-    from kazeia.backends.htp.settings import HtpSettings
+    from kazeia.backends.htp import HtpSettings
 
     for name in ("m", "k", "n"):
         if getattr(args, name) <= 0:
@@ -80,9 +88,9 @@ def plan_from_args(args: argparse.Namespace) -> MatmulPlan:
         raise KazeiaError("--vtcm must be positive")
     s = HtpSettings.from_env(profile=args.htp_profile, vtcm_bytes=args.vtcm)
     threads = args.threads if args.threads is not None else s.nhvx
-    if not 1 <= threads <= V.MAX_HVX_THREADS:
-        raise KazeiaError(f"--threads must be 1..{V.MAX_HVX_THREADS}")
-    V.check_profile(s.profile)
+    if not 1 <= threads <= MAX_HVX_THREADS:
+        raise KazeiaError(f"--threads must be 1..{MAX_HVX_THREADS}")
+    get_profile(s.profile)
     s = dataclasses.replace(s, nhvx=threads, use_hmx=s.use_hmx and not args.no_hmx)
     return plan_for_node(matmul_node(args.m, args.k, args.n, args.qtype), s)
 
@@ -119,7 +127,7 @@ def add_faults_parser(hsub) -> argparse.ArgumentParser:
 
 
 def run_faults(args: argparse.Namespace) -> int:
-    from kazeia.backends.htp.profiles import FAULTS, PROFILES
+    from kazeia.backends.htp import FAULTS, PROFILES
 
     print("profiles (--htp-profile, env KAZEIA_HTP_PROFILE):")
     for p in PROFILES.values():

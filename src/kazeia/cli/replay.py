@@ -144,7 +144,7 @@ def _op_stream(args: argparse.Namespace) -> int:
     """--op-stream LOG: the logged ops rebuilt from their shapes and run in order (kazeia.debug.op_stream)."""
     import os
 
-    from kazeia.backends.htp.settings import HtpSettings
+    from kazeia.backends.htp import HtpSettings
     from kazeia.debug.op_stream import parse_stream, replay_stream
 
     path = args.op_stream

@@ -226,7 +226,7 @@ def node_ranges(text: str) -> str:
 
 def gate(text: str) -> str:
     """--gate 'vtcm-plan' or 'weight=REGEX,m=LO-HI', parsed now (the HTP settings are applied later)."""
-    from kazeia.backends.htp.settings import HtpSettings
+    from kazeia.backends.htp import HtpSettings
     from kazeia.engine.gates import parse_gate
     from kazeia.errors import KazeiaError
 
@@ -238,7 +238,7 @@ def gate(text: str) -> str:
 
 
 def htp_profile(text: str) -> str:
-    from kazeia.backends.htp.vtcm import PROFILES
+    from kazeia.backends.htp import PROFILES
 
     if text not in PROFILES:
         raise _bad(f"unknown HTP profile {_show(text)} (available: {', '.join(PROFILES)})")
@@ -249,7 +249,7 @@ def fault(allow_none: bool = False) -> Parse:
     """One --fault NAME (or 'none' where it clears the recorded ones)."""
 
     def parse(text: str) -> str:
-        from kazeia.backends.htp.profiles import FAULTS
+        from kazeia.backends.htp import FAULTS
 
         if text in FAULTS or allow_none and text.lower() == "none":
             return text
@@ -259,12 +259,11 @@ def fault(allow_none: bool = False) -> Parse:
     return parse
 
 
-DEVICES = ("CPU", "HTP0", "REF")
-
-
 def device(text: str) -> str:
-    """-dev: CPU, HTP0 or REF (any case)."""
-    if text.strip().upper() not in DEVICES:
+    """-dev: a device of the registry (backends/devices.py: CPU, HTP0, REF), any case."""
+    from kazeia.backends.devices import DEVICES, find_device
+
+    if find_device(text) is None:
         raise _bad(f"unknown device {_show(text)} (available: {', '.join(DEVICES)})")
     return text.strip()
 

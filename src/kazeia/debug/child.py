@@ -11,8 +11,8 @@ import numpy as np
 
 from kazeia.debug.runner import run
 from kazeia.engine.session import RunSpec
-from kazeia.engine.threads import apply_threads
 from kazeia.errors import KazeiaError
+from kazeia.native.threads import apply_threads
 
 
 def main(argv: list[str]) -> int:

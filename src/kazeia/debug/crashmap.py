@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kazeia.backends.htp.crash_record import VTCM_VA, ParsedCrash
-from kazeia.backends.htp.deep_loads import BANK_BYTES, hmx_deep_loads
-from kazeia.backends.htp.plan import MatmulPlan
+from kazeia.backends.htp import BANK_BYTES, VTCM_VA, MatmulPlan, ParsedCrash, hmx_deep_loads
 
 
 @dataclass

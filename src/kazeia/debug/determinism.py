@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from kazeia.backends.base import Hook, OpInfo
-from kazeia.backends.weights import WeightCache
+from kazeia.backends.ref import WeightCache
 from kazeia.debug.runner import RunResult, run
 from kazeia.debug.stats import tensor_hash
 from kazeia.engine.session import RunSpec, build_context, close_backends, shared_cache
-from kazeia.engine.threads import apply_threads, child_threads
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Tensor
+from kazeia.native.threads import apply_threads, child_threads
 
 
 class HashHook(Hook):

@@ -123,7 +123,7 @@ class StreamResult:
 
 def replay_stream(ops: list[StreamOp], settings, judge_outputs: bool = True) -> StreamResult:
     """Run the rebuilt ops in order on one emulated HTP with `settings`; stop at a death."""
-    from kazeia.backends.htp.backend import HtpBackend
+    from kazeia.backends.htp import HtpBackend
     from kazeia.debug.judge import judge
     from kazeia.debug.oracle.backends import Caches
     from kazeia.debug.oracle.run import case_threshold, reference_output, run_case_on

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
-from kazeia.backends.htp.deep_loads import BANK_BYTES, DeepLoad
-from kazeia.backends.htp.plan import MatmulPlan
+from kazeia.backends.htp import BANK_BYTES, DeepLoad, MatmulPlan
 
 
 def _hex(v: int) -> str:

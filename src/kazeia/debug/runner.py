@@ -22,8 +22,8 @@ import numpy as np
 from kazeia.engine.context import Context
 from kazeia.engine.prefix import PrefixScheduler, check_prefix_run
 from kazeia.engine.session import RunSpec, build_context, prompt_ids
-from kazeia.engine.threads import child_threads
 from kazeia.errors import DeviceDeathError, DeviceOpError
+from kazeia.native.threads import child_threads
 
 
 @dataclass

@@ -98,7 +98,7 @@ def preceding_cases(dump: Dump) -> list[tuple[str, Case]]:
 
 
 def _backend(settings):
-    from kazeia.backends.htp.backend import HtpBackend
+    from kazeia.backends.htp import HtpBackend
 
     return HtpBackend(settings)
 

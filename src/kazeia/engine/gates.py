@@ -12,9 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kazeia.backends.htp.plan import plan_for_node
-from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.support import supports_op
+from kazeia.backends.htp import HtpSettings, plan_for_node, supports_op
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Tensor
 

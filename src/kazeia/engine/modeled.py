@@ -4,8 +4,7 @@ given; building them is this layer's job, so the backend never imports the model
 
 from __future__ import annotations
 
-from kazeia.backends.htp.cost import DEFAULT, CostModel, graph_seconds
-from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp import DEFAULT, CostModel, HtpSettings, graph_seconds
 from kazeia.graph.tensor import GGMLType
 from kazeia.models.base import ModelArgs
 from kazeia.models.shapes import prefill_graphs

@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from kazeia.backends.weights import WeightCache
+from kazeia.backends.devices import DeviceOptions, make_backends
+from kazeia.backends.ref import WeightCache
 from kazeia.engine.context import Context, Model
 from kazeia.engine.default_model import default_model_path
-from kazeia.engine.devices import DeviceOptions, make_backends
 from kazeia.engine.generate import synthetic_prompt
 from kazeia.engine.prefix import make_scheduler
 from kazeia.engine.scheduler import Router
@@ -69,7 +69,7 @@ class RunSpec:
         for another device."""
         if self.device.upper() not in ("HTP0", "HTP"):
             return None
-        from kazeia.backends.htp.settings import HtpSettings
+        from kazeia.backends.htp import HtpSettings
 
         return HtpSettings.from_options(self.device_options())
 
@@ -219,7 +219,7 @@ def gates_for(names: list[str], backends) -> list:
     """Gate objects for --gate names, using the HTP backend's VTCM size and profile when there is one."""
     if not names:
         return []
-    from kazeia.backends.htp.settings import HtpSettings
+    from kazeia.backends.htp import HtpSettings
     from kazeia.engine.gates import parse_gate
 
     htp = next((b for b in backends if isinstance(getattr(b, "settings", None), HtpSettings)), None)

@@ -1,4 +1,6 @@
-"""ggml block formats, one class per type (gguf-py's design), dequantized with numpy.
+"""ggml block formats, one class per type (gguf-py's design), dequantized with numpy; the one table of their
+sizes, where their codes start and their code books, which every kernel (native IR, portable twins, the HTP
+model) reads.
 
 `dequantize(raw, qtype, dtype)` turns raw block bytes (..., row_bytes) into values (..., n) in float32 or
 float64. In float64 every format here is exact (the value the block format means), which is what the `ref`
@@ -16,17 +18,26 @@ from kazeia.errors import UnsupportedError
 T = GGMLQuantizationType
 
 
+QK = 32  # elements of a Q4_0 / Q4_1 / Q8_0 / IQ4_NL block (and of the HTP's HVX sub-block)
+
+
 class BlockFormat:
     qtype: T
-    block_size: int
-    type_size: int
+    kind: str  # the lower-case ggml name the kernels use: q4_0, q4_1, q8_0, iq4_nl, ...
+    block_size: int  # elements per block
+    type_size: int  # bytes per block
+    code_offset: int | None = None  # byte where the codes start (after the fp16 d, and m for Q4_1)
+    codebook: tuple[int, ...] | None = None  # the value of each 4-bit code (non-linear formats)
     registry: dict[T, type[BlockFormat]] = {}
+    by_kind: dict[str, type[BlockFormat]] = {}
 
     def __init_subclass__(cls, qtype: T, **kw):
         super().__init_subclass__(**kw)
         cls.qtype = qtype
+        cls.kind = qtype.name.lower()
         cls.block_size, cls.type_size = GGML_QUANT_SIZES[qtype]
         BlockFormat.registry[qtype] = cls
+        BlockFormat.by_kind[cls.kind] = cls
 
     @classmethod
     def dequantize_blocks(cls, blocks: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -45,6 +56,8 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
 
 
 class Q4_0(BlockFormat, qtype=T.Q4_0):
+    code_offset = 2
+
     @classmethod
     def dequantize_blocks(cls, blocks, dtype):
         d = _f16(blocks[:, :2], dtype)
@@ -53,6 +66,8 @@ class Q4_0(BlockFormat, qtype=T.Q4_0):
 
 
 class Q4_1(BlockFormat, qtype=T.Q4_1):
+    code_offset = 4
+
     @classmethod
     def dequantize_blocks(cls, blocks, dtype):
         d = _f16(blocks[:, 0:2], dtype)
@@ -73,10 +88,25 @@ class Q5_0(BlockFormat, qtype=T.Q5_0):
 
 
 class Q8_0(BlockFormat, qtype=T.Q8_0):
+    code_offset = 2
+
     @classmethod
     def dequantize_blocks(cls, blocks, dtype):
         d = _f16(blocks[:, :2], dtype)
         q = blocks[:, 2:].view(np.int8)
+        return d * q.astype(dtype)
+
+
+class IQ4_NL(BlockFormat, qtype=T.IQ4_NL):
+    """fp16 d, then 16 bytes of 4-bit codes (low nibble = element j, high = j+16), value d * kvalues_iq4nl[q]."""
+
+    code_offset = 2
+    codebook = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
+
+    @classmethod
+    def dequantize_blocks(cls, blocks, dtype):
+        d = _f16(blocks[:, :2], dtype)
+        q = np.asarray(cls.codebook, dtype=np.int8)[_nibbles(blocks[:, 2:])]
         return d * q.astype(dtype)
 
 
@@ -131,6 +161,16 @@ class BF16(BlockFormat, qtype=T.BF16):
     def dequantize_blocks(cls, blocks, dtype):
         u = np.ascontiguousarray(blocks).view("<u2").astype(np.uint32) << 16
         return u.view(np.float32).astype(dtype)
+
+
+def block_bytes(kinds) -> dict[str, int]:
+    """{kind: bytes per block} of these kinds (the kernels' tables)."""
+    return {k: BlockFormat.by_kind[k].type_size for k in kinds}
+
+
+def code_offsets(kinds) -> dict[str, int]:
+    """{kind: byte where its codes start}."""
+    return {k: BlockFormat.by_kind[k].code_offset for k in kinds}
 
 
 def supported_types() -> list[T]:

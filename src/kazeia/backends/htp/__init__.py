@@ -1,0 +1,56 @@
+"""The emulated Hexagon NPU (-dev HTP0): llama.cpp's ggml-hexagon backend in software, per upstream version
+(profiles.py) and per arch (settings.py). This face is what the rest of kazeia (engine, debug, cli, bench) uses;
+nothing outside htp/ imports past it. Names load lazily: `from kazeia.backends.htp import HtpSettings` reads
+settings.py only, not the whole device model.
+
+The units, from the bottom up (each imports only those below it; tests/test_layering.py):
+- settings.py, profiles.py, fp16.py, msg.py (what host and DSP exchange: upstream htp-msg.h / htp-ops.h);
+- kernels/: the native kernels of the numerics (one family per file: IR, front, portable twin);
+- host/: the host side (op batches and their replay, the op queue and flush, supports_op, the x4x2 repack, the
+  team's op log and dumps, the host/DSP timing, crash records);
+- vtcm/: the VTCM arena, its areas, the MUL_MAT plan and every other op's scratch layout;
+- cost.py: modeled device time;
+- device.py: the DSP process (VTCM, registers, the batch loop, death);
+- hvx/, hmx/: each unit's numerics and its MUL_MAT path on the DSP;
+- ops/: the DSP's op executor, MUL_MAT dispatch, flash attention, the other ops;
+- backend.py: the Backend the scheduler sees.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_FACE = {
+    "kazeia.backends.htp.backend": ("HtpBackend",),
+    "kazeia.backends.htp.settings": ("HtpSettings", "DEFAULT_HVX_THREADS", "DEFAULT_VTCM", "MAX_HVX_THREADS"),
+    "kazeia.backends.htp.profiles": ("FAULTS", "PROFILES", "Profile", "check_faults", "get_profile"),
+    "kazeia.backends.htp.msg": ("STATUS_NAMES", "STATUS_OK", "DeviceState"),
+    "kazeia.backends.htp.host.support": ("MAX_SRC1_ROWS", "supports_op"),
+    "kazeia.backends.htp.host.crash_record": ("VTCM_VA", "ParsedCrash", "crash_record", "parse_crash"),
+    "kazeia.backends.htp.host.repack": ("RepackedWeight",),
+    "kazeia.backends.htp.vtcm.matmul_plan": ("MatmulPlan", "QTYPES", "matmul_node", "plan_for_node", "plan_matmul",
+                                             "src_layout"),
+    "kazeia.backends.htp.vtcm.arena": ("HMX_SCALES_BYTES", "HMX_TILE_BYTES", "Vtcm",
+                                       "VtcmAccessError", "span_box"),
+    "kazeia.backends.htp.cost": ("DEFAULT", "PHONE_CPU", "CostModel", "graph_seconds", "hmx_matmul_seconds",
+                                 "hvx_matmul_seconds", "op_seconds"),
+    "kazeia.backends.htp.hmx.deep_loads": ("BANK_BYTES", "DeepLoad", "bank_crossings", "hmx_deep_loads"),
+    "kazeia.backends.htp.hmx.tiles": ("hmx_matmul_weight", "weight_from_tiles"),
+    "kazeia.backends.htp.kernels.rounding": ("shuffled_fp16",),
+    "kazeia.backends.htp.ops.matmul": ("WeightStore",),
+}
+_WHERE = {name: mod for mod, names in _FACE.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'kazeia.backends.htp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -12,14 +12,15 @@ import sys
 from collections.abc import Callable
 
 from kazeia.backends.base import Backend
-from kazeia.backends.htp.dsp import DeviceState, Dsp, DspFault, OpRecord
-from kazeia.backends.htp.executor import Executor
-from kazeia.backends.htp.host import HostSession, OpBatch, OpDesc
-from kazeia.backends.htp.matmul import WeightStore
+from kazeia.backends.htp.device import Dsp
+from kazeia.backends.htp.host.repack import RepackedWeight
+from kazeia.backends.htp.host.session import HostSession
+from kazeia.backends.htp.host.support import supports_op
+from kazeia.backends.htp.msg import DeviceState, DspFault, OpBatch, OpDesc, OpRecord
+from kazeia.backends.htp.ops.executor import Executor
+from kazeia.backends.htp.ops.matmul import WeightStore
 from kazeia.backends.htp.profiles import check_faults, get_profile
-from kazeia.backends.htp.repack import RepackedWeight
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.support import supports_op
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Tensor
 
@@ -51,7 +52,8 @@ class HtpBackend(Backend):
         self._supported: dict[int, tuple] = {}  # supports() answers by node (see there)
 
     @classmethod
-    def from_options(cls, opts, cpu_fallback=None) -> HtpBackend:
+    def from_options(cls, opts) -> HtpBackend:
+        """A session with the settings of `opts` (backends/devices.py DeviceOptions): env plus its overrides."""
         return cls(HtpSettings.from_options(opts))
 
     # --- Backend ---
@@ -131,7 +133,7 @@ class HtpBackend(Backend):
     def same_plan_m_range(self, node: Tensor, limit: int = 1024) -> tuple[int, int]:
         """The M range around a MUL_MAT's own M whose plans match its own (path, chunking, outcome): the class a
         rule about this node should cover. Other ops: their M only."""
-        from kazeia.backends.htp.plan import plan_for_node
+        from kazeia.backends.htp.vtcm.matmul_plan import plan_for_node
 
         m = node.src[1].ne[1] if node.op == "MUL_MAT" else node.ne[1]
         if node.op != "MUL_MAT":

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kazeia.backends.htp.plan import plan_for_node
-from kazeia.backends.htp.scratch import op_scratch
+from kazeia.backends.htp.host.support import supports_op
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.support import supports_op
+from kazeia.backends.htp.vtcm.matmul_plan import plan_for_node
+from kazeia.backends.htp.vtcm.scratch import op_scratch
 from kazeia.graph import rowsplit
 from kazeia.graph.tensor import GGMLType, Tensor, is_quantized, row_size
 

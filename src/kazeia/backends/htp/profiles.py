@@ -101,7 +101,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
 def get_profile(name: str) -> Profile:
     p = PROFILES.get(name)
     if p is None:
-        raise KazeiaError(f"unknown HTP profile '{name}' (have: {', '.join(PROFILES)})")
+        raise KazeiaError(f"unknown HTP profile '{name}' (available: {', '.join(PROFILES)})")
     return p
 
 

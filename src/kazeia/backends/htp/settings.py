@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from kazeia.errors import KazeiaError
 
-DEFAULT_VTCM = 8 * 1024 * 1024
-MAX_HVX_THREADS = 10
-DEFAULT_HVX_THREADS = 6  # HVX contexts of the v73..v81 parts the original team used
+DEFAULT_VTCM = 8 * 1024 * 1024  # what v79/v81 phones report; main.c: vtcm_alloc falls back to 8 MiB too
+MAX_HVX_THREADS = 10  # htp-ctx.h: HTP_MAX_NTHREADS
+DEFAULT_HVX_THREADS = 6  # assumption: the HVX contexts of the v73..v81 parts the original team used (GGML_HEXAGON_NHVX)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -55,7 +55,7 @@ class HtpSettings:
 
     @classmethod
     def from_options(cls, opts) -> HtpSettings:
-        """Settings of a device built from `opts` (kazeia.engine.devices.DeviceOptions): env plus its overrides."""
+        """Settings of a device built from `opts` (kazeia.backends.devices.DeviceOptions): env plus its overrides."""
         return cls.from_env(profile=opts.htp_profile, vtcm_bytes=opts.vtcm_bytes, faults=opts.fault,
                             overrides=opts.htp_env)
 

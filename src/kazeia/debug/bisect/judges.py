@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kazeia.backends.weights import WeightCache
+from kazeia.backends.ref import WeightCache
 from kazeia.debug.judge import WHOLE_MODEL_NMSE, judge
 from kazeia.debug.runner import RunResult, external_kill, run, run_child
 from kazeia.engine.session import RunSpec, build_context

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from kazeia.backends.devices import DEVICES  # the registry: a dump names its backend so
 from kazeia.errors import DumpFileError
 from kazeia.graph.tensor import SCALAR_DTYPES, BufferUsage, GGMLType, block_size, row_size, type_size
 
@@ -31,7 +32,6 @@ MAX_STR = 1 << 16
 HEX64 = re.compile(r"[0-9a-f]{64}")
 BLOB_FILE = re.compile(r"blobs/[0-9a-f]{64}\.(npy|npz)")
 ENTRY_ID = re.compile(r"[A-Za-z0-9_.+-]{1,200}")
-DEVICES = ("CPU", "HTP0", "REF")
 TYPE_NAMES = {t.name.lower(): t for t in GGMLType}
 
 
@@ -227,8 +227,7 @@ def tensor_record(v: Any, where: str) -> None:
 
 
 def _settings(v: Any, where: str) -> None:
-    from kazeia.backends.htp.profiles import FAULTS, PROFILES
-    from kazeia.backends.htp.vtcm import MAX_HVX_THREADS
+    from kazeia.backends.htp import FAULTS, MAX_HVX_THREADS, PROFILES
 
     obj({}, {"opbatch": integer(1, 1 << 30), "opqueue": integer(1, 1 << 30), "opfilter": optional(_regex),
              "verbose": integer(0, 16), "nhvx": integer(0, MAX_HVX_THREADS), "use_hmx": boolean,

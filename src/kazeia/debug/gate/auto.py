@@ -29,17 +29,23 @@ from pathlib import Path
 
 import kazeia
 from kazeia import __version__
-from kazeia.backends.htp.cost import PHONE_CPU, graph_seconds, hmx_matmul_seconds, hvx_matmul_seconds, op_seconds
-from kazeia.backends.htp.plan import matmul_node
-from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp import (
+    PHONE_CPU,
+    HtpSettings,
+    graph_seconds,
+    hmx_matmul_seconds,
+    hvx_matmul_seconds,
+    matmul_node,
+    op_seconds,
+)
 from kazeia.debug.gate.classes import OpClass, enumerate_classes
 from kazeia.engine.context import Model
 from kazeia.engine.policy import Policy, Rule
 from kazeia.engine.session import load_model
-from kazeia.engine.threads import child_threads
 from kazeia.graph.rowsplit import row_pieces, split_path
 from kazeia.graph.tensor import GGMLType
 from kazeia.models.shapes import shape_caches, ubatch_graph
+from kazeia.native.threads import child_threads
 
 CHILD_TIMEOUT_S = 300.0
 

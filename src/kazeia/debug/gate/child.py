@@ -15,16 +15,15 @@ import sys
 import numpy as np
 
 from kazeia.backends.cpu import CpuBackend
-from kazeia.backends.htp.backend import HtpBackend
-from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp import HtpBackend, HtpSettings
 from kazeia.backends.ref import RefBackend
 from kazeia.debug.judge import judge, op_threshold
 from kazeia.engine.context import Model
-from kazeia.engine.threads import apply_threads
 from kazeia.errors import DeviceDeathError, DeviceOpError, KazeiaError
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Buffer, GGMLType, array, make_tensor
+from kazeia.native.threads import apply_threads
 
 
 def _case(model: Model, weight: str, m: int, path: str, settings: HtpSettings, seed: int) -> dict:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kazeia.backends.htp.plan import plan_for_node
-from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.support import supports_op
+from kazeia.backends.htp import HtpSettings, plan_for_node, supports_op
 from kazeia.engine.context import Model
 from kazeia.graph.tensor import Tensor, type_name
 from kazeia.models.shapes import shape_caches, ubatch_graph

@@ -7,9 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kazeia.backends.base import Hook, OpInfo
-from kazeia.backends.htp.plan import MatmulPlan, plan_for_node
-from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.support import supports_op
+from kazeia.backends.htp import HtpSettings, MatmulPlan, plan_for_node, supports_op
 from kazeia.debug.stats import Stats, tensor_stats
 from kazeia.graph.tensor import Tensor, type_name
 

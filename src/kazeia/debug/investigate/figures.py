@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from kazeia.backends.htp.plan import plan_for_node
-from kazeia.backends.htp.vtcm import PROFILES
+from kazeia.backends.htp import PROFILES, plan_for_node
 from kazeia.debug.investigate.facts import OpFacts, OpPlan
 from kazeia.debug.investigate.table import Context
 from kazeia.debug.plots import new_figure

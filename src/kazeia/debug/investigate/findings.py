@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kazeia.backends.htp.plan import MatmulPlan
+from kazeia.backends.htp import MatmulPlan
 from kazeia.debug.investigate.facts import FactsHook, OpFacts, OpPlan
 from kazeia.debug.judge import Verdict
 from kazeia.debug.runner import RunResult

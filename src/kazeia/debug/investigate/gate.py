@@ -3,7 +3,7 @@ run must complete and its logits must pass the judge against the CPU reference."
 
 from __future__ import annotations
 
-from kazeia.backends.htp.support import MAX_SRC1_ROWS
+from kazeia.backends.htp import MAX_SRC1_ROWS
 from kazeia.debug.investigate.common import cpu_nodes_spec, rerun
 from kazeia.debug.investigate.facts import OpPlan, dies
 from kazeia.debug.investigate.table import Context, StepDef

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp import HtpSettings
 from kazeia.debug.investigate.findings import Findings, is_set
 from kazeia.debug.investigate.report import Investigation, Step
 from kazeia.engine.session import RunSpec

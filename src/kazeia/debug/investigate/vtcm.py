@@ -6,10 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from kazeia.backends.htp.plan import MatmulPlan, plan_for_node
-from kazeia.backends.htp.profiles import get_profile
-from kazeia.backends.htp.support import MAX_SRC1_ROWS
-from kazeia.backends.htp.vtcm import HMX_SCALES_BYTES, HMX_TILE_BYTES
+from kazeia.backends.htp import HMX_SCALES_BYTES, HMX_TILE_BYTES, MAX_SRC1_ROWS, MatmulPlan, get_profile, plan_for_node
 from kazeia.debug.investigate.common import prefix_spec, ran, through
 from kazeia.debug.investigate.facts import OpPlan, dies
 from kazeia.debug.investigate.figures import plot_plan_vs_m

@@ -11,12 +11,12 @@ import numpy as np
 
 from kazeia.backends.base import Backend
 from kazeia.backends.cpu import CpuBackend
-from kazeia.backends.ref import RefBackend
-from kazeia.backends.weights import WeightCache
+from kazeia.backends.devices import DEVICES, find_device
+from kazeia.backends.ref import RefBackend, WeightCache
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Buffer, BufferUsage
 
-BACKENDS = ("HTP0", "CPU", "REF")
+BACKENDS = tuple(DEVICES)
 
 
 class Caches:
@@ -29,7 +29,6 @@ class Caches:
         self.weight_budget = weight_bytes
         self.weights: OrderedDict[tuple, Buffer] = OrderedDict()
         self.ref = WeightCache(derived_bytes)
-        self.cpu = WeightCache(derived_bytes // 2)
         self.htp = None  # kazeia.backends.htp.matmul.WeightStore, made on first HTP use
         self.derived_bytes = derived_bytes
 
@@ -47,7 +46,7 @@ class Caches:
 
     def htp_store(self):
         if self.htp is None:
-            from kazeia.backends.htp.matmul import WeightStore
+            from kazeia.backends.htp import WeightStore
 
             self.htp = WeightStore(self.derived_bytes)
         return self.htp
@@ -64,26 +63,24 @@ class BackendSpec:
     env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        name = self.name.upper()
-        if name == "HTP":
-            name = "HTP0"
-        if name not in BACKENDS:
+        device = find_device(self.name)
+        if device is None:
             raise KazeiaError(f"unknown backend '{self.name}' (available: {', '.join(BACKENDS)})")
-        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "name", device.name)
         object.__setattr__(self, "faults", tuple(self.faults))
 
     def htp_settings(self):
-        from kazeia.backends.htp.settings import HtpSettings
+        from kazeia.backends.htp import HtpSettings
 
         return HtpSettings.from_env(profile=self.profile, vtcm_bytes=self.vtcm, faults=list(self.faults),
                                     overrides=dict(self.env))
 
     def make(self, caches: Caches, log: Callable[[str], None] | None = None) -> Backend:
         if self.name == "CPU":
-            return CpuBackend(caches.cpu)
+            return CpuBackend()
         if self.name == "REF":
             return RefBackend(caches.ref)
-        from kazeia.backends.htp.backend import HtpBackend
+        from kazeia.backends.htp import HtpBackend
 
         # the REPACK buffer outlives one case, as on a device, within the worker's budget
         return HtpBackend(self.htp_settings(), log=log or (lambda s: None), weight_store=caches.htp_store())
@@ -102,7 +99,7 @@ class BackendSpec:
     def validate(self) -> None:
         """Raise KazeiaError now (in the parent) for a bad profile, fault or env switch."""
         if self.name == "HTP0":
-            from kazeia.backends.htp.profiles import check_faults, get_profile
+            from kazeia.backends.htp import check_faults, get_profile
 
             s = self.htp_settings()
             get_profile(s.profile)

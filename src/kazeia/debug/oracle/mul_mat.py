@@ -67,7 +67,7 @@ def case_for_node(node: Tensor) -> Case | None:
 
 def _settings(profile: str, vtcm: int | None):
     """The HTP the grid is planned for: default switches, this profile and VTCM size."""
-    from kazeia.backends.htp.settings import DEFAULT_VTCM, HtpSettings
+    from kazeia.backends.htp import DEFAULT_VTCM, HtpSettings
 
     return HtpSettings(profile=profile, vtcm_bytes=vtcm or DEFAULT_VTCM)
 
@@ -76,8 +76,7 @@ def _settings(profile: str, vtcm: int | None):
 def plan_points(m: int, k: int, qtype: str, vtcm: int | None = None) -> frozenset[int]:
     """Token counts n where the HTP MUL_MAT plan (path, chunking, status, fallback) changes, with the count just
     before, under both profiles; plus every n whose plan fails (2026-05 overflow) and its neighbours."""
-    from kazeia.backends.htp.plan import QTYPES, matmul_node, plan_for_node
-    from kazeia.backends.htp.vtcm import PROFILES
+    from kazeia.backends.htp import PROFILES, QTYPES, matmul_node, plan_for_node
 
     if qtype not in QTYPES:
         return frozenset()
@@ -99,7 +98,7 @@ def plan_points(m: int, k: int, qtype: str, vtcm: int | None = None) -> frozense
 
 def _irregular(m: int, k: int, t: str, vtcm: int | None) -> set[int]:
     """Plan changes that are not at a 32-token tile edge (a new chunking chosen for cost reasons), and failures."""
-    from kazeia.backends.htp.plan import matmul_node, plan_for_node
+    from kazeia.backends.htp import matmul_node, plan_for_node
 
     node, settings = matmul_node(1, k, m, t), _settings("2026-05", vtcm)
     failing = {n for n in plan_points(m, k, t, vtcm) if plan_for_node(node, settings, m=n).status != "ok"}

@@ -58,7 +58,7 @@ def make_backend(device: str, settings: Any) -> Backend:
     if dev == "REF":
         return RefBackend()
     if dev in ("HTP0", "HTP"):
-        from kazeia.backends.htp.backend import HtpBackend
+        from kazeia.backends.htp import HtpBackend
 
         return HtpBackend(settings)
     raise KazeiaError(f"unknown device '{device}' (replay runs on CPU, HTP0 or REF)")
@@ -91,7 +91,7 @@ def run_watched(backend: Backend, target: Tensor, ex: Execution, run) -> np.ndar
         ex.extra = dict(watch.info.extra)
         st = watch.info.extra.get("status")
         if st is not None:
-            from kazeia.backends.htp.host import STATUS_NAMES, STATUS_OK
+            from kazeia.backends.htp import STATUS_NAMES, STATUS_OK
 
             if st != STATUS_OK:  # 2026-05 drops it on the host; the op still did not do its work
                 ex.status = STATUS_NAMES.get(st, str(st))

@@ -27,8 +27,7 @@ def dump_threshold(dump: Dump) -> float:
 def htp_settings_for(dump: Dump, profile: str | None = None, vtcm: int | None = None,
                      faults: list[str] | None = None, env: dict[str, str] | None = None) -> Any:
     """The HTP settings of the recorded run (or of this environment for a CPU dump), with overrides."""
-    from kazeia.backends.htp.profiles import check_faults, get_profile
-    from kazeia.backends.htp.settings import HtpSettings
+    from kazeia.backends.htp import HtpSettings, check_faults, get_profile
 
     rec = dump.htp_settings
     if rec is None:
@@ -42,7 +41,7 @@ def htp_settings_for(dump: Dump, profile: str | None = None, vtcm: int | None = 
 
 def _recorded_settings(dump: Dump, rec: dict) -> Any:
     """The HtpSettings the dump recorded (fields this kazeia does not know are dropped), without logging."""
-    from kazeia.backends.htp.settings import HtpSettings
+    from kazeia.backends.htp import HtpSettings
 
     known = {f.name for f in dataclasses.fields(HtpSettings)}
     kw = {k: v for k, v in rec.items() if k in known}
@@ -61,7 +60,7 @@ def _recorded_settings(dump: Dump, rec: dict) -> Any:
 def _overridden(base: Any, profile: str | None, vtcm: int | None, faults: list[str] | None,
                 env: dict[str, str] | None) -> Any:
     """Recorded settings with the explicit overrides, and the GGML_HEXAGON_* switches `env` names."""
-    from kazeia.backends.htp.settings import HtpSettings
+    from kazeia.backends.htp import HtpSettings
 
     if env:
         envd = HtpSettings.from_env(env=env)

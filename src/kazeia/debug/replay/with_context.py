@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from kazeia.backends.htp.backend import DeviceState
+from kazeia.backends.htp import DeviceState
 from kazeia.debug.dump import Dump
 from kazeia.debug.replay.alone import run_watched
 from kazeia.debug.replay.materialize import context_tensors
@@ -58,7 +58,7 @@ def _mismatched_inputs(dump: Dump, got: list) -> list[str]:
 
 def run_with_context(dump: Dump, settings: Any) -> Execution:
     """Rerun the dumped op's batch up to it on an HTP whose VTCM, DSP state and memory are as they were."""
-    from kazeia.backends.htp.backend import HtpBackend
+    from kazeia.backends.htp import HtpBackend
 
     ctx = dump.context
     if ctx is None:

@@ -1,0 +1,68 @@
+"""The device registry (`-dev`): every device kazeia can run a model on, by the name the user types, each made as
+a list of backends in priority order (the scheduler places each node on the first that supports it). The engine
+never asks "is this the NPU"; the command line, the oracle and the sessions read this one table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kazeia.backends.base import Backend
+from kazeia.errors import KazeiaError
+
+
+@dataclass
+class DeviceOptions:
+    """Device settings from the command line; HTP-specific ones are passed through to the HTP backend."""
+
+    htp_profile: str | None = None
+    vtcm_bytes: int | None = None
+    htp_env: dict[str, str] = field(default_factory=dict)  # GGML_HEXAGON_* overrides (else os.environ)
+    fault: list[str] = field(default_factory=list)  # HTP fault injections
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    about: str
+    make: Callable[[DeviceOptions, object], list[Backend]]  # (options, REF weight cache) -> backends
+    aliases: tuple[str, ...] = ()
+
+
+def _cpu(opts: DeviceOptions, cache) -> list[Backend]:
+    from kazeia.backends.cpu import CpuBackend
+
+    return [CpuBackend()]
+
+
+def _ref(opts: DeviceOptions, cache) -> list[Backend]:
+    from kazeia.backends.ref import RefBackend
+
+    return [RefBackend(cache)]
+
+
+def _htp(opts: DeviceOptions, cache) -> list[Backend]:
+    from kazeia.backends.cpu import CpuBackend
+    from kazeia.backends.htp import HtpBackend
+
+    return [HtpBackend.from_options(opts), CpuBackend()]
+
+
+DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device("CPU", "float32: native AVX2 kernels (or numba/numpy), weights read from their quantized bytes", _cpu),
+    Device("HTP0", "the emulated Hexagon NPU (ggml-hexagon); the ops it refuses run on the CPU", _htp, ("HTP",)),
+    Device("REF", "float64 oracle", _ref),
+)}
+
+
+def find_device(name: str) -> Device | None:
+    """The device `name` (any case, or an alias) names, or None."""
+    key = name.strip().upper()
+    return next((d for d in DEVICES.values() if key == d.name or key in d.aliases), None)
+
+
+def make_backends(device: str, opts: DeviceOptions | None = None, cache=None) -> list[Backend]:
+    d = find_device(device)
+    if d is None:
+        raise KazeiaError(f"unknown device '{device}' (available: {', '.join(DEVICES)})")
+    return d.make(opts or DeviceOptions(), cache)

@@ -1,0 +1,100 @@
+"""The DSP side: batch processing, the per-batch op context, VTCM, the DSP log, and death.
+
+Per batch (htp_packet_callback / proc_op_req): the op context is zeroed (so the src1 "already quantized in
+VTCM" shortcut starts empty), then each op runs in order and its return status is what the profile decides to
+keep or drop. Memory is shared with the host and an op writes its dst in place; what survives from one batch
+to the next on the DSP itself is VTCM and a few registers (`DeviceState`).
+
+A death (stack overflow, bus error, abort) ends the batch and the session: nothing after it runs, and the
+host only learns at its next blocking read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kazeia.backends.htp.msg import Death, DeviceState, DspFault, OpBatch, OpContext, OpDesc, OpRecord
+from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.settings import HtpSettings
+
+
+class Dsp:
+    def __init__(self, settings: HtpSettings, profile: Profile, executor) -> None:
+        from kazeia.backends.htp.vtcm.arena import Vtcm
+
+        self.settings = settings
+        self.profile = profile
+        self.vtcm = Vtcm(settings.vtcm_bytes)
+        self.executor = executor  # runs one op: executor.execute(dsp, octx, op, batch) -> OpRecord
+        self.death: Death | None = None
+        self.log: list[str] = []  # FARF lines (visible on a device only to root)
+        self.octx = OpContext()
+        self.on_op_done: Callable[[OpDesc, OpBatch, OpRecord], None] | None = None
+        self.on_op_fault: Callable[[OpDesc, OpBatch, DspFault], None] | None = None
+        self.on_op_start: Callable[[OpDesc, OpBatch], None] | None = None
+        self.on_batch_start: list[Callable[[Dsp, OpBatch], None]] = []
+        self.hmx_scale = 0.0  # the HMX output-conversion scale last loaded (reset value 0)
+        self.dma_stale_pop = False  # a DMA descriptor left outstanding by the previous op (fault injection)
+        # timing races (fault injections only) come from here: run-dependent unless KAZEIA_HTP_RACE_SEED is set
+        self.race = np.random.default_rng(settings.race_seed)
+        self.injector = None  # test deaths (engine/recovery.py: DeathInjector): tick() before each op
+
+    def snapshot(self) -> DeviceState:
+        return DeviceState(self.vtcm.mem.copy(), self.hmx_scale, self.dma_stale_pop,
+                           dict(self.race.bit_generator.state))
+
+    def restore(self, state: DeviceState) -> list[str]:
+        """Put `state` back; returns notes on what could not be restored exactly (another VTCM size)."""
+        notes = []
+        n = min(state.vtcm.size, self.vtcm.size)
+        if state.vtcm.size != self.vtcm.size:
+            notes.append(f"VTCM is {self.vtcm.size} B here, {state.vtcm.size} B in the snapshot: restored the "
+                         f"first {n} B")
+        self.vtcm.write(0, np.asarray(state.vtcm[:n], dtype=np.uint8))
+        self.hmx_scale = float(state.hmx_scale)
+        self.dma_stale_pop = bool(state.dma_stale_pop)
+        if state.race_rng is not None:
+            try:
+                self.race.bit_generator.state = state.race_rng
+            except (TypeError, ValueError, KeyError):
+                notes.append("could not restore the DSP race generator state")
+        return notes
+
+    def farf(self, level: str, msg: str) -> None:
+        line = f"[dsp {level}] {msg}"
+        self.log.append(line)
+        if self.settings.farf:
+            import sys
+
+            print(line, file=sys.stderr, flush=True)
+
+    def process_batch(self, batch: OpBatch) -> list[int]:
+        """Run every op of the batch; returns per-op statuses. Sets self.death and stops on a fault."""
+        if self.death is not None:
+            return []
+        self.octx = OpContext()  # memset(octx, 0): the src1 shortcut never survives a batch
+        for cb in self.on_batch_start:
+            cb(self, batch)
+        statuses: list[int] = []
+        for op in batch.ops:
+            if self.on_op_start:
+                self.on_op_start(op, batch)
+            try:
+                injected = self.injector.tick() if self.injector is not None else None
+                if injected:
+                    raise DspFault("abort", injected)
+                rec = self.executor.execute(self, self.octx, op, batch)
+            except DspFault as f:
+                if f.kind == "stack-overflow":
+                    f.detail.setdefault("stack_used", self.octx.stack_used)
+                self.death = Death(f.kind, f.cause, op.node.name, op.index, batch.seq, op.graph_index, f.detail)
+                self.farf("ERROR", f"process exception: {f.kind}: {f.cause} (op #{op.index} {op.node.desc()})")
+                if self.on_op_fault:
+                    self.on_op_fault(op, batch, f)
+                break
+            statuses.append(rec.status)
+            if self.on_op_done:
+                self.on_op_done(op, batch, rec)
+        return statuses

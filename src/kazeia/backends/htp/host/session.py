@@ -1,0 +1,272 @@
+"""The host side of ggml-hexagon: op batches, the op queue, flush_pending, descriptors, supports_op.
+
+Nothing waits per op. `enqueue_op` adds an op to the open batch; when the next op does not fit (OPBATCH
+ops, the tensor table, the 16-entry buffer table, the VMEM budget) the batch is closed and pushed to the op
+queue; if all OPQUEUE slots are in flight, `flush_pending` first blocks for the oldest response. Responses
+are only ever read in `flush_pending` (graph end, synchronize, queue full), which is why a DSP death is
+reported there, long after the op that caused it.
+
+When the DSP runs a batch comes from the timing model (timing.py): the host's steps and the DSP's batches have
+modeled durations, a batch runs (for real, in order) as soon as the host's clock passes its modeled finish, and
+a host read (the team's OPLOG and DUMP, oplog.py; kazeia's enqueue-time hooks) sees exactly the batches finished
+by then. A wait (flush_pending) runs the batch it waits for. Batches compute the same bytes whenever they run.
+
+The batch tables themselves are batch.py's; a batch built from empty is recorded and, while the same nodes come
+again with their tensors where they were (a decode's reused graph), replayed instead of built op by op.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kazeia.backends.htp.host.batch import BatchRecord
+from kazeia.backends.htp.host.crash_record import crash_record
+from kazeia.backends.htp.host.oplog import OpDump, kzop_line
+from kazeia.backends.htp.host.timing import Timing
+from kazeia.backends.htp.msg import AEE_EINTERRUPTED, MAX_INPUTS, STATUS_NAMES, STATUS_OK, OpBatch, OpDesc
+from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.errors import DeviceDeathError, DeviceOpError
+from kazeia.graph.tensor import Tensor, type_name
+
+RECORDS_MAX = 64  # batch records kept per session (a decode graph needs a few; they hold its tensors alive)
+
+
+def op_desc_line(node: Tensor, session: str, flags: int = 0) -> str:
+    """The upstream VERBOSE 'execute-op' line: names : dims : types : strides : buffers : flags."""
+    srcs = [s for s in node.src if s is not None]
+
+    def dims(t: Tensor) -> str:
+        return ":".join(str(x) for x in (t.ne[:2] if t.ne[2] == t.ne[3] == 1 else t.ne))
+
+    def strides(t: Tensor) -> str:
+        nb = t.nb[:2] if t.ne[2] == t.ne[3] == 1 else t.nb
+        return ":".join(str(x) for x in nb) + ("" if t.is_contiguous() else "!")
+
+    def join(f: Callable[[Tensor], str]) -> str:
+        return (" x ".join(f(s) for s in srcs) + " -> " if srcs else "") + f(node)
+
+    return (f"ggml-hex: {session} execute-op {node.desc()}: {join(lambda t: t.name)} : {join(dims)} : "
+            f"{join(lambda t: type_name(t.type))} : {join(strides)} : {join(lambda t: t.buffer.name)} : "
+            f"flags 0x{flags:x}")
+
+
+@dataclass
+class Response:
+    batch: OpBatch
+    status: int
+    statuses: list[int]
+
+
+class HostSession:
+    """One HTP session (HTP0): the op batch, the op queue and the DSP behind them."""
+
+    def __init__(self, name: str, settings: HtpSettings, profile: Profile, dsp,
+                 log: Callable[[str], None] | None = None,
+                 batch_seconds: Callable[[OpBatch], float] | None = None):
+        """`batch_seconds`: the modeled DSP time of a batch (the cost model; default: nothing but a round trip)."""
+        self.name = name
+        self.settings = settings
+        self.profile = profile
+        self.dsp = dsp
+        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        self.max_tensors = settings.opbatch * (1 + MAX_INPUTS)
+        self._seq = 1
+        self._batch = OpBatch(seq=1)  # the open batch (while a record is replayed: empty, its number only)
+        self.in_flight: deque[OpBatch] = deque()
+        self.last_enqueued: OpDesc | None = None
+        self.dead: DeviceDeathError | None = None
+        self.timing = Timing(settings.race_seed)
+        self.batch_seconds = batch_seconds or (lambda b: 120e-6)
+        self.op_dump = (OpDump(settings.dump, settings.dump_dir, settings.dump_limit)
+                        if settings.dump is not None else None)
+        # batch.py: batches built from empty, by first node; the one being replayed (and how many of its ops
+        # are in), or the one the open batch is being recorded in
+        self._records: dict[int, BatchRecord] = {}
+        self._replay: BatchRecord | None = None
+        self._replayed = 0
+        self._recording: BatchRecord | None = None
+
+    @property
+    def batch(self) -> OpBatch:
+        """The open batch."""
+        if self._replay is not None:
+            self._diverge()
+        return self._batch
+
+    @property
+    def open_ops(self) -> int:
+        """How many ops the open batch holds."""
+        return self._replayed if self._replay is not None else len(self._batch.ops)
+
+    @property
+    def open_seq(self) -> int:
+        return self._batch.seq
+
+    # --- the upstream entry points ---
+    def enqueue_op(self, node: Tensor, graph_index: int) -> None:
+        if self.dead is not None:
+            raise self.dead
+        rec = self._replay
+        if rec is not None:
+            k = self._replayed
+            if rec.matches(k, node, graph_index):  # the op add_op would build, in the batch it would build
+                self._replayed = k + 1
+                self.last_enqueued = rec.batch.ops[k]
+                return self._enqueued(node)
+            self._diverge()
+        if not self._batch.fits(node, self.settings.opbatch, self.max_tensors):
+            self.flush_batch()
+        batch = self._batch
+        if not batch.ops:
+            rec = self._records.get(id(node))
+            if rec is not None and rec.matches(0, node, graph_index) and rec.buffers_unchanged():
+                self._replay, self._replayed, self._recording = rec, 1, None
+                self.last_enqueued = rec.batch.ops[0]
+                return self._enqueued(node)
+            self._recording = BatchRecord() if self.settings.opbatch > 1 else None  # one-op batches: nothing to save
+        op = batch.add_op(node, graph_index)
+        if self._recording is not None:
+            self._recording.add(node, graph_index, batch)
+        self.last_enqueued = op
+        self._enqueued(node)
+
+    def _enqueued(self, node: Tensor) -> None:
+        """What the host does once an op is in the open batch: the VERBOSE line, the team's instrumentation."""
+        if self.settings.verbose:
+            self.log(op_desc_line(node, self.name))
+        if self.settings.oplog or self.op_dump is not None:
+            # the host clock only decides what a host read sees (advance): without one, its per-op step is not drawn
+            self.timing.host(self.timing.costs.enqueue_s)
+            self._instrument(node)
+
+    def _diverge(self) -> None:
+        """Stop replaying: the open batch becomes what add_op built of the ops replayed so far, and the ops
+        from here on are recorded after them."""
+        rec, k = self._replay, self._replayed
+        self._replay = None
+        self._batch, self._recording = rec.prefix(k, self._batch.seq)
+
+    def _instrument(self, node: Tensor) -> None:
+        """The team's OPLOG line and DUMP files: what the host reads of memory at this moment."""
+        self.advance()
+        c = self.timing.costs
+        if self.settings.oplog:
+            self.log(kzop_line(node, post_fix=self.settings.oplog >= 2))
+            s1 = node.src[1] if len(node.src) > 1 else None
+            read = s1.nbytes if s1 is not None and s1 is not node else 0
+            self.timing.host(c.log_line_s + read / c.stats_bytes_per_s)
+        if self.op_dump is not None:
+            wrote = self.op_dump.maybe_dump(node, self._batch.seq)
+            if wrote:
+                self.timing.host(c.dump_s + wrote / c.dump_bytes_per_s)
+
+    def advance(self) -> None:
+        """Run, in order, every queued batch the DSP has finished by the host's current (modeled) time."""
+        for batch in self.in_flight:
+            if batch.statuses is not None:
+                continue
+            if not self.timing.done_by_now(batch.seq) or self.dsp.death is not None:
+                break
+            self._run(batch)
+
+    def flush_batch(self) -> None:
+        rec = self._replay
+        if rec is not None:
+            self._replay = None
+            if self._replayed == len(rec.nodes):  # all of it: the record stays as it is
+                self._batch = rec.full(self._batch.seq)
+            else:
+                self._batch, self._recording = rec.prefix(self._replayed, self._batch.seq)
+        batch = self._batch
+        if batch.empty():
+            return
+        if len(self.in_flight) >= self.settings.opqueue:
+            self.flush_pending(all_=False)
+        self.timing.host(self.timing.costs.write_s)
+        self.timing.submit(batch.seq, self.batch_seconds(batch))
+        self.in_flight.append(batch)
+        if self._recording is not None:
+            if len(self._records) >= RECORDS_MAX:
+                self._records.clear()
+            self._records[id(batch.ops[0].node)] = self._recording.close(batch)
+            self._recording = None
+        self._seq += 1
+        self._batch = OpBatch(seq=self._seq)
+
+    def flush_pending(self, all_: bool = False) -> None:
+        while self.in_flight:
+            batch = self.in_flight[0]
+            rsp = self._dspqueue_read(batch)
+            self.in_flight.popleft()
+            if rsp.status != STATUS_OK:
+                self.log(f"ggml-hex: {self.name} dspcall : dsp-rsp: {STATUS_NAMES.get(rsp.status, 'UNKNOWN')}")
+                if self.profile.surface_status:
+                    bad = [(op, s) for op, s in zip(batch.ops, rsp.statuses) if s != STATUS_OK]
+                    op, s = bad[0]
+                    raise DeviceOpError(f"{self.name}: op {op.node.name} ({op.node.desc()}) failed on the DSP: "
+                                        f"{STATUS_NAMES.get(s, s)}")
+            if not all_:
+                break
+
+    def open_batch(self, seq: int, ops: list[tuple[Tensor, int]]) -> OpBatch:
+        """Make (node, graph index) `ops` the open batch, numbered `seq`, as the host would have built it: a replay
+        of a recorded batch. The next flush sends it."""
+        self._check_alive()
+        self._seq = seq
+        self._replay = self._recording = None
+        self._batch = OpBatch(seq=seq)
+        for node, graph_index in ops:
+            self.last_enqueued = self._batch.add_op(node, graph_index)
+        return self._batch
+
+    def flush(self) -> None:
+        """Graph end / synchronize: close the open batch and wait for every response."""
+        self._check_alive()
+        self.flush_batch()
+        self.flush_pending(all_=True)
+
+    # --- internals ---
+    def _run(self, batch: OpBatch) -> None:
+        """The DSP runs `batch` (and, first, any batch queued before it that has not run)."""
+        for b in self.in_flight:
+            if b.statuses is None:
+                b.statuses = self.dsp.process_batch(b)
+            if b is batch:
+                return
+        batch.statuses = self.dsp.process_batch(batch)  # not queued (a replayed batch): run it now
+
+    def _dspqueue_read(self, batch: OpBatch) -> Response:
+        """Block for the response of `batch`: the host waits until its modeled finish; the DSP has run it."""
+        self._check_alive()
+        self.timing.wait_for(batch.seq)
+        if batch.statuses is None:
+            self._run(batch)
+        statuses = batch.statuses
+        # a batch done before the death has its response in the queue already; from the dead one on, the read
+        # has to wait, and the wait is cancelled (AEE_EINTERRUPTED)
+        if self.dsp.death is not None and self.dsp.death.batch_seq <= batch.seq:
+            d = self.dsp.death
+            err = DeviceDeathError(
+                f"ggml-hex: dspqueue_read failed: 0x{AEE_EINTERRUPTED:08x}",
+                code=AEE_EINTERRUPTED,
+                last_enqueued=self.last_enqueued.node.name if self.last_enqueued else None,
+                faulting=d.op_name, cause=d.cause)
+            err.batch_seq = batch.seq
+            err.kind = d.kind
+            err.detail = d.detail
+            err.crash_record = crash_record(d.kind, d.detail)  # what logcat shows on a device
+            err.batch_ops = [op.node.name for op in batch.ops]  # what the host sent in the failed batch
+            self.dead = err
+            raise err
+        status = STATUS_OK
+        if self.profile.surface_status and any(s != STATUS_OK for s in statuses):
+            status = next(s for s in statuses if s != STATUS_OK)
+        return Response(batch, status, statuses)
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise self.dead

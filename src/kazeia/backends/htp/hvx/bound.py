@@ -1,0 +1,127 @@
+"""An HVX MUL_MAT node bound once and run the same way every token (a decode runs the same graph's nodes again
+and again): what `HvxPath._hvx_vtcm` works out per call from shapes only (the plan, the weight's blocks, the
+kernel and its scratch, the VTCM area and the pointers of every persistent buffer, where the dst bytes land) is
+kept, so a call is the src1 shortcut test, one native quantization into VTCM, the dot straight into dst, and
+the ring/dst images. The bytes are those of the general path, which every case the binding does not take
+keeps running: weights other than Q4_0/Q8_0/IQ4_NL, HMX plans and fallbacks, batched or non-contiguous
+operands, F16 src1, fault injections, activations the native quantizer does not take (|x| > 65504, NaN).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kazeia.backends.htp.device import Dsp
+from kazeia.backends.htp.host.repack import QK, SUPER
+from kazeia.backends.htp.hvx.path import HvxPath
+from kazeia.backends.htp.hvx.quant import fp16_table, q8x4x2_row_size, round_up
+from kazeia.backends.htp.kernels.hvx import BoundDot
+from kazeia.backends.htp.kernels.quant import BoundQuant
+from kazeia.backends.htp.kernels.vtcm_copy import CopyRuns
+from kazeia.backends.htp.msg import STATUS_OK, OpContext, OpDesc, OpRecord
+from kazeia.backends.htp.vtcm.matmul_plan import MatmulPlan
+from kazeia.graph.tensor import GGMLType, Tensor, array
+from kazeia.native.buffers import ptr
+from kazeia.native.compile import available
+
+# `unit` below is the matmul.MatmulUnit running the node (an HvxPath with `settings`, `profile`, `weights` and
+# `dot_scratch`); typed as its HvxPath half, which matmul.py does not sit under (no import cycle)
+MatmulUnit = HvxPath
+
+BOUND_TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.IQ4_NL)  # q8x4x2 activations, dot in kernels/hvx NAMES
+
+
+class BoundHvx:
+    """One node's HVX matmul with everything that depends only on its shapes and places worked out. `matches`
+    says whether the node still is what it was bound from (same sources, route path, views of x and dst, weight
+    placement, VTCM); `run` returns None where the general path must run this call (a stale DMA descriptor, or
+    activations the native quantizer does not take: it has then written nothing)."""
+
+    __slots__ = ("node", "src", "route_path", "xarr", "darr", "wkey", "vtcm", "plan", "rw", "prog", "m", "nbytes",
+                 "area", "parea", "stride", "quant", "dot", "pdst", "y", "dst_runs", "checks_format", "record")
+
+    def matches(self, node: Tensor, dsp: Dsp) -> bool:
+        w, x = node.src[0], node.src[1]
+        return (node.src is self.src and node.route_path == self.route_path and dsp.vtcm is self.vtcm
+                and array(x) is self.xarr and array(node) is self.darr
+                and (w.buffer, w.offset, w.type, w.ne, w.nb) == self.wkey)
+
+    def run(self, unit: MatmulUnit, dsp: Dsp, octx: OpContext, op: OpDesc) -> OpRecord | None:
+        if dsp.dma_stale_pop:
+            return None  # thread 0's first weight row is read early: matmul_hvx handles it
+        vt = self.vtcm
+        src1 = op.src[1]
+        reuse = octx.src1_spad_src == src1 and (not self.checks_format or octx.src1_spad_kind == "q8x4x2")
+        vt.land(0, self.nbytes)  # what `read` / `view` of the src1 area make first
+        if not reuse:
+            if not self.quant():  # nothing written: the numpy quantizer of the general path takes these values
+                return None
+            octx.src1_spad_src = src1  # (the image fills its rows: no spill past the area)
+            octx.src1_spad_kind = "q8x4x2"
+        self.dot.run(self.area, self.parea, self.stride, self.pdst)
+        unit.leave_rings(vt, self.rw, self.prog)
+        if self.dst_runs is not None:  # (spans, VTCM views <- dst bytes, native copy): write_runs of the dst runs
+            vt.write_views(*self.dst_runs)
+        else:
+            vt.write_runs(unit.dst_runs(self.prog, self.y), self.prog.dst_box)
+        reason, used, modeled = self.record
+        return OpRecord("hvx", STATUS_OK, {"reason": reason, "src1_reused": reuse, "vtcm_used": used,
+                                           "modeled_s": modeled})
+
+
+def bind_hvx(unit: MatmulUnit, dsp: Dsp, node: Tensor, plan: MatmulPlan, modeled_s: float) -> BoundHvx | None:
+    """The binding of an HVX matmul node, or None where the general path keeps running it (see the module)."""
+    w, x = node.src[0], node.src[1]
+    if (plan.path == "hmx" or plan.hmx_attempt is not None or plan.status != "ok" or w.type not in BOUND_TYPES
+            or x.type != GGMLType.F32 or node.type != GGMLType.F32 or not available()
+            or "dma-unbalanced" in unit.settings.faults
+            or w.ne[2] * w.ne[3] != 1 or x.ne[2] * x.ne[3] != 1):
+        return None
+    m, k = x.ne[1], w.ne[0]
+    kp, stride = round_up(k, SUPER), q8x4x2_row_size(k)
+    vt = dsp.vtcm
+    xs, dst = array(x)[0, 0], array(node)
+    if (k % QK or not k or kp > stride or m * stride > vt.size or not xs.flags.c_contiguous
+            or not dst.flags.c_contiguous or dst.shape != (1, 1, m, w.ne[1])):
+        return None
+    rw = unit.weights.get(w)
+    b8, _ = rw.blocks()
+    if not BoundDot.usable(b8, w.type, m):
+        return None
+    prog = unit.leave_program(plan, rw)
+    if any(r is not None and r.size and r.end > vt.size for r, _, _ in prog.rings) or prog.dst_box[1] > vt.size:
+        return None  # a leave write would fault: the general path raises it where it does
+    b = BoundHvx()
+    b.node, b.src, b.route_path, b.vtcm, b.plan, b.rw, b.prog, b.m = node, node.src, node.route_path, vt, plan, rw, \
+        prog, m
+    b.xarr, b.darr, b.wkey = array(x), dst, (w.buffer, w.offset, w.type, w.ne, w.nb)
+    b.nbytes, b.stride = m * stride, stride
+    b.area = vt.raw_view(0, m * stride).reshape(m, stride)
+    b.parea = ptr(b.area)
+    b.quant = BoundQuant(xs, kp, unit.settings.fp32_quantize_group, fp16_table("inverse"),
+                              fp16_table("int8"), b.area)
+    b.dot = BoundDot(b8, w.type, m, k, unit.dot_scratch(BoundDot.scratch_shape(w.type, rw.nsub, m), k))
+    b.y = dst.reshape(m, -1)
+    b.pdst = ptr(dst)
+    b.dst_runs = _bound_runs(vt, unit.dst_runs(prog, b.y), prog.dst_box) if m == 1 else None
+    b.checks_format = unit.profile.shortcut_checks_format
+    b.record = (plan.reason, plan.used, modeled_s)
+    return b
+
+
+def dot_scratch(cache: dict, shape: tuple[int, int, int], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (x16, xs) scratch of `BoundDot` for `shape` (BoundDot.scratch_shape) and K, shared by the
+    bindings of one unit (one DSP runs one op at a time): x16 stays zero past what its callers write."""
+    hit = cache.get((shape, k))
+    if hit is None:
+        m, n16, npad = shape
+        hit = cache[(shape, k)] = (np.zeros((m, n16), dtype=np.int16), np.zeros((m, npad), dtype=np.int32))
+    return hit
+
+
+def _bound_runs(vt, runs: list[tuple[int, np.ndarray]], box: tuple[int, int]) -> tuple:
+    """`write_views` arguments making `write_runs(runs, box)` of fixed runs (one output row: views of dst's
+    bytes, in range: bind_hvx checked the dst areas)."""
+    spans = [(off, raw.size) for off, raw in runs]
+    pairs = list(zip(vt.run_views(spans), (raw for _, raw in runs)))
+    return spans, pairs, box, CopyRuns.of(pairs)

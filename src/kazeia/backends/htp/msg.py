@@ -1,0 +1,198 @@
+"""What the host and the DSP exchange (upstream htp/htp-msg.h, htp/htp-ops.h): op statuses, the op batch with its
+tensor and buffer tables (htp_general_req), and what the DSP side reports back about an op: its record, a fault
+that kills the DSP process, the death the host learns of later, the per-batch op context and the device state that
+survives between batches. Both sides, and every unit of the model, import these from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kazeia.graph.tensor import BufferUsage, GGMLType, Tensor
+
+AEE_EINTERRUPTED = 0x2E
+
+STATUS_OK, STATUS_INTERNAL_ERR, STATUS_NO_SUPPORT, STATUS_INVAL_PARAMS, STATUS_VTCM_TOO_SMALL = 1, 2, 3, 4, 5
+STATUS_NAMES = {1: "OK", 2: "INTERNAL-ERROR", 3: "NO-SUPPORT", 4: "INVAL-PARAMS", 5: "VTCM-TOO-SMALL"}
+
+MAX_BUFS = 16  # HTP_OP_MAX_BUFS: buffer table entries per batch
+MAX_INPUTS = 6  # HTP_OP_MAX_INPUTS
+MAX_VMEM = 3200 * 1024 * 1024  # GGML_HEXAGON_VMEM default on v75+
+
+TENSOR_COMPUTE = 1  # htp_tensor flag: lives in a compute buffer (not a weight)
+
+
+@dataclass
+class TensorDesc:
+    """htp_tensor: what the DSP knows of a tensor (address, shape, strides, type, flags)."""
+
+    index: int
+    tensor: Tensor  # the first ggml tensor that produced this descriptor
+    addr: int
+    size: int
+    type: GGMLType
+    ne: tuple[int, int, int, int]
+    nb: tuple[int, int, int, int]
+    flags: int
+    buffer_index: int
+
+
+@dataclass
+class OpDesc:
+    index: int
+    node: Tensor
+    src: list[int | None]
+    dst: int
+    graph_index: int
+
+
+@dataclass
+class OpBatch:
+    seq: int = 0  # batch sequence number (monotonic, for logs and traces)
+    ops: list[OpDesc] = field(default_factory=list)
+    tensors: list[TensorDesc] = field(default_factory=list)
+    buffers: list[object] = field(default_factory=list)
+    vmem: int = 0
+    statuses: list[int] | None = None  # set once the DSP has run the batch
+    _by_data: dict[int, list[int]] = field(default_factory=dict)
+    _by_tensor: dict[int, int] = field(default_factory=dict)
+    _buf_index: dict[int, int] = field(default_factory=dict)
+
+    def empty(self) -> bool:
+        return not self.ops
+
+    def fits(self, node: Tensor, max_ops: int, max_tensors: int) -> bool:
+        if len(self.ops) >= max_ops:
+            return False
+        extra_tens = extra_bufs = extra_vmem = 0
+        seen_bufs: set[int] = set()
+        by_tensor, buf_index = self._by_tensor, self._buf_index
+        for t in op_tensors(node):
+            if id(t) in by_tensor:
+                continue
+            extra_tens += 1
+            b = t.buffer
+            if id(b) not in buf_index and id(b) not in seen_bufs:
+                seen_bufs.add(id(b))
+                extra_bufs += 1
+                extra_vmem += b.size
+        return (len(self.buffers) + extra_bufs <= MAX_BUFS and len(self.tensors) + extra_tens <= max_tensors
+                and self.vmem + extra_vmem <= MAX_VMEM)
+
+    def add_tensor(self, t: Tensor) -> int:
+        # de-duplicate by data address with identical ne and nb (type is NOT compared, as upstream), then by
+        # tensor identity: two logical tensors ggml-alloc put at one address share a descriptor
+        addr = t.data_addr
+        hits = self._by_data.get(addr)
+        if hits is not None:
+            for i in hits:
+                d = self.tensors[i]
+                if d.ne == t.ne and d.nb == t.nb:
+                    return i
+        i = self._by_tensor.get(id(t))
+        if i is not None:
+            return i
+        bi = self._buf_index.get(id(t.buffer))
+        if bi is None:
+            bi = len(self.buffers)
+            self.buffers.append(t.buffer)
+            self._buf_index[id(t.buffer)] = bi
+            self.vmem += t.buffer.size
+        flags = TENSOR_COMPUTE if t.buffer.usage == BufferUsage.COMPUTE else 0
+        d = TensorDesc(len(self.tensors), t, addr, _nbytes(t), t.type, t.ne, t.nb, flags, bi)
+        self.tensors.append(d)
+        self._by_data.setdefault(addr, []).append(d.index)
+        self._by_tensor[id(t)] = d.index
+        return d.index
+
+    def add_op(self, node: Tensor, graph_index: int) -> OpDesc:
+        src = [self.add_tensor(s) if s is not None else None for s in node.src]
+        dst = self.add_tensor(node)
+        op = OpDesc(len(self.ops), node, src, dst, graph_index)
+        self.ops.append(op)
+        return op
+
+
+_OP_TENSORS: dict[int, tuple[Tensor, tuple, tuple[Tensor, ...]]] = {}
+
+
+def op_tensors(node: Tensor) -> tuple[Tensor, ...]:
+    """The node's sources that are there, then the node: the tensors `fits` counts, kept by node (a decode
+    enqueues the same graph's nodes every token; a node whose sources changed is worked out again)."""
+    hit = _OP_TENSORS.get(id(node))
+    if hit is None or hit[0] is not node or hit[1] is not node.src:
+        if len(_OP_TENSORS) > 16384:  # nodes of graphs long gone (as the executor's bound ops)
+            _OP_TENSORS.clear()
+        hit = _OP_TENSORS[id(node)] = (node, node.src, (*[s for s in node.src if s is not None], node))
+    return hit[2]
+
+
+_NBYTES: dict[tuple, int] = {}
+
+
+def _nbytes(t: Tensor) -> int:
+    """t.nbytes, kept by (type, ne, nb): a decode describes the same few shapes every token."""
+    key = (t.type, t.ne, t.nb)
+    n = _NBYTES.get(key)
+    if n is None:
+        if len(_NBYTES) > 65536:
+            _NBYTES.clear()
+        n = _NBYTES[key] = t.nbytes
+    return n
+
+
+class DspFault(Exception):
+    """Something that kills the DSP user process (PD): the emulated equivalent of an exception or abort."""
+
+    def __init__(self, kind: str, cause: str, detail: dict | None = None):
+        super().__init__(cause)
+        self.kind = kind  # "stack-overflow" | "bus-error" | "abort"
+        self.cause = cause
+        self.detail = dict(detail or {})  # what the crash record shows: vtcm_offset (Bad VA), stack_used, the load
+
+
+@dataclass
+class Death:
+    kind: str
+    cause: str
+    op_name: str
+    op_index: int  # index in its batch
+    batch_seq: int
+    graph_index: int
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass
+class OpContext:
+    """htp_ops_context: zeroed at the start of every batch."""
+
+    src1_spad_src: int | None = None  # descriptor index whose quantized copy sits at vtcm_base
+    src1_spad_kind: str | None = None  # which quantization the cached image holds (q8x4x2, q8_1x4x2, f16)
+    stack_used: int = 0
+
+
+@dataclass
+class DeviceState:
+    """What survives on the DSP from one batch to the next: the VTCM bytes, the HMX output-conversion scale last
+    loaded, a DMA descriptor left outstanding (fault injection) and the timing-race generator's state."""
+
+    vtcm: np.ndarray  # uint8, a copy
+    hmx_scale: float = 0.0
+    dma_stale_pop: bool = False
+    race_rng: dict | None = None
+
+    def registers(self) -> dict:
+        """Everything but VTCM, as plain values (JSON-ready)."""
+        return {"hmx_scale": float(self.hmx_scale), "dma_stale_pop": bool(self.dma_stale_pop),
+                "race_rng": self.race_rng}
+
+
+@dataclass
+class OpRecord:
+    """What the DSP did for one op (for traces and forensics; the host never sees this on a device)."""
+
+    path: str
+    status: int = STATUS_OK
+    detail: dict = field(default_factory=dict)

@@ -1,0 +1,185 @@
+"""Running one op on the emulated DSP: MUL_MAT goes to matmul.py; the other ops use float32 kernels
+(the HVX ops compute in fp32/qf32) and flash attention models its fp16 tiles. Every op leaves its scratch
+bytes in VTCM in its own fixed layout and clears (or, per profile, forgets to clear) the src1 shortcut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kazeia.backends.htp.device import Dsp
+from kazeia.backends.htp.kernels.rounding import f16_to_f32
+from kazeia.backends.htp.msg import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpContext, OpDesc, OpRecord
+from kazeia.backends.htp.ops.bound_ops import compute_for
+from kazeia.backends.htp.ops.flash_attn import flash_attn
+from kazeia.backends.htp.ops.hybrid_ops import KERNELS_DSP
+from kazeia.backends.htp.ops.matmul import MatmulUnit, WeightStore
+from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp.vtcm.op_layouts import OpScratch
+from kazeia.backends.htp.vtcm.scratch import ScratchBinding, ScratchWriter
+from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
+from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
+
+
+class DspOps(NumpyOps):
+    """NumpyOps over DDR: sources read from the buffers, results written at the op's L2 flush."""
+
+    ft = np.float32
+
+    def load(self, t: Tensor) -> np.ndarray:
+        if t.type not in SCALAR_DTYPES:
+            raise TypeError(f"{t.name}: the DSP reads {t.type.name} only through matmul")
+        return f16_to_f32(array(t)) if t.type == GGMLType.F16 else np.asarray(array(t), dtype=np.float32)
+
+    def load_c(self, t: Tensor) -> np.ndarray:
+        """np.ascontiguousarray(load(t)), an F16 tensor widened straight into C order (a KV cache view)."""
+        if t.type == GGMLType.F16:
+            return f16_to_f32(array(t), order="C")
+        return np.ascontiguousarray(self.load(t))
+
+    def load_rows(self, t: Tensor, sel: np.ndarray) -> np.ndarray:
+        return np.asarray(array(t)[0, 0, sel], dtype=np.float32)
+
+    def store(self, t: Tensor, values: np.ndarray) -> None:
+        out = array(t)
+        out[...] = values.reshape(out.shape)
+
+    def store_rows(self, t: Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
+        scatter_rows(array(t), idx, vals)
+
+
+@dataclass(slots=True)
+class BoundOp:
+    """What the executor works out once per (non-matmul) node: its VTCM layout and path, the scratch writes
+    it leaves (scratch.ScratchBinding) and its effect on the src1 shortcut, with what they were worked out from."""
+
+    node: Tensor
+    src: tuple
+    route_path: str | None
+    sc: OpScratch
+    path: str
+    program: ScratchBinding
+    effect: str
+    ufunc: np.ufunc | None = None  # ADD / MUL of float32 rows numpy broadcasts: computed straight into dst
+    fast: FastOp | None | bool = None  # the whole op bound to memory (None: not made yet, False: not possible)
+
+
+class FastOp:
+    """A bound op's whole run with everything bound to memory: the tensors' views (checked to be the same views
+    at every call, else the general path runs and the op is bound again), the compute (dev_ops, the ufunc, or
+    the numpy_ops kernel), the scratch copies (ScratchBinding's views) and the src1 effect. The same steps as
+    `Executor.execute`'s general path, in the same order."""
+
+    __slots__ = ("vtcm", "checks", "compute", "views", "reset")
+
+    def run(self, dsp: Dsp, octx: OpContext) -> bool:
+        if dsp.vtcm is not self.vtcm:
+            return False
+        for t, a in self.checks:
+            if array(t) is not a:
+                return False
+        self.compute()
+        if self.views is not None:
+            self.vtcm.write_views(*self.views)
+        if self.reset:
+            octx.src1_spad_src = None
+            octx.src1_spad_kind = None
+        return True
+
+    @staticmethod
+    def of(b: BoundOp, dsp: Dsp, io: DspOps) -> FastOp | bool:
+        """The FastOp of a bound op on this DSP, or False where the general path keeps running it."""
+        node, sc = b.node, b.sc
+        if sc.status != "ok" or node.op == "FLASH_ATTN_EXT" or node.op in KERNELS_DSP or node.op not in KERNELS:
+            return False
+        tensors = [node, *(t for t in node.src if t is not None)]
+        try:
+            arrays = [array(t) for t in tensors]
+        except (TypeError, RuntimeError):  # a block-typed source (a quantized embedding) or no buffer
+            return False
+        views = None
+        if sc.writes and not sc.info.get("kernel_writes"):
+            views = b.program.bind(dsp, node)
+            if views is None:
+                return False  # padded or strided rows: written run by run
+        f = FastOp()
+        f.vtcm, f.checks, f.views, f.reset = dsp.vtcm, tuple(zip(tensors, arrays)), views, b.effect == "reset"
+        compute = compute_for(node)
+        if compute is None and b.ufunc is not None:
+            fn, a0, a1, out = b.ufunc, arrays[1], array(node.src[1]), arrays[0]
+            compute = lambda: fn(a0, a1, out=out)  # noqa: E731
+        if compute is None:
+            kernel = KERNELS[node.op]
+            compute = lambda: kernel(io, node)  # noqa: E731
+        f.compute = compute
+        return f
+
+
+def _elementwise_ufunc(node: Tensor) -> np.ufunc | None:
+    """np.add / np.multiply for an ADD / MUL whose float32 src1 numpy broadcasts over src0 (each dim equal or 1)
+    and whose dst has src0's shape: the kernels' `a + broadcast(b)` elementwise, the same float32 operations
+    written into dst at once (no loaded copies, no temporary); None for anything else (the kernels run)."""
+    fn = {"ADD": np.add, "MUL": np.multiply}.get(node.op)
+    if fn is None or len(node.src) != 2 or any(t is None or t.type != GGMLType.F32 for t in (*node.src, node)):
+        return None
+    a, b = node.src
+    if node.ne != a.ne or not all(y in (x, 1) for x, y in zip(a.ne, b.ne)):
+        return None
+    return fn
+
+
+class Executor:
+    def __init__(self, settings: HtpSettings, profile: Profile, weights: WeightStore | None = None) -> None:
+        self.settings = settings
+        self.profile = profile
+        self.io = DspOps()
+        self.matmul = MatmulUnit(settings, profile, weights)
+        self.scratch = ScratchWriter(settings, profile)
+        self._bound: dict[int, BoundOp] = {}
+
+    def execute(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
+        node = op.node
+        if node.op == "MUL_MAT":
+            return self.matmul.op_matmul(dsp, octx, op, batch)
+        b = self._bound.get(id(node))
+        if b is None or b.node is not node or b.src is not node.src or b.route_path != node.route_path:
+            b = self._bind(node)
+        if b.fast is not False:  # the bound run; made (again) when missing or its views changed
+            if b.fast is not None and b.fast.run(dsp, octx):
+                return OpRecord(path=b.path, status=STATUS_OK)
+            b.fast = FastOp.of(b, dsp, self.io)
+            if b.fast is not False and b.fast.run(dsp, octx):
+                return OpRecord(path=b.path, status=STATUS_OK)
+        sc, path = b.sc, b.path
+        if sc.status == "VTCM_TOO_SMALL":
+            # the op returns before touching anything: dst keeps whatever it held
+            dsp.farf("ERROR", f"{node.desc()}: VTCM reservation {sc.vtcm} is too small, needed {sc.used}")
+            return OpRecord(path=path, status=STATUS_VTCM_TOO_SMALL)
+        if node.op == "FLASH_ATTN_EXT":
+            flash_attn(self.io, node, use_hmx=path == "hmx")
+            if path == "hmx":
+                dsp.hmx_scale = float(node.params["scale"])  # its qk-scale block is the last one loaded
+        elif node.op in KERNELS_DSP:  # SSM_CONV, GATED_DELTA_NET, CONCAT: their own VTCM use and numerics
+            KERNELS_DSP[node.op](self.io, dsp.vtcm, node, sc)
+        elif b.ufunc is not None:
+            b.ufunc(array(node.src[0]), array(node.src[1]), out=array(node))
+        else:
+            KERNELS[node.op](self.io, node)
+        self.scratch.after_op(dsp, octx, op, batch, path, sc, b.program, b.effect)
+        return OpRecord(path=path, status=STATUS_OK)
+
+    def _bind(self, node: Tensor) -> BoundOp:
+        """The node's layout, scratch program and src1 effect, kept by node: a decode runs the same graph's
+        nodes every token, so each op is planned once (what the layout depends on is the node's shapes, params
+        and route path; a node whose sources or route path changed is bound again)."""
+        if len(self._bound) > 16384:  # nodes of graphs long gone
+            self._bound.clear()
+        sc = self.scratch.layout(node)
+        path = sc.info.get("path", "hvx")
+        b = BoundOp(node, node.src, node.route_path, sc, path, ScratchBinding(self.scratch.program(node, sc)),
+                    self.scratch.src1_effect(node, path), _elementwise_ufunc(node))
+        self._bound[id(node)] = b
+        return b

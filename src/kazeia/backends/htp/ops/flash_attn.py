@@ -1,0 +1,113 @@
+"""FLASH_ATTN_EXT on the emulated DSP (moved out of executor.py): the HMX path's fp16 tiles and roundings, the
+HVX path in float32, with the fp16 rounding and tiled-transpose helpers they use."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kazeia.backends.htp.fp16 import FP16_MAX, round_fp16
+from kazeia.backends.htp.kernels import fa as fast_fa
+from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw
+from kazeia.graph.tensor import Tensor
+
+FA_KV_BLOCK = 128  # KV rows per HMX flash-attention step (fp16 P@V partial results are rounded per step)
+
+
+def _round16(x: np.ndarray) -> np.ndarray:
+    """round_fp16(x) of a float32 array, by the native rounding kernel (fast.round_hw) when every value is within
+    +-65504: there the two roundings agree (both RNE; they differ only past 65504, where round_hw gives inf), and a
+    fresh float32 result laid out as round_fp16's (astype keeps the input's memory order) is what round_fp16
+    returns. numpy's software fp16 conversion is the slow part of a decode's flash attention (~70 us per 8k
+    values, the native kernel ~10). An input whose axes, permuted, are C-contiguous (a prefill's Q, (H, T, D) view
+    of a (T, H, D) buffer) is rounded in that order and permuted back: the same values in the same layout."""
+    if x.dtype == np.float32 and x.size >= ROUND_ROW:
+        if x.flags.c_contiguous:
+            if x.max() <= FP16_MAX and x.min() >= -FP16_MAX:  # (False for a NaN)
+                return round_hw(x)
+            return round_fp16(x)
+        order = np.argsort([-st for st in x.strides], kind="stable")  # the axes from the largest stride down
+        xc = x.transpose(order)
+        if xc.flags.c_contiguous and x.max() <= FP16_MAX and x.min() >= -FP16_MAX:
+            y = round_hw(xc).transpose(np.argsort(order))
+            if y.strides == np.empty_like(x).strides:  # the layout astype gives
+                return y
+    return round_fp16(x)
+TRANSPOSE_TILE = 64  # 64x64 float32 tiles (16 KB in, 16 KB out) stay in L1/L2 while numpy transposes them
+
+
+def _transposed(k: np.ndarray) -> np.ndarray:
+    """np.ascontiguousarray(k.transpose(0, 2, 1)) of a C-contiguous (H, n, D) array, copied tile by tile: numpy's
+    whole-matrix transposed copy strides through memory (a decode's K, 8 x 256 x 128: ~400 us, tiled ~200). The
+    native kernel's result is a buffer the next flash attention of that shape overwrites: used only for S here."""
+    out = fast_fa.transposed(k, reuse=True)  # native 8x8 transposes into a kept buffer, else numpy's, by tiles
+    if out is not None:
+        return out
+    h, n, d = k.shape
+    out = np.empty((h, d, n), dtype=k.dtype)
+    t = TRANSPOSE_TILE
+    for d0 in range(0, d, t):
+        for c0 in range(0, n, t):
+            out[:, d0:d0 + t, c0:c0 + t] = k[:, c0:c0 + t, d0:d0 + t].transpose(0, 2, 1)
+    return out
+
+
+def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
+    """FLASH_ATTN_EXT on the DSP: HMX models its fp16 tiles (S and P@V read out as fp16 per KV block), HVX
+    computes in float32. `io` loads the sources and stores dst (executor.DspOps)."""
+    # (S, H, T, D) with S = 1 (ne3): work on 3-D stacks of C-contiguous matrices so numpy uses BLAS
+    q = io.load(n.src[0])[0]                                     # (H, T, D)
+    k, v = (io.load_c(s)[0] for s in n.src[1:3])                # (Hkv, n_kv, D), (Hkv, n_kv, Dv)
+    mask = io.load(n.src[3])[0, 0] if len(n.src) > 3 and n.src[3] is not None else None  # (T', n_kv)
+    hkv = k.shape[0]
+    # GQA: query head h reads KV head h // (H / Hkv). The KV matrices are broadcast over the g heads of their group
+    # (stride 0) instead of repeated: numpy calls the same BLAS product on the same C-contiguous matrices.
+    v = np.ascontiguousarray(v)[:, None]                              # (Hkv, 1, n_kv, Dv)
+    scale = np.float32(n.params["scale"])
+    q16 = _round16(q)
+    kt = _transposed(k)[:, None]                                       # (Hkv, 1, D, n_kv)
+    s = _grouped(np.matmul, q16, kt, hkv)
+    p, l, native = _softmax_parts(s, mask, scale, use_hmx)
+    if use_hmx:
+        p16 = round_hw(p) if native else _round16(p)  # (native: p = exp(x <= 0) is in [0, 1], never NaN)
+        o = np.zeros(q.shape[:-1] + (v.shape[-1],), dtype=np.float32)
+        for j in range(0, p.shape[-1], FA_KV_BLOCK):  # per KV block: fp16 read-out, fp32 accumulation
+            # the blocks are views: each of their matrices is row-contiguous, so numpy makes the same BLAS
+            # calls as on copies (only the leading dimension differs; the same bits on 882 shapes tried)
+            pj = p16[..., j:j + FA_KV_BLOCK]
+            vj = v[:, :, j:j + FA_KV_BLOCK]
+            pv = _grouped(np.matmul, pj, vj, hkv)
+            if not fast_fa.acc16(o, pv):
+                o += _round16(pv)
+    else:
+        o = _grouped(np.matmul, p, v, hkv)
+    if not fast_fa.divide(o, l):
+        o = o / np.where(l == 0, 1.0, l)
+    io.store(n, o.transpose(1, 0, 2)[None])  # (T, H, Dv): dst ne = [Dv, H, T]
+
+
+def _softmax_parts(s: np.ndarray, mask: np.ndarray | None, scale: np.float32,
+                   use_hmx: bool) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(p, l, native): p = exp(x - m) of the scaled (HMX: fp16-rounded) and masked scores x and their row max m
+    (0 where -inf), l the row sums of p. The element-wise passes before numpy's exp are one native kernel
+    (fast_fa.scores) where it applies (native = True), else these numpy expressions; exp and the sum are numpy's
+    (their float32 bits are numpy's own SIMD exp and pairwise sum)."""
+    x = fast_fa.scores(s, mask, scale, use_hmx)
+    if x is not None:
+        p = np.exp(x)
+        return p, p.sum(axis=-1, keepdims=True, dtype=np.float32), True
+    # HMX: the S tile is read out as fp16 with the qk scale applied by the output conversion block
+    s = _round16(s * scale) if use_hmx else s * scale
+    if mask is not None:
+        s = s + mask[None, : s.shape[1], : s.shape[2]]
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = np.max(s, axis=-1, keepdims=True)
+        m = np.where(np.isneginf(m), 0.0, m).astype(np.float32)
+        p = np.exp(s - m).astype(np.float32)
+    return p, p.sum(axis=-1, keepdims=True, dtype=np.float32), False
+
+
+def _grouped(matmul, a: np.ndarray, b: np.ndarray, hkv: int) -> np.ndarray:
+    """(H, T, X) @ (Hkv, 1, X, Y) -> (H, T, Y), head h against matrix h // (H / Hkv)."""
+    h = a.shape[0]
+    return matmul(a.reshape(hkv, h // hkv, *a.shape[1:]), b).reshape(h, a.shape[1], b.shape[-1])
+

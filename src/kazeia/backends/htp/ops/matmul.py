@@ -1,0 +1,142 @@
+"""MUL_MAT on the emulated DSP: op_matmul's dispatch (here), the HMX path (matmul_hmx.py) and the HVX path
+(matmul_hvx.py), and what each leaves in VTCM.
+
+op_matmul (matmul-ops.c) picks HMX or HVX by its gates and the HMX kernel plans its VTCM layout, returning -1
+when the plan does not fit; both come from plan.plan_for_node, the one plan the cost model, the routing gates
+and the forensic tools also use. What happens after an HMX failure is the profile's: `2026-05` calls op_matmul
+again with the same inputs (each attempt takes a stack frame; the callback thread's stack runs out and the
+DSP process dies), `robust` runs the HVX kernel instead.
+
+The HVX kernel quantizes src1 into VTCM at vtcm_base unless the per-batch shortcut says the same src1
+descriptor is already there, then reads its activations back FROM VTCM: whatever bytes are there are what
+it multiplies. The numerics are in hvx_matmul.py / hmx_matmul.py.
+"""
+
+from __future__ import annotations
+
+from kazeia.backends.htp.device import Dsp
+from kazeia.backends.htp.hmx.path import HmxPath
+from kazeia.backends.htp.host.repack import RepackedWeight
+from kazeia.backends.htp.hvx.bound import BoundHvx, bind_hvx, dot_scratch
+from kazeia.backends.htp.hvx.path import HvxPath, LeaveProgram, modeled_seconds
+from kazeia.backends.htp.msg import DspFault, OpBatch, OpContext, OpDesc, OpRecord
+from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp.vtcm.matmul_plan import MatmulPlan, plan_for_node, src_layout
+from kazeia.graph.tensor import Tensor, rows
+
+
+class WeightStore:
+    """The REPACK buffer: one `RepackedWeight` per weight, made when the weight is first used (as set_tensor
+    repacks it). A RepackedWeight is a view of the weight's memory-mapped ggml rows (the x4x2 repack is a byte
+    permutation, computed only for the rows that land in VTCM), so the store holds no copies; `budget` is kept
+    for callers that pass one and bounds nothing.
+
+    One store is shared by every HTP session of the process (`shared_store()`): forensic tools open many
+    sessions on the same model."""
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = budget
+        self._items: dict[tuple, RepackedWeight] = {}
+
+    def get(self, w: Tensor) -> RepackedWeight:
+        key = (w.data_addr, w.type, w.ne)
+        rw = self._items.get(key)
+        if rw is None:
+            if len(self._items) > 4096:  # views of models no longer in use: let their maps go
+                self._items.clear()
+            rw = self._items[key] = RepackedWeight.from_ggml(rows(w)[0, 0], w.type, w.ne[0])
+        return rw
+
+
+_SHARED: WeightStore | None = None
+
+
+def shared_store() -> WeightStore:
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = WeightStore()
+    return _SHARED
+
+
+class MatmulUnit(HmxPath, HvxPath):
+    def __init__(self, settings: HtpSettings, profile: Profile, weights: WeightStore | None = None) -> None:
+        self.settings = settings
+        self.profile = profile
+        self.weights = weights if weights is not None else shared_store()
+        self._plans: dict[tuple, MatmulPlan] = {}
+        self._leave_programs: dict[int, LeaveProgram] = {}  # by id of a kept plan (matmul_hvx.LeaveProgram)
+        self._bound: dict[int, BoundHvx | None] = {}  # by id of node (matmul_bound.py)
+        self._unbound: dict[int, Tensor] = {}  # the nodes bound to None (kept alive, so their ids stay theirs)
+        self._dot_scratch: dict = {}
+
+    # --- op_matmul ---
+    def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
+        node = op.node
+        b = self._bound.get(id(node), False)
+        if b is False:
+            b = self._bind(dsp, node)
+        elif b is None:
+            if self._unbound.get(id(node)) is not node:
+                b = self._bind(dsp, node)
+        elif b.node is not node or not b.matches(node, dsp):
+            b = self._bind(dsp, node)
+        if b is not None:
+            rec = b.run(self, dsp, octx, op)
+            if rec is not None:
+                return rec
+        return self._op_matmul(dsp, octx, op, self._plan(node))
+
+    def _bind(self, dsp: Dsp, node: Tensor) -> BoundHvx | None:
+        """matmul_bound.bind_hvx of the node, kept by node (None: the general path runs it, until the node is
+        another one)."""
+        if len(self._bound) > 16384:  # nodes of graphs long gone
+            self._bound.clear()
+            self._unbound.clear()
+        w, x = node.src[0], node.src[1]
+        b = bind_hvx(self, dsp, node, self._plan(node), modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type))
+        self._bound[id(node)] = b
+        if b is None:
+            self._unbound[id(node)] = node
+        return b
+
+    def dot_scratch(self, shape: tuple[int, int, int], k: int) -> tuple:
+        return dot_scratch(self._dot_scratch, shape, k)
+
+    def _plan(self, node: Tensor) -> MatmulPlan:
+        """plan_for_node with this unit's settings, kept by what it reads of the node (type, ne and nb of both
+        sources, the route path): a decode plans the same few shapes every token. MatmulPlan is frozen."""
+        w, x = node.src[0], node.src[1]
+        key = (w.type, w.ne, w.nb, x.type, x.ne, x.nb, node.route_path)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 4096:
+                self._plans.clear()
+            plan = self._plans[key] = plan_for_node(node, self.settings)
+        return plan
+
+    def _op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
+        node = op.node
+        w, x = node.src[0], node.src[1]
+        M, K, N = x.ne[1], w.ne[0], w.ne[1]
+        batched, _ = src_layout(w, x)
+        hmx = plan if plan.path == "hmx" else plan.hmx_attempt  # None: the dispatch chose HVX
+        if hmx is None:
+            return self._hvx(dsp, octx, op, plan.reason, plan)
+        octx.src1_spad_src = None  # "always re-quantize src1 since HMX kernel overwrites vtcm"
+        octx.src1_spad_kind = None
+        rec = self._hmx(dsp, op, batched, hmx)
+        if rec is not None:
+            return rec
+        if self.profile.hmx_failure == "reenter":
+            # upstream: `return op_matmul(octx);` -- same inputs, same plan, same failure, one more frame
+            octx.stack_used += self.profile.matmul_frame_bytes
+            if octx.stack_used > self.profile.dsp_stack_bytes:
+                attempts = octx.stack_used // self.profile.matmul_frame_bytes
+                raise DspFault("stack-overflow",
+                               f"stack overflow after {attempts} op_matmul -> hmx_matmul_q_f32 re-entries on "
+                               f"{node.name} (M={M} K={K} N={N})")
+            return self._op_matmul(dsp, octx, op, plan)
+        rec = self._hvx(dsp, octx, op, "HMX failed, fell back to HVX", plan)
+        rec.detail["hmx_fallback"] = True
+        return rec
