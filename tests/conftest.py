@@ -33,9 +33,15 @@ HARNESS_VARS = ("KAZEIA_TEST_THREADS",)  # the test runner's own knobs, not swit
 def _no_switches_from_the_caller(monkeypatch):
     """Every test starts without the caller's GGML_HEXAGON_* and KAZEIA_* variables: the HTP settings, profiles,
     VTCM size, faults, caches and node ranges a test sees are the ones it sets (subprocesses inherit this)."""
+    from kazeia import settings
+
     for name in list(os.environ):
         if name.startswith(("GGML_HEXAGON_", "KAZEIA_")) and name not in HARNESS_VARS:
             monkeypatch.delenv(name)
+    settings.reload()
+    yield
+    monkeypatch.undo()
+    settings.reload()
 
 
 def _write(tmp_path_factory, name: str, **overrides) -> str:

@@ -262,7 +262,7 @@ def test_bound_gemv_fused_and_replaced():
         sched.compute(g)
         want = xv.astype(np.float64) @ dense[0][:24].T + xv @ dense[1].T
         assert_nmse(np.array(array(out), np.float64).reshape(-1), want.reshape(-1), 1e-7, f"run {trial}")
-        assert be._bound[id(y0)][1] is not None and be._bound[id(y1)][1] is not None
+        assert be._graph_bind.bound[y0][1] is not None and be._graph_bind.bound[y1][1] is not None
 
 
 # --- GET_ROWS (the token embedding, the output rows) and the F16 cast of the mask ------------------------------
@@ -321,7 +321,7 @@ def test_bound_gemv_same_bits_at_any_thread_count():
             got.append(np.array(array(out)))
     finally:
         set_kernel_threads(before)
-    assert sched.backends[0]._bound[id(out)][1] is not None
+    assert sched.backends[0]._graph_bind.bound[out][1] is not None
     np.testing.assert_array_equal(got[0], got[1])
     np.testing.assert_array_equal(got[0], got[2])
 
@@ -362,5 +362,5 @@ def test_programs_match_per_node_calls(tiny_qwen3_q4):
     be = CpuBackend()
     ctx = Context(shared_model(tiny_qwen3_q4), Scheduler([be]), n_ctx=64, flash_attn=True)
     ctx.decode([5])
-    (calls,) = [c for _, _, c in be._calls.values()]
+    (calls,) = [c for _, c in be._graph_bind.programs.values()]
     assert any(isinstance(c, cpu_program._Program) for c in calls)

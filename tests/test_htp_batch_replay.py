@@ -1,10 +1,10 @@
-"""Replayed op batches (htp/batch.py) and the scheduler's graph plans (engine/scheduler.py GraphPlan).
+"""Replayed op batches (htp/host/batch.py) and the scheduler's graph plans (engine/scheduler.py GraphPlan).
 
 Oracles: every batch the host sends equals the batch `OpBatch.add_op` builds, op by op from empty, of the same
 nodes (all its tables, the private ones too); a decode with replays and plans sends the same batches (numbers,
 ops, boundaries), places the same nodes with the same reasons and gives the same logits bit for bit as one with
-both switched off (the op by op build and the general scheduler path); a node whose sources changed between two
-tokens makes the host build the batch op by op from there.
+KAZEIA_NO_BIND=1 (the op by op build and the general scheduler path); a node whose sources changed between two
+tokens makes the host build the batch op by op from there, and so does a graph the allocator placed anew.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kazeia import settings
 from kazeia.backends.cpu import CpuBackend
 from kazeia.backends.htp.backend import HtpBackend
-from kazeia.backends.htp.host.batch import BatchRecord
 from kazeia.backends.htp.msg import OpBatch
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.engine.context import Context, Model
@@ -39,9 +39,8 @@ def _decode(model: str, opbatch: int, n: int, replay: bool, monkeypatch, perturb
     """(tables of every batch sent and every synchronize, placements per token, logits per token) of n
     one-token decodes."""
     with monkeypatch.context() as mp:
-        if not replay:
-            mp.setattr(BatchRecord, "matches", lambda self, k, node, gi: False)
-            mp.setattr(Scheduler, "_plan_for", lambda self, graph: None)
+        mp.setenv("KAZEIA_NO_BIND", "0" if replay else "1")
+        settings.reload()
         m = Model.load(model)
         htp = HtpBackend(HtpSettings(opbatch=opbatch))
         ctx = Context(m, Scheduler([htp, CpuBackend()], Router.from_args(cpu_ops)), n_ctx=64, n_ubatch=8)
@@ -68,7 +67,8 @@ def _decode(model: str, opbatch: int, n: int, replay: bool, monkeypatch, perturb
                 ctx.scheduler.router.cpu_ops = {"GLU"}
             logits.append(ctx.decode([t]))
             places.append([(p.node, p.op, p.backend, p.reason, p.index) for p in ctx.scheduler.placements])
-        return sent, places, logits
+    settings.reload()
+    return sent, places, logits
 
 
 @pytest.mark.parametrize("opbatch, perturb, cpu_ops", [(5, None, "ROPE,GLU"), (5, "src", None), (1024, None, None),
@@ -88,9 +88,9 @@ def test_a_changed_node_is_built_op_by_op(tiny_qwen3_q4, monkeypatch):
     built: list[str] = []
     original = OpBatch.add_op
 
-    def add_op(self, node, graph_index):
+    def add_op(self, node, *args):
         built.append(node.name)
-        return original(self, node, graph_index)
+        return original(self, node, *args)
 
     m = Model.load(tiny_qwen3_q4)
     htp = HtpBackend(HtpSettings())
@@ -108,9 +108,10 @@ def test_a_changed_node_is_built_op_by_op(tiny_qwen3_q4, monkeypatch):
     assert built and built[0] == nodes[2].name
 
 
-def test_a_moved_tensor_is_described_where_it_is(tiny_qwen3_q4):
-    """A tensor whose offset changed between two tokens gets the descriptor of its new place (the record's
-    place checks), and the batch equals add_op's build of the same nodes."""
+def test_a_graph_placed_anew_is_described_where_it_is(tiny_qwen3_q4):
+    """When the allocator places a reused graph anew (a bigger plan: a new compute buffer), its tensors get the
+    descriptors of their new places (the record was made under the old placement stamp), and every batch equals
+    add_op's build of the same nodes."""
     m = Model.load(tiny_qwen3_q4)
     htp = HtpBackend(HtpSettings())
     ctx = Context(m, Scheduler([htp, CpuBackend()]), n_ctx=64, n_ubatch=8)
@@ -118,10 +119,13 @@ def test_a_moved_tensor_is_described_where_it_is(tiny_qwen3_q4):
     htp.add_batch_start_hook(lambda _be, batch: sent.append(batch))
     ctx.decode([5])
     ctx.decode([6])
+    graph, before = ctx.last_graph, ctx.last_graph.placement
     htp_nodes = {p.node for p in ctx.scheduler.placements if p.backend == "HTP0"}
-    node = [x for x in ctx.last_graph.nodes if x.op == "MUL_MAT" and x.name in htp_nodes][4]
-    node.offset += 4096  # still inside the compute buffer; only the tables are looked at
+    node = [x for x in graph.nodes if x.op == "MUL_MAT" and x.name in htp_nodes][4]
+    old_addr = node.data_addr
+    ctx.allocator.reserve(ctx._build(16, ctx.kv.size, 16).graph)  # a bigger worst case: a new compute buffer
     sent.clear()
     ctx.decode([7])
+    assert ctx.last_graph is graph and graph.placement is not before and node.data_addr != old_addr
     assert sent and all(_tables(b) == _tables(_rebuilt(b)) for b in sent)
     assert any(d.tensor is node and d.addr == node.data_addr for b in sent for d in b.tensors)

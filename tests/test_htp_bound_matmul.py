@@ -17,6 +17,7 @@ from kazeia.backends.htp.ops.executor import Executor
 from kazeia.backends.htp.ops.matmul import MatmulUnit, WeightStore
 from kazeia.backends.htp.profiles import get_profile
 from kazeia.backends.htp.settings import HtpSettings
+from kazeia.graph.alloc import Placement
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, TFlag, array, make_tensor, rows
 
 pytestmark = pytest.mark.skipif(not native_kernels.available(), reason="no native HTP kernels on this host")
@@ -34,13 +35,15 @@ def _weight(qtype, k, n, rng):
     return w
 
 
-def _place(tensors, pad=0):
+def _place(tensors, pad=0) -> Placement:
+    """Place the tensors in a new compute buffer, as an allocator would: returns their placement stamp."""
     size = pad + sum(-(-t.nbytes // 128) * 128 for t in tensors) + 128
     buf = Buffer("compute", np.zeros(size, dtype=np.uint8), BufferUsage.COMPUTE)
     off = pad
     for t in tensors:
         t.buffer, t.offset = buf, off
         off += -(-t.nbytes // 128) * 128
+    return Placement(buf, None)
 
 
 class _Device:
@@ -53,8 +56,8 @@ class _Device:
         self.bound = bound
         self.octx = OpContext()
 
-    def run(self, node, src1_desc):
-        op = OpDesc(index=0, node=node, src=[0, src1_desc], dst=9, graph_index=0)
+    def run(self, node, src1_desc, placement):
+        op = OpDesc(index=0, node=node, src=[0, src1_desc], dst=9, graph_index=0, placement=placement)
         unit: MatmulUnit = self.ex.matmul
         if self.bound:
             rec = unit.op_matmul(self.dsp, self.octx, op, OpBatch())
@@ -73,7 +76,7 @@ def test_bound_matmul_is_the_general_path(qtype, m):
     x, x3 = make_tensor(f32, (2560, m), "x"), make_tensor(f32, (480, m), "x3")
     nodes = [make_tensor(f32, (w.ne[1], m), f"y{i}", op="MUL_MAT", src=(w, xx))
              for i, (w, xx) in enumerate([(w1, x), (w2, x), (w3, x3), (w1, x)])]
-    _place([x, x3, *nodes])
+    placement = _place([x, x3, *nodes])
     devices = [_Device(True, 5), _Device(False, 5)]
     for step in range(6):
         for t in (x, x3):
@@ -84,13 +87,13 @@ def test_bound_matmul_is_the_general_path(qtype, m):
         if step == 3:
             array(x3)[0, 0, 0, 3] = 70000.0
         if step == 4:  # the tensors move: the bindings are made again
-            _place([x, x3, *nodes], pad=1024)
+            placement = _place([x, x3, *nodes], pad=1024)
             array(x)[...] = rng.standard_normal(array(x).shape).astype(np.float32)
             array(x3)[...] = rng.standard_normal(array(x3).shape).astype(np.float32)
         for i, node in enumerate(nodes):
             desc = 1 if node.src[1] is x else 2  # nodes 0, 1 (and 3) share src1: the shortcut reuses it
             with np.errstate(all="ignore"):
-                a, b = (d.run(node, desc) for d in devices)
+                a, b = (d.run(node, desc, placement) for d in devices)
             assert a[0].status == b[0].status and a[0].detail == b[0].detail, (step, i)
             assert a[1].tobytes() == b[1].tobytes(), (step, i)
             assert a[2] == b[2], (step, i)

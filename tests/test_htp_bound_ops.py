@@ -10,6 +10,7 @@ import pytest
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.arena import Vtcm
 from kazeia.backends.htp.vtcm.scratch import ScratchBinding, ScratchWriter, op_scratch
+from kazeia.graph.alloc import Placement
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, array, make_tensor
 
 SETTINGS = HtpSettings.from_env(env={}, profile="robust")
@@ -27,6 +28,7 @@ def _place(tensors, rng, pad: int = 0):
     for t in tensors:  # finite floats (the bytes are copied as they are; this only keeps them readable)
         if t.type == GGMLType.F32:
             array(t)[...] = rng.standard_normal(array(t).shape).astype(np.float32)
+    return Placement(buf, None)  # as an allocator stamps a placement
 
 
 def _expected(node, sc, size: int, seed_bytes: np.ndarray) -> np.ndarray:
@@ -79,7 +81,7 @@ def _nodes():
 def test_bound_scratch_writes_are_the_per_area_rule(case):
     node, inputs = list(_nodes())[case]
     rng = np.random.default_rng(case)
-    _place([*inputs, node], rng)
+    placement = _place([*inputs, node], rng)
     sc = op_scratch(node, SETTINGS)
     assert sc.status == "ok" and sc.writes
     writer = ScratchWriter(SETTINGS, None)
@@ -89,7 +91,7 @@ def test_bound_scratch_writes_are_the_per_area_rule(case):
     bound.write(0, seed)
     by_runs.write(0, seed)
     dsp, dsp_runs = SimpleNamespace(vtcm=bound), SimpleNamespace(vtcm=by_runs)
-    writer.write(dsp, node, sc, binding)
+    writer.write(dsp, node, sc, binding, placement)
     writer.write(dsp_runs, node, sc, binding.program)
     want = _expected(node, sc, SETTINGS.vtcm_bytes, seed)
     assert np.array_equal(bound.mem, want)
@@ -100,10 +102,10 @@ def test_bound_scratch_writes_are_the_per_area_rule(case):
     for t in (*inputs, node):
         if t.type == GGMLType.F32:
             array(t)[...] += 1
-    writer.write(dsp, node, sc, binding)
+    writer.write(dsp, node, sc, binding, placement)
     assert np.array_equal(bound.mem, _expected(node, sc, SETTINGS.vtcm_bytes, seed))
-    _place([*inputs, node], rng, pad=4096)
-    writer.write(dsp, node, sc, binding)
+    placement = _place([*inputs, node], rng, pad=4096)
+    writer.write(dsp, node, sc, binding, placement)
     assert np.array_equal(bound.mem, _expected(node, sc, SETTINGS.vtcm_bytes, seed))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kazeia import settings as kazeia_settings
 from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.msg import OpBatch, OpContext, OpDesc
 from kazeia.backends.htp.ops import bound_ops as dev_ops
@@ -14,6 +15,7 @@ from kazeia.backends.htp.ops import executor as X
 from kazeia.backends.htp.profiles import get_profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.numpy_ops import KERNELS
+from kazeia.graph.alloc import Placement
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, array, make_tensor
 
 F32, I32 = GGMLType.F32, GGMLType.I32
@@ -34,6 +36,7 @@ def _place(tensors, rng, pad=0):
             k = min(flat.size, SPECIAL.size)
             if rng.random() < 0.5:
                 flat[rng.choice(flat.size, k, replace=False)] = SPECIAL[:k]
+    return Placement(buf, None)  # as an allocator stamps a placement
 
 
 def _same_as_kernel(node):
@@ -106,19 +109,20 @@ def test_bound_ops_leave_the_general_paths_bytes(monkeypatch):
     settings = HtpSettings.from_env(env={}, profile="robust")
     rng = np.random.default_rng(3)
     leaves, nodes = _program(rng)
-    _place(leaves + nodes, rng)
+    first = _place(leaves + nodes, rng)
     runs = []
     for bound in (True, False):
         with monkeypatch.context() as m:
-            if not bound:
-                m.setattr(X.FastOp, "of", staticmethod(lambda *a: False))
+            m.setenv("KAZEIA_NO_BIND", "0" if bound else "1")  # off: the general path, every layer
+            kazeia_settings.reload()
+            placement = first
             ex = X.Executor(settings, get_profile("robust"))
             dsp = Dsp(settings, get_profile("robust"), ex)
             trng = np.random.default_rng(5)
             out = []
             for step in range(4):
                 if step == 2:  # the tensors move: bound again
-                    _place(leaves + nodes, np.random.default_rng(8), pad=512)
+                    placement = _place(leaves + nodes, np.random.default_rng(8), pad=512)
                 for t in leaves:
                     if t.type == F32:
                         array(t)[...] = trng.standard_normal(array(t).shape).astype(np.float32)
@@ -129,10 +133,13 @@ def test_bound_ops_leave_the_general_paths_bytes(monkeypatch):
                     off = int(trng.integers(0, settings.vtcm_bytes - 600_000))
                     dsp.vtcm.write_deferred(off, trng.integers(0, 256, 500_000, dtype=np.uint8))
                     with np.errstate(all="ignore"):
-                        rec = ex.execute(dsp, octx, OpDesc(i, node, [0, 1], 2, 0), OpBatch())
+                        rec = ex.execute(dsp, octx, OpDesc(i, node, [0, 1], 2, 0, placement), OpBatch())
                     out.append((rec.path, rec.status, octx.src1_spad_src, np.array(array(node)).tobytes()))
                 out.append(dsp.vtcm.mem.tobytes())
             runs.append(out)
             if bound:
                 assert all(b.fast for b in ex._bound.values())
+            else:
+                assert len(ex._bound) == 0  # nothing kept: the general path ran every op
+    kazeia_settings.reload()
     assert runs[0] == runs[1]

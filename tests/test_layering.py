@@ -1,6 +1,8 @@
 """The import graph of src/kazeia, read with ast (every import, lazy ones inside functions included): no cycles
-between files, and the layers' rules (debug never imports cli, the backends never import the models, the debug
-tools reach the HTP backend through its public methods only)."""
+between files, and the layers' rules (docs/architecture.md): no import runs up the house (debug never imports cli,
+the backends never import the models or the engine, native/ imports nothing above it), the HTP model's units
+import only downward, nothing outside htp/ imports past its face (htp/__init__.py), and the debug tools reach the
+HTP backend through its public methods only."""
 
 from __future__ import annotations
 
@@ -107,12 +109,73 @@ def test_no_import_cycles_between_files():
     assert not cycles, cycles
 
 
-@pytest.mark.parametrize("lower,upper", [("kazeia.debug", "kazeia.cli"), ("kazeia.backends", "kazeia.models"),
-                                         ("kazeia.backends", "kazeia.debug"), ("kazeia.backends", "kazeia.cli"),
-                                         ("kazeia.models", "kazeia.backends"), ("kazeia.graph", "kazeia.models")])
+# the house from the ground up; a room may import only rooms on its floor or below (models and backends share one)
+FLOORS = [("kazeia.errors", "kazeia.settings", "kazeia.identity"), ("kazeia.native", "kazeia.graph", "kazeia.gguf"),
+          ("kazeia.models", "kazeia.backends"), ("kazeia.engine",), ("kazeia.debug",), ("kazeia.cli",)]
+PAIRS = [("kazeia.debug", "kazeia.cli"), ("kazeia.backends", "kazeia.models"), ("kazeia.backends", "kazeia.debug"),
+         ("kazeia.backends", "kazeia.cli"), ("kazeia.backends", "kazeia.engine"), ("kazeia.models", "kazeia.backends"),
+         ("kazeia.graph", "kazeia.models"), ("kazeia.native", "kazeia.graph"), ("kazeia.native", "kazeia.backends"),
+         ("kazeia.gguf", "kazeia.native"), ("kazeia.graph", "kazeia.native")]
+
+
+def _room(mod: str) -> str:
+    return next(r for floor in FLOORS for r in floor if mod == r or mod.startswith(r + "."))
+
+
+def _floor(mod: str) -> int:
+    return next(i for i, floor in enumerate(FLOORS) if _room(mod) in floor)
+
+
+@pytest.mark.parametrize("lower,upper", PAIRS)
 def test_lower_layers_never_import_upper_ones(lower, upper):
     bad = sorted((m, d) for m, deps in GRAPH.items() if m.startswith(lower) for d in deps if d.startswith(upper))
     assert not bad, bad
+
+
+def test_no_import_runs_up_the_house():
+    bad = sorted((m, d) for m, deps in GRAPH.items() if m != "kazeia" and m != "kazeia.__main__"
+                 for d in deps if d != "kazeia" and _floor(d) > _floor(m))
+    assert not bad, bad
+
+
+HTP = "kazeia.backends.htp"
+# the HTP model's units from the bottom up (htp/__init__.py): a unit imports only units below it (and itself)
+HTP_UNITS = ["settings", "profiles", "fp16", "msg", "kernels", "host", "vtcm", "cost", "device", "hvx", "hmx", "ops",
+             "backend"]
+
+
+def _unit(mod: str) -> str | None:
+    rest = mod[len(HTP) + 1:] if mod.startswith(HTP + ".") else None
+    return rest.split(".")[0] if rest else None
+
+
+def test_htp_units_import_only_downward():
+    order = {u: i for i, u in enumerate(HTP_UNITS)}
+    order.update({"hmx": order["hvx"]})  # hvx and hmx: one floor, and neither imports the other
+    bad = []
+    for m, deps in GRAPH.items():
+        u = _unit(m)
+        if u is None:
+            continue
+        assert u in order, f"{m}: unit {u} is not in HTP_UNITS"
+        for d in deps:
+            v = _unit(d)
+            if v is not None and v != u and order[v] >= order[u]:
+                bad.append((m, d))
+    assert not bad, bad
+
+
+def test_nothing_outside_htp_imports_past_its_face():
+    bad = sorted((m, d) for m, deps in GRAPH.items() if not m.startswith(HTP) for d in deps
+                 if d.startswith(HTP + "."))
+    assert not bad, bad
+
+
+def test_the_htp_face_names_what_it_promises():
+    import kazeia.backends.htp as face
+
+    for name in face.__all__:
+        assert getattr(face, name) is not None, name
 
 
 def test_debug_tools_use_the_htp_backends_public_methods():

@@ -66,7 +66,7 @@ class Backend:
 
     def __init__(self) -> None:
         self.hooks: list[Hooks] = []
-        self.node_index: dict[int, int] = {}
+        self.node_index: dict[Tensor, int] = {}  # the current graph's nodes -> their index
 
     # --- scheduling ---
     def supports(self, node: Tensor) -> bool:
@@ -85,7 +85,7 @@ class Backend:
 
     def begin_graph(self, graph: Graph) -> None:
         if getattr(self, "_indexed", None) is not graph or len(self.node_index) != len(graph.nodes):
-            self.node_index = {id(n): i for i, n in enumerate(graph.nodes)}
+            self.node_index = {n: i for i, n in enumerate(graph.nodes)}
             self._indexed = graph
 
     def end_graph(self) -> None:
@@ -96,7 +96,7 @@ class Backend:
 
     # --- hooks ---
     def _info(self, node: Tensor, path: str, batch: int | None = None, **extra) -> OpInfo:
-        return OpInfo(self.name, path, batch, self.node_index.get(id(node), -1), dict(extra))
+        return OpInfo(self.name, path, batch, self.node_index.get(node, -1), dict(extra))
 
     def emit_enqueue(self, node: Tensor, info: OpInfo) -> None:
         for h in self.hooks:

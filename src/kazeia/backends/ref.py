@@ -84,7 +84,7 @@ class RefBackend(NumpyBackend):
     def __init__(self, weight_cache: WeightCache | None = None) -> None:
         super().__init__()
         self.weights = weight_cache if weight_cache is not None else WeightCache()
-        self.shadows: dict[int, tuple[Tensor, np.ndarray]] = {}  # id(root) -> (root, float64 values)
+        self.shadows: dict[Tensor, tuple[Tensor, np.ndarray]] = {}  # root -> (root, float64 values)
 
     def begin_graph(self, graph: Graph) -> None:
         super().begin_graph(graph)
@@ -93,7 +93,7 @@ class RefBackend(NumpyBackend):
                         if v[0].buffer is not None and v[0].buffer.usage != BufferUsage.COMPUTE}
 
     def foreign_write(self, root: Tensor) -> None:
-        self.shadows.pop(id(root), None)
+        self.shadows.pop(root, None)
 
     # --- weights: exact float64 copies, kept while the budget lasts ---
     def _weight_key(self, t: Tensor) -> tuple:
@@ -122,7 +122,7 @@ class RefBackend(NumpyBackend):
         return out
 
     def _shadow_view(self, t: Tensor) -> np.ndarray | None:
-        entry = self.shadows.get(id(t.root))
+        entry = self.shadows.get(t.root)
         if entry is None or t.type not in _SHADOWED or t.root.type != t.type:
             return None
         root, sh = entry
@@ -153,8 +153,8 @@ class RefBackend(NumpyBackend):
 
     def _ensure_shadow(self, t: Tensor) -> None:
         root = t.root
-        if id(root) not in self.shadows and root.type in _SHADOWED:
-            self.shadows[id(root)] = (root, array(root).astype(np.float64))
+        if root not in self.shadows and root.type in _SHADOWED:
+            self.shadows[root] = (root, array(root).astype(np.float64))
 
     def value(self, t: Tensor) -> np.ndarray:
         """The float64 value of a tensor as the oracle knows it (shadow if any, else the buffer)."""

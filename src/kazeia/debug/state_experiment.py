@@ -105,7 +105,7 @@ def _backend(settings):
 
 def run_dumped_op(dump: Dump, be) -> tuple[np.ndarray | None, str | None]:
     node = materialize(dump)
-    be.node_index = {id(node): dump.graph_index}
+    be.node_index = {node: dump.graph_index}
     ex = Execution("experiment", be.name)
 
     def run() -> None:

@@ -21,6 +21,7 @@ from kazeia.gguf.reader import GGUFFile, load_gguf
 from kazeia.graph.alloc import GraphAllocator
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, array, make_tensor
+from kazeia.identity import IdentityCache
 from kazeia.models.base import ModelArgs, arch_module, model_args, require_weights, weight_tensors
 from kazeia.models.transformer import GraphOptions, Inputs, LayerCache, make_inputs, position_streams
 
@@ -101,7 +102,8 @@ class Context:
         self.kv = KVCache(model.args, n_ctx, type_k, type_v, kv_layers(model.args) if kv_layers else None)
         self.rs = RecurrentCache.for_model(model.args, model.arch)  # conv/SSM states of recurrent layers, or None
         self.allocator = GraphAllocator()
-        self._graphs: dict[tuple[int, int, int], _BuiltGraph] = {}
+        # graphs by (tokens, KV cells, outputs): a decode builds each shape once and replays it every token
+        self._graphs: IdentityCache[_BuiltGraph] = IdentityCache("context.graphs", limit=9, bind=True, by_value=True)
         self.last_graph: Graph | None = None
         self.on_ubatch = None  # optional callback(ubatch_index, n_tokens) for progress
         self.recovery = None  # engine/recovery.py: Recovery, to survive device deaths (None: a death ends the run)
@@ -142,19 +144,14 @@ class Context:
         return bg
 
     def _build(self, n_tokens: int, n_kv: int, n_out: int) -> _BuiltGraph:
-        key = (n_tokens, n_kv, n_out)
-        bg = self._graphs.get(key)
-        if bg is None:
+        def make() -> _BuiltGraph:
             arch_inputs = getattr(self.model.arch, "make_inputs", None)
             inp = (arch_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn) if arch_inputs is not None else
                    make_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, self.opts.kq_mask_cast, self.args.n_embd))
             caches = self.rs.layer_caches(self.kv.layers) if self.rs is not None else self.kv.layers
             graph, logits = self.model.arch.build(self.args, self.model.weights, inp, caches, n_kv, self.opts)
-            bg = _BuiltGraph(graph, inp, logits)
-            if len(self._graphs) > 8:
-                self._graphs.clear()
-            self._graphs[key] = bg
-        return bg
+            return _BuiltGraph(graph, inp, logits)
+        return self._graphs.get((n_tokens, n_kv, n_out), make)
 
     def decode(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
         """Feed tokens at the next positions; returns logits [n_out, n_vocab] of the last micro-batch

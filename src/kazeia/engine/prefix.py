@@ -20,6 +20,7 @@ from kazeia.engine.scheduler import Scheduler
 from kazeia.errors import KazeiaError
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import array
+from kazeia.identity import IdentityCache
 
 LAYER_END = re.compile(r"^l_out-(\d+)$")  # llama.cpp's name of a layer's output (every architecture file uses it)
 
@@ -31,7 +32,7 @@ class PrefixScheduler(Scheduler):
         super().__init__(backends, router)
         self.stop_after = stop_after
         self.output: np.ndarray | None = None  # the stop node's output after the last graph (a copy)
-        self._views: dict[int, tuple[Graph, Graph]] = {}
+        self._views: IdentityCache[Graph] = IdentityCache("prefix.views", limit=9)  # graph -> its prefix view
 
     def compute(self, graph: Graph) -> None:
         view = self._prefix(graph)
@@ -40,18 +41,15 @@ class PrefixScheduler(Scheduler):
         self.output = np.array(array(view.nodes[-1]))  # a copy: the buffer is reused
 
     def _prefix(self, graph: Graph) -> Graph:
-        cached = self._views.get(id(graph))
-        if cached is not None and cached[0] is graph and cached[1].nodes[-1].name == self.stop_after:
-            return cached[1]
+        return self._views.get(graph, lambda: self._view(graph), lambda v: v.nodes[-1].name == self.stop_after)
+
+    def _view(self, graph: Graph) -> Graph:
         names = [n.name for n in graph.nodes]
         if self.stop_after not in names:
             raise KazeiaError(f"--stop-after {self.stop_after}: no node of that name in the graph (node names as "
                               f"--oplog prints them, e.g. l_out-0)")
         view = copy.copy(graph)  # same nodes, leaves and allocation; only the node list ends early
         view.nodes = graph.nodes[:names.index(self.stop_after) + 1]
-        if len(self._views) > 8:
-            self._views.clear()
-        self._views[id(graph)] = (graph, view)
         return view
 
 

@@ -17,6 +17,7 @@ from kazeia.errors import KazeiaError, UnsupportedError
 from kazeia.graph import rowsplit
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Tensor
+from kazeia.identity import IdentityCache, binding
 
 # A gate looks at a node and may name the backend it must run on (or None to let placement decide).
 Gate = Callable[[Tensor], "str | None"]
@@ -126,17 +127,15 @@ class GraphPlan:
 
     def __init__(self, graph: Graph, key: tuple) -> None:
         self.graph, self.n_nodes, self.key = graph, len(graph.nodes), key
+        self.placement = graph.placement  # the allocator's stamp the plan's addresses hold under
         self.steps: list[tuple[Tensor, Backend, tuple, Tensor, tuple[Backend, ...]]] = []
         self.placements: list[Placement] = []
         self.writes: list[tuple[int, Backend]] = []  # (root address, backend) per step, in order
         self.last_writes: dict[int, Backend] = {}
-        self.places: list[tuple[Tensor, object, int]] = []  # (root, buffer, offset) of every root a step reads
-        self.bases: list[tuple[object, int]] = []  # (buffer, base address) of their buffers
 
     @classmethod
     def make(cls, sched: Scheduler, graph: Graph, key: tuple) -> GraphPlan:
         plan = cls(graph, key)
-        roots: dict[int, Tensor] = {}
         for i, node in enumerate(graph.nodes):
             if not node.is_computed:
                 continue
@@ -146,7 +145,6 @@ class GraphPlan:
             for s in node.src:
                 if s is None:
                     continue
-                roots[id(s.root)] = s.root
                 addr = s.root.data_addr
                 writer = plan.last_writes.get(addr, addr)
                 if writer is addr:
@@ -154,20 +152,15 @@ class GraphPlan:
                 elif writer is not backend and writer.is_async:
                     checks.append(writer)
             root = node.root
-            roots[id(root)] = root
             plan.steps.append((node, backend, tuple(checks), root,
                                tuple(b for b in sched.backends if b is not backend)))
             plan.writes.append((root.data_addr, backend))
             plan.last_writes[root.data_addr] = backend
-        plan.places = [(r, r.buffer, r.offset) for r in roots.values()]
-        bufs = {id(r.buffer): r.buffer for r in roots.values()}
-        plan.bases = [(b, b.base_addr) for b in bufs.values()]
         return plan
 
     def valid(self, graph: Graph, key: tuple) -> bool:
-        return (self.graph is graph and self.n_nodes == len(graph.nodes) and self.key == key
-                and all(r.buffer is b and r.offset == o for r, b, o in self.places)
-                and all(b.base_addr == a for b, a in self.bases))
+        """The graph is placed where it was (its Placement), with as many nodes, under the same rules."""
+        return self.placement is graph.placement and self.n_nodes == len(graph.nodes) and self.key == key
 
 
 class Scheduler:
@@ -180,8 +173,10 @@ class Scheduler:
         self.hooks: list[Hooks] = []
         self.placements: list[Placement] = []
         self._last_writer: dict[int, Backend] = {}  # data address of a root tensor -> backend that wrote it
-        self._plans: dict[int, tuple[Graph, int, list[Tensor], list[Placement]]] = {}  # single-backend fast path
-        self._general_plans: dict[int, GraphPlan] = {}  # the general path's, by graph
+        # by graph: the single-backend path's (n nodes, computed nodes, placements); the general path's GraphPlan
+        self._plans: IdentityCache[tuple[int, list[Tensor], list[Placement]]] = IdentityCache(
+            "scheduler.single_plans", limit=16, bind=True)
+        self._general_plans: IdentityCache[GraphPlan] = IdentityCache("scheduler.graph_plans", limit=16, bind=True)
 
     def add_hook(self, hook: Hooks) -> None:
         self.hooks.append(hook)
@@ -214,7 +209,7 @@ class Scheduler:
         return not self.router.gates and all(b.static_supports for b in self.backends)
 
     def compute(self, graph: Graph) -> None:
-        if self._cacheable():
+        if self._cacheable() and binding():
             if len(self.backends) == 1 and not self.backends[0].is_async:
                 return self._compute_single(graph)
             plan = self._plan_for(graph) if self.router.n_gpu_layers is None else None
@@ -248,18 +243,17 @@ class Scheduler:
         """One synchronous backend: nothing to wait for, nobody else to tell; placements computed once
         per graph (same reasons and indices as the general path)."""
         (backend,) = self.backends
-        cached = self._plans.get(id(graph))
-        if cached is None or cached[0] is not graph or cached[1] != len(graph.nodes):
+
+        def make() -> tuple[int, list[Tensor], list[Placement]]:
             nodes, placements = [], []
             for i, node in enumerate(graph.nodes):
                 if node.is_computed:
                     b, reason = self.place(node, i)
                     nodes.append(node)
                     placements.append(Placement(node.name, node.desc(), b.name, reason, i))
-            if len(self._plans) > 16:
-                self._plans.clear()
-            cached = self._plans[id(graph)] = (graph, len(graph.nodes), nodes, placements)
-        _, _, nodes, self.placements = cached
+            return len(graph.nodes), nodes, placements
+
+        _, nodes, self.placements = self._plans.get(graph, make, lambda c: c[0] == len(graph.nodes))
         backend.begin_graph(graph)
         backend.run_nodes(nodes)
         backend.end_graph()
@@ -268,16 +262,16 @@ class Scheduler:
         """The graph's plan (placements, waits), made once and kept while the graph, its tensors' places, the
         backends and the rules stay the same; None: no plan (placement failed: the general path says where)."""
         key = (tuple(self.backends), self.router.key())
-        plan = self._general_plans.get(id(graph))
+        plan = self._general_plans.peek(graph)
         if plan is not None and plan.valid(graph, key):
             return plan
+        if graph.placement is None:
+            return None  # not placed by an allocator: nothing says its addresses hold, the general path runs it
         try:
             plan = GraphPlan.make(self, graph, key)
         except (KazeiaError, RuntimeError):  # unplaceable or unallocated: the general path fails where it does
             return None
-        if len(self._general_plans) > 16:
-            self._general_plans.clear()
-        self._general_plans[id(graph)] = plan
+        self._general_plans.put(graph, plan)
         return plan
 
     def _replay(self, graph: Graph, plan: GraphPlan) -> None:

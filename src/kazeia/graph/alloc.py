@@ -166,6 +166,18 @@ def _owned(t: Tensor) -> bool:
     return t.view_src is None and t.buffer is None
 
 
+class Placement:
+    """The placement stamp: where the allocator put every tensor of a graph (its compute buffer and plan). A new
+    object each time the graph is placed anew; whatever was bound to the graph's addresses (scheduler plans, CPU
+    binds, the HTP batch record and bound ops) holds while `graph.placement` is the Placement it was bound under.
+    Weights, KV caches and recurrent states never move; what depends on a buffer's contents asks its `version`."""
+
+    __slots__ = ("buffer", "plan")
+
+    def __init__(self, buffer: Buffer, plan) -> None:
+        self.buffer, self.plan = buffer, plan
+
+
 class GraphAllocator:
     """Places every unallocated tensor of a graph in one persistent compute buffer, at the addresses of the
     reserved plan when the graph fits it (see the module docstring)."""
@@ -181,13 +193,16 @@ class GraphAllocator:
         """Plan the buffer for `graph` (the worst case) without placing it; later graphs of its structure reuse
         the plan's addresses."""
         _release(graph)
+        graph.placement = None  # its tensors lost their places
         self._plan = _Plan.of(graph)
         self.plans += 1
         self._ensure(self._plan.size)
 
     def allocate(self, graph: Graph) -> Buffer:
-        """Assign buffer/offset to every tensor of the graph that has no storage yet; resolve views."""
-        if self.buffer is not None and graph.allocated_in is self.buffer and graph.allocated_plan is self._plan:
+        """Assign buffer/offset to every tensor of the graph that has no storage yet; resolve views. The graph gets
+        a new `Placement` each time it is placed anew, and keeps its own while it is placed as before."""
+        p = graph.placement
+        if self.buffer is not None and p is not None and p.buffer is self.buffer and p.plan is self._plan:
             return self.buffer  # placed with this very plan last time: keep it
         _release(graph)
         if self._plan is None or not self._plan.fits(graph):
@@ -199,8 +214,7 @@ class GraphAllocator:
                 if root.buffer is None:
                     raise RuntimeError(f"view {t.name!r} of unallocated tensor {root.name!r}")
                 t.buffer, t.offset = root.buffer, root.offset + t.view_offs
-        graph.allocated_in = self.buffer
-        graph.allocated_plan = self._plan
+        graph.placement = Placement(self.buffer, self._plan)
         return self.buffer
 
     def _ensure(self, size: int) -> None:

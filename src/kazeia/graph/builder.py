@@ -301,11 +301,10 @@ class Graph:
         self.leafs: list[Tensor] = []
         self._seen: set[int] = set()
         self._names: dict[str, int] = {}
-        self.allocated_in = None  # the compute buffer GraphAllocator last placed every tensor in
-        self.allocated_plan = None  # and the plan it used
+        self.placement = None  # graph/alloc.py Placement: where the allocator last placed every tensor (None: not)
 
     def expand(self, t: Tensor) -> Tensor:
-        self.allocated_in = None
+        self.placement = None
         self._visit(t)
         return t
 

@@ -20,6 +20,7 @@ from kazeia.errors import UnsupportedError
 from kazeia.gguf.quants import BlockFormat, dequantize
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import SCALAR_DTYPES, BufferUsage, GGMLType, Tensor, TFlag, array, is_quantized, rows
+from kazeia.identity import IdentityCache, binding
 from kazeia.native.compile import available
 from kazeia.native.threads import threads
 
@@ -104,58 +105,47 @@ class CpuBackend(NumpyBackend):
 
     def __init__(self) -> None:
         super().__init__()
-        self._groups: dict[int, tuple[Graph, dict[int, _Member]]] = {}  # per graph: node id -> its group
-        self._fused: dict[int, _Member] = {}
+        self._groups: IdentityCache[dict[Tensor, _Member]] = IdentityCache("cpu.matmul_groups", limit=16)
+        self._fused: dict[Tensor, _Member] = {}  # the current graph's fused MUL_MATs -> their group
         self._pending: dict[tuple, list] = {}  # group -> [fused product of this graph run, members still to store]
-        self._mirrors: dict[int, tuple[Tensor, int, np.ndarray]] = {}  # id(root) -> (root, version, float32)
-        self._sets: dict[tuple, tuple[tuple, WeightSet]] = {}  # weight ids -> (their places, GEMV descriptors)
-        # per graph: (graph, where the allocator placed it, node id -> (node, bound call, hook details), groups)
-        self._plans: dict[int, tuple[Graph, tuple, dict, dict]] = {}
-        self._bound: dict[int, tuple] = {}
-        self._calls: dict[int, tuple] = {}  # id(node list) -> (node list, thread count, its calls), per placement
-        self.native_shared: dict[tuple, object] = {}  # what bound calls of the current graph share (bind.py)
+        self._mirrors: IdentityCache[tuple[int, np.ndarray]] = IdentityCache("cpu.kv_mirrors", limit=None)
+        self._sets: IdentityCache[WeightSet] = IdentityCache("cpu.weight_sets", bind=True)  # weights -> descriptors
+        self._binds: IdentityCache[_GraphBind] = IdentityCache("cpu.graph_binds", limit=16, bind=True)
+        self._graph_bind = _GraphBind(None)  # the current graph's
         self.run_id = 0  # counts graph runs: a fused group computes its product once per run
+
+    @property
+    def native_shared(self) -> dict:
+        """What the bound calls of the current graph share (bind.py: rope tables, fused groups)."""
+        return self._graph_bind.shared
 
     def begin_graph(self, graph: Graph) -> None:
         super().begin_graph(graph)
         self._pending.clear()
         self.run_id += 1
-        self._begin_plan(graph)
-        if not self.fuse_matmuls:
-            self._fused = {}
-            return
-        hit = self._groups.get(id(graph))
-        if hit is None or hit[0] is not graph:
-            if len(self._groups) > 16:
-                self._groups.clear()
-            hit = self._groups[id(graph)] = (graph, _matmul_groups(graph))
-        self._fused = hit[1]
-
-    def _begin_plan(self, graph: Graph) -> None:
-        """The bound native calls of this graph (kept while the allocator keeps its places; bound lazily)."""
-        where = (graph.allocated_in, graph.allocated_plan)
-        hit = self._plans.get(id(graph))
-        if hit is None or hit[0] is not graph or hit[1][0] is None or hit[1][0] is not where[0] \
-                or hit[1][1] is not where[1]:
-            if len(self._plans) > 16:
-                self._plans.clear()
-            hit = self._plans[id(graph)] = (graph, where, {}, {}, {})
-        self._bound, self.native_shared, self._calls = hit[2], hit[3], hit[4]
+        placed = graph.placement
+        self._graph_bind = self._binds.get(graph, lambda: _GraphBind(placed),
+                                           lambda gb: placed is not None and gb.placement is placed)
+        self._fused = self._groups.get(graph, lambda: _matmul_groups(graph)) if self.fuse_matmuls else {}
 
     def run_nodes(self, nodes: list[Tensor]) -> None:
         """With no hook attached, the nodes' bound calls one after the other, each run of native ones as one program
         (a list made once per graph placement and thread count; a node without a bound call goes through compute).
-        A subclass that watches compute gets every node."""
-        if self.hooks or type(self).compute is not CpuBackend.compute:
+        A subclass that watches compute gets every node, and so does KAZEIA_NO_BIND=1 (node by node, each bound for
+        its call)."""
+        if self.hooks or type(self).compute is not CpuBackend.compute or not binding():
             return super().run_nodes(nodes)
-        hit = self._calls.get(id(nodes))
-        if hit is None or hit[0] is not nodes or hit[1] != threads():
-            calls = [self._call_of(n) for n in nodes]
-            if available():
-                calls = program.program(calls)  # runs of native calls: one call of run_program each
-            hit = self._calls[id(nodes)] = (nodes, threads(), calls)
-        for call in hit[2]:
+        n = threads()
+        calls = self._graph_bind.programs.get(nodes, lambda: self._program(nodes), lambda c: c[0] == n)
+        for call in calls[1]:
             call()
+
+    def _program(self, nodes: list[Tensor]) -> tuple[int, list]:
+        """(thread count, the calls of `nodes`: runs of native ones merged into programs)."""
+        calls = [self._call_of(n) for n in nodes]
+        if available():
+            calls = program.program(calls)  # runs of native calls: one call of run_program each
+        return threads(), calls
 
     def _call_of(self, node: Tensor):
         e = self._entry(node)
@@ -165,13 +155,14 @@ class CpuBackend(NumpyBackend):
         """(node, bound call or None, hook details): kept for a node of the current graph; a node of no graph begun
         here (a replayed op, a row-split piece) is bound for this call only, with nothing shared, so it runs the
         same kernel as it did inside its graph."""
-        e = self._bound.get(id(node))
-        if e is None or e[0] is not node:
-            i, g = self.node_index.get(id(node)), getattr(self, "_indexed", None)  # (set by Backend.begin_graph)
+        bound = self._graph_bind.bound
+        e = bound.get(node)
+        if e is None:
+            i, g = self.node_index.get(node), getattr(self, "_indexed", None)  # (set by Backend.begin_graph)
             member = i is not None and g is not None and i < len(g.nodes) and g.nodes[i] is node
             e = self._bind(node, member)
-            if member:
-                self._bound[id(node)] = e
+            if member and binding():
+                bound[node] = e
         return e
 
     def _bind(self, node: Tensor, member: bool) -> tuple:
@@ -179,7 +170,7 @@ class CpuBackend(NumpyBackend):
             return (node, None, None)
         shared = self.native_shared if member else {}
         if node.op == "MUL_MAT":
-            got = bind.bind_matmul(self, node, self._fused.get(id(node)) if member else None, shared)
+            got = bind.bind_matmul(self, node, self._fused.get(node) if member else None, shared)
             return (node, None, None) if got is None else (node, got[0], got[1])
         return (node, bind.bind(self, node, shared), {})
 
@@ -193,7 +184,7 @@ class CpuBackend(NumpyBackend):
             e[1]()
             self.emit_complete(node, info)
             return
-        m = self._fused.get(id(node))
+        m = self._fused.get(node)
         if m is None:
             return super().compute(node)
         info = self._info(node, self.path_name, fused=len(m.weights)) if self.hooks else None
@@ -219,13 +210,13 @@ class CpuBackend(NumpyBackend):
     # another backend writes the tensor (foreign_write).
     def kv_mirror(self, t: Tensor) -> np.ndarray | None:
         """t (a view of an F16 KV cache) over the float32 mirror of its root, if a current one exists."""
-        e = self._mirrors.get(id(t.root))
-        if e is None or e[0] is not t.root or e[1] != t.root.buffer.version:
+        e = self._mirrors.peek(t.root)
+        if e is None or e[0] != t.root.buffer.version:
             return None
-        return _same_view(t, t.root, e[2])
+        return _same_view(t, t.root, e[1])
 
     def foreign_write(self, root: Tensor) -> None:
-        self._mirrors.pop(id(root), None)
+        self._mirrors.pop(root)
 
     def store_rows(self, t: Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
         super().store_rows(t, idx, vals)
@@ -234,12 +225,12 @@ class CpuBackend(NumpyBackend):
             return  # the native flash attention reads F16 directly (numpy's converts the cells it uses)
         if root.type != GGMLType.F16 or root.buffer is None or root.buffer.usage == BufferUsage.COMPUTE:
             return
-        e = self._mirrors.get(id(root))
-        if e is None or e[0] is not root or e[1] != root.buffer.version:
-            self._mirrors[id(root)] = (root, root.buffer.version, _f32_mirror(array(root)))
+        e = self._mirrors.peek(root)
+        if e is None or e[0] != root.buffer.version:
+            self._mirrors.put(root, (root.buffer.version, _f32_mirror(array(root))))
             return  # made from the buffer, which already holds the new rows
         # the rows just written, as the F16 buffer holds them (the store rounded vals to fp16)
-        scatter_rows(_same_view(t, root, e[2]), idx, vals.astype(np.float16).astype(np.float32))
+        scatter_rows(_same_view(t, root, e[1]), idx, vals.astype(np.float16).astype(np.float32))
 
     def weight_matrix(self, t: Tensor) -> np.ndarray:
         """The weight as float32 (N, K), dequantized now and not kept (for tools; matmuls never need it)."""
@@ -253,18 +244,22 @@ class CpuBackend(NumpyBackend):
         return self.weight_set(ws).matmul(y)
 
     def weight_set(self, ws: tuple[Tensor, ...]) -> WeightSet:
-        """The qmatmul.WeightSet of these weights, kept while every weight stays where it was (the check
-        `array()` makes for its views)."""
-        key = tuple(map(id, ws))
-        places = tuple((w.buffer, w.offset, w.type, w.ne, w.nb) for w in ws)
-        hit = self._sets.get(key)
-        if hit is not None and all(a[0] is b[0] and a[1:] == b[1:] for a, b in zip(hit[0], places)):
-            return hit[1]
-        if len(self._sets) > 4096:
-            self._sets.clear()
-        s = WeightSet([(rows(w)[0, 0], w.type, w.ne[0]) for w in ws])
-        self._sets[key] = (places, s)
-        return s
+        """The qmatmul.WeightSet of these weights (their GEMV descriptors: addresses of the mapped rows), kept by the
+        weight tensors: weights are placed once, when the model is loaded, and never move."""
+        return self._sets.get(ws, lambda: WeightSet([(rows(w)[0, 0], w.type, w.ne[0]) for w in ws]))
+
+
+class _GraphBind:
+    """What the backend binds to one graph placed by the allocator (graph/alloc.py Placement): each node's bound
+    native call, what those calls share (rope tables, fused products), and the programs of its node lists."""
+
+    __slots__ = ("placement", "bound", "shared", "programs")
+
+    def __init__(self, placement) -> None:
+        self.placement = placement
+        self.bound: dict[Tensor, tuple] = {}  # node -> (node, bound call or None, hook details)
+        self.shared: dict[tuple, object] = {}
+        self.programs: IdentityCache[tuple[int, list]] = IdentityCache("cpu.programs", limit=8, bind=True)
 
 
 @dataclass(frozen=True)
@@ -298,13 +293,13 @@ def _same_view(t: Tensor, root: Tensor, full: np.ndarray) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(full.reshape(-1)[start:], shape=t.ne[::-1], strides=strides)
 
 
-def _matmul_groups(graph: Graph) -> dict[int, _Member]:
+def _matmul_groups(graph: Graph) -> dict[Tensor, _Member]:
     """MUL_MAT nodes on 2-D weights grouped by their input tensor; groups of two or more are fused."""
-    by_input: dict[int, list[Tensor]] = {}
+    by_input: dict[Tensor, list[Tensor]] = {}
     for n in graph.nodes:
         if n.op == "MUL_MAT" and n.src[0].flags & TFlag.WEIGHT and n.src[0].ne[2] == n.src[0].ne[3] == 1:
-            by_input.setdefault(id(n.src[1]), []).append(n)
-    out: dict[int, _Member] = {}
+            by_input.setdefault(n.src[1], []).append(n)
+    out: dict[Tensor, _Member] = {}
     for nodes in by_input.values():
         if len(nodes) < 2:
             continue
@@ -312,6 +307,6 @@ def _matmul_groups(graph: Graph) -> dict[int, _Member]:
         key = ("fused",) + tuple((w.weight_name or w.name, w.data_addr, w.type) for w in ws)
         c = 0
         for n, w in zip(nodes, ws):
-            out[id(n)] = _Member(key, ws, c, c + w.ne[1])
+            out[n] = _Member(key, ws, c, c + w.ne[1])
             c += w.ne[1]
     return out

@@ -159,7 +159,7 @@ class _RopeTable:
 
     @classmethod
     def of(cls, shared: dict, pos: Tensor, p: dict) -> _RopeTable:
-        key = ("rope", id(pos), p["n_dims"], p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
+        key = ("rope", pos, p["n_dims"], p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
         hit = shared.get(key)
         if hit is None:
             hit = shared[key] = cls(pos, p)

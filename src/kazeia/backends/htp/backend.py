@@ -1,8 +1,8 @@
 """The `htp` backend as the scheduler sees it (-dev HTP0): supports_op, enqueue, synchronize.
 
-This file only adapts the host session to the Backend interface; the host model is in host.py, the DSP in
-dsp.py, the op kernels in executor.py and matmul.py, the VTCM arena in vtcm.py and its layouts in plan.py
-(MUL_MAT) and scratch_layouts.py (the other ops).
+This file only adapts the host session to the Backend interface; the host model is in host/ (session.py), the DSP
+in device.py, the op kernels in ops/ (executor.py, matmul.py), the VTCM arena and its layouts in vtcm/ (arena.py,
+matmul_plan.py for MUL_MAT, op_layouts.py for the other ops).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kazeia.backends.htp.profiles import check_faults, get_profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Tensor
+from kazeia.identity import IdentityCache
 
 
 class HtpBackend(Backend):
@@ -44,12 +45,13 @@ class HtpBackend(Backend):
         self.dsp.on_op_fault = self._op_fault
         self.dsp.on_op_start = self._op_start
         self.records: list[tuple[str, OpRecord]] = []  # (node name, record) of the current graph
-        self._modeled_cache: dict[int, tuple[Graph, float]] = {}
-        self._graph_runs: dict[int, tuple[Graph, int]] = {}  # graphs run since the last fold, with counts
+        self._modeled_cache: IdentityCache[float] = IdentityCache("htp.modeled_graph_seconds", limit=16, bind=True)
+        self._graph_runs: dict[Graph, int] = {}  # graphs run since the last fold, with counts
         self._modeled_done = 0.0
-        self._op_seconds: dict[int, tuple[Tensor, float]] = {}  # modeled DSP time per node, for the timing model
+        # per node: modeled DSP time (the timing model), supports_op's answer
+        self._op_seconds: IdentityCache[float] = IdentityCache("htp.op_seconds", limit=8192, bind=True)
+        self._supported: IdentityCache[tuple] = IdentityCache("htp.supports", limit=16384, bind=True)
         self._batched_settings: HtpSettings | None = None  # a synchronous session's settings before --sync
-        self._supported: dict[int, tuple] = {}  # supports() answers by node (see there)
 
     @classmethod
     def from_options(cls, opts) -> HtpBackend:
@@ -59,29 +61,24 @@ class HtpBackend(Backend):
     # --- Backend ---
     def supports(self, node: Tensor) -> bool:
         """supports_op, kept by node: the scheduler asks for every node of a reused graph on every token, and
-        the answer depends only on the node's op, params, shapes, types and sources (and the fixed settings)."""
-        hit = self._supported.get(id(node))
-        if (hit is None or hit[0] is not node or hit[1] is not node.src or hit[2] is not node.params
-                or hit[3] is not node.ne or hit[4] is not node.nb):
-            if len(self._supported) > 16384:
-                self._supported.clear()
-            hit = self._supported[id(node)] = (node, node.src, node.params, node.ne, node.nb,
-                                               supports_op(node, self.settings))
-        return hit[5]
+        the answer depends only on the node's op, params, shapes, types and sources (and the fixed settings); a
+        node's sources are the one thing a graph builder may give it anew."""
+        src = node.src
+        return self._supported.get(node, lambda: (src, supports_op(node, self.settings)), lambda h: h[0] is src)[1]
 
     def begin_graph(self, graph: Graph) -> None:
         super().begin_graph(graph)
         self.records = []
+        self.host.placement = graph.placement  # the stamp the ops of this graph are queued (and bound) under
         # costed lazily (bench_counters): planning every matmul of every graph is not the run's business
-        runs = self._graph_runs.get(id(graph))
-        self._graph_runs[id(graph)] = (graph, runs[1] + 1 if runs is not None and runs[0] is graph else 1)
+        self._graph_runs[graph] = self._graph_runs.get(graph, 0) + 1
         for h in self.hooks:  # hooks that need the device itself (op dumps snapshot VTCM at batch start)
             bind = getattr(h, "bind_backend", None)
             if bind is not None:
                 bind(self)
 
     def compute(self, node: Tensor) -> None:
-        idx = self.node_index.get(id(node), -1)
+        idx = self.node_index.get(node, -1)
         self.host.enqueue_op(node, idx)
         if self.hooks:  # (the info is only built for someone to read)
             self.emit_enqueue(node, self._info(node, "queued", self.host.open_seq,
@@ -171,12 +168,8 @@ class HtpBackend(Backend):
 
         total = DEFAULT.batch_overhead_s
         for op in batch.ops:
-            hit = self._op_seconds.get(id(op.node))
-            if hit is None or hit[0] is not op.node:
-                if len(self._op_seconds) > 8192:
-                    self._op_seconds.clear()
-                hit = self._op_seconds[id(op.node)] = (op.node, op_seconds(op.node, self.settings).seconds)
-            total += hit[1]
+            node = op.node
+            total += self._op_seconds.get(node, lambda: op_seconds(node, self.settings).seconds)  # noqa: B023
         return total
 
     def modeled_graph_seconds(self, graph: Graph) -> float:
@@ -184,16 +177,11 @@ class HtpBackend(Backend):
         the ops the HTP refuses (modeled on the phone's CPU). Cached per graph object."""
         from kazeia.backends.htp.cost import graph_seconds
 
-        hit = self._modeled_cache.get(id(graph))
-        if hit is None or hit[0] is not graph:
-            if len(self._modeled_cache) > 16:
-                self._modeled_cache.clear()
-            hit = self._modeled_cache[id(graph)] = (graph, graph_seconds(graph.nodes, self.settings)[0])
-        return hit[1]
+        return self._modeled_cache.get(graph, lambda: graph_seconds(graph.nodes, self.settings)[0])
 
     def bench_counters(self) -> dict[str, float]:
         """`kazeia bench` extension point: cumulative modeled device seconds of every graph run so far."""
-        done = self._modeled_done + sum(self.modeled_graph_seconds(g) * n for g, n in self._graph_runs.values())
+        done = self._modeled_done + sum(self.modeled_graph_seconds(g) * n for g, n in self._graph_runs.items())
         if len(self._graph_runs) > 16:  # fold old graphs into the total so the table stays small
             self._modeled_done, self._graph_runs = done, {}
         return {"modeled device": done}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kazeia.graph.tensor import BufferUsage, GGMLType, Tensor
+from kazeia.identity import IdentityCache
 
 AEE_EINTERRUPTED = 0x2E
 
@@ -46,6 +47,7 @@ class OpDesc:
     src: list[int | None]
     dst: int
     graph_index: int
+    placement: object = None  # the graph's placement stamp when the host queued it (graph/alloc.py; None: no graph)
 
 
 @dataclass
@@ -56,9 +58,9 @@ class OpBatch:
     buffers: list[object] = field(default_factory=list)
     vmem: int = 0
     statuses: list[int] | None = None  # set once the DSP has run the batch
-    _by_data: dict[int, list[int]] = field(default_factory=dict)
-    _by_tensor: dict[int, int] = field(default_factory=dict)
-    _buf_index: dict[int, int] = field(default_factory=dict)
+    _by_data: dict[int, list[int]] = field(default_factory=dict)  # data address -> descriptors
+    _by_tensor: dict[Tensor, int] = field(default_factory=dict)
+    _buf_index: dict[object, int] = field(default_factory=dict)  # buffer -> its entry in the buffer table
 
     def empty(self) -> bool:
         return not self.ops
@@ -67,15 +69,15 @@ class OpBatch:
         if len(self.ops) >= max_ops:
             return False
         extra_tens = extra_bufs = extra_vmem = 0
-        seen_bufs: set[int] = set()
+        seen_bufs: set = set()
         by_tensor, buf_index = self._by_tensor, self._buf_index
         for t in op_tensors(node):
-            if id(t) in by_tensor:
+            if t in by_tensor:
                 continue
             extra_tens += 1
             b = t.buffer
-            if id(b) not in buf_index and id(b) not in seen_bufs:
-                seen_bufs.add(id(b))
+            if b not in buf_index and b not in seen_bufs:
+                seen_bufs.add(b)
                 extra_bufs += 1
                 extra_vmem += b.size
         return (len(self.buffers) + extra_bufs <= MAX_BUFS and len(self.tensors) + extra_tens <= max_tensors
@@ -91,56 +93,46 @@ class OpBatch:
                 d = self.tensors[i]
                 if d.ne == t.ne and d.nb == t.nb:
                     return i
-        i = self._by_tensor.get(id(t))
+        i = self._by_tensor.get(t)
         if i is not None:
             return i
-        bi = self._buf_index.get(id(t.buffer))
+        bi = self._buf_index.get(t.buffer)
         if bi is None:
             bi = len(self.buffers)
             self.buffers.append(t.buffer)
-            self._buf_index[id(t.buffer)] = bi
+            self._buf_index[t.buffer] = bi
             self.vmem += t.buffer.size
         flags = TENSOR_COMPUTE if t.buffer.usage == BufferUsage.COMPUTE else 0
         d = TensorDesc(len(self.tensors), t, addr, _nbytes(t), t.type, t.ne, t.nb, flags, bi)
         self.tensors.append(d)
         self._by_data.setdefault(addr, []).append(d.index)
-        self._by_tensor[id(t)] = d.index
+        self._by_tensor[t] = d.index
         return d.index
 
-    def add_op(self, node: Tensor, graph_index: int) -> OpDesc:
+    def add_op(self, node: Tensor, graph_index: int, placement: object = None) -> OpDesc:
         src = [self.add_tensor(s) if s is not None else None for s in node.src]
         dst = self.add_tensor(node)
-        op = OpDesc(len(self.ops), node, src, dst, graph_index)
+        op = OpDesc(len(self.ops), node, src, dst, graph_index, placement)
         self.ops.append(op)
         return op
 
 
-_OP_TENSORS: dict[int, tuple[Tensor, tuple, tuple[Tensor, ...]]] = {}
+_OP_TENSORS: IdentityCache[tuple[tuple, tuple[Tensor, ...]]] = IdentityCache("htp.op_tensors", limit=16384)
 
 
 def op_tensors(node: Tensor) -> tuple[Tensor, ...]:
     """The node's sources that are there, then the node: the tensors `fits` counts, kept by node (a decode
     enqueues the same graph's nodes every token; a node whose sources changed is worked out again)."""
-    hit = _OP_TENSORS.get(id(node))
-    if hit is None or hit[0] is not node or hit[1] is not node.src:
-        if len(_OP_TENSORS) > 16384:  # nodes of graphs long gone (as the executor's bound ops)
-            _OP_TENSORS.clear()
-        hit = _OP_TENSORS[id(node)] = (node, node.src, (*[s for s in node.src if s is not None], node))
-    return hit[2]
+    src = node.src
+    return _OP_TENSORS.get(node, lambda: (src, (*[s for s in src if s is not None], node)), lambda h: h[0] is src)[1]
 
 
-_NBYTES: dict[tuple, int] = {}
+_NBYTES: IdentityCache[int] = IdentityCache("htp.nbytes", limit=65536, by_value=True)
 
 
 def _nbytes(t: Tensor) -> int:
     """t.nbytes, kept by (type, ne, nb): a decode describes the same few shapes every token."""
-    key = (t.type, t.ne, t.nb)
-    n = _NBYTES.get(key)
-    if n is None:
-        if len(_NBYTES) > 65536:
-            _NBYTES.clear()
-        n = _NBYTES[key] = t.nbytes
-    return n
+    return _NBYTES.get((t.type, t.ne, t.nb), lambda: t.nbytes)
 
 
 class DspFault(Exception):

@@ -27,7 +27,7 @@ class _CumulativeHook(Hook):
         self.rows = rows
         self.strict = strict
         self.ubatch = 0
-        self._inputs: dict[int, tuple[bool, bool, float | None]] = {}  # id(node) -> (identical, finite, nmse)
+        self._inputs: dict[Tensor, tuple[bool, bool, float | None]] = {}  # node -> (identical, finite, nmse)
 
     def next_ubatch(self, *_args) -> None:
         self.ubatch += 1
@@ -48,12 +48,12 @@ class _CumulativeHook(Hook):
                 if worst is not None:
                     v = judge(got.astype(np.float64), want.astype(np.float64), math.inf).nmse
                     worst = max(worst, v if v is not None else math.inf)
-        self._inputs[id(node)] = (identical, finite, worst)
+        self._inputs[node] = (identical, finite, worst)
 
     def on_complete(self, node: Tensor, info: OpInfo) -> None:
         key = (self.ubatch, info.index)
         ref = reference_for(self.reference, key, node)
-        identical, finite, in_nmse = self._inputs.pop(id(node), (False, True, None))
+        identical, finite, in_nmse = self._inputs.pop(node, (False, True, None))
         is_output = bool(node.flags & TFlag.OUTPUT)
         threshold, tinfo = row_threshold(self.reference, key, node, self.strict)
         if is_output:

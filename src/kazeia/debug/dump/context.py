@@ -20,16 +20,16 @@ class BatchContexts:
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store
-        self._snapshots: dict[tuple[int, int], dict] = {}  # (id(backend), batch seq) -> snapshot
+        self._snapshots: dict[tuple[Any, int], dict] = {}  # (backend, batch seq) -> snapshot
 
     def record(self, backend: Any, batch: Any, last: int) -> None:
         """Snapshot what ops[0..last] of the batch need, forgetting this backend's previous batch."""
-        self._snapshots = {k: v for k, v in self._snapshots.items() if k[0] != id(backend)}
-        self._snapshots[(id(backend), batch.seq)] = snapshot(self.store, backend, batch, last)
+        self._snapshots = {k: v for k, v in self._snapshots.items() if k[0] is not backend}
+        self._snapshots[(backend, batch.seq)] = snapshot(self.store, backend, batch, last)
 
     def for_op(self, backend: Any, info: OpInfo) -> dict:
         """The context of the op `info` describes: the ops of its batch up to it, and what they touch."""
-        snap = self._snapshots.get((id(backend), info.batch))
+        snap = self._snapshots.get((backend, info.batch))
         idx = info.extra.get("batch_index")
         if snap is None or idx is None:
             return {"unavailable": "no batch-start snapshot for this batch"}

@@ -72,13 +72,13 @@ class DumpHook(Hook):
         self.limit_reached = False
         # entry numbers continue after those already in the directory (a second run appends)
         self._first = max((int(e.get("match") or 0) for e in self._index["entries"]), default=0)
-        self._occ: dict[int, int] = {}  # id(node) -> occurrence number while the op is in flight
-        self._enqueued: set[int] = set()  # id(node) of ops whose enqueue capture is done
-        self._pending: dict[int, _Pending] = {}  # id(node) -> complete capture waiting for its output
-        self._backends: dict[int, Any] = {}  # id(backend) -> HtpBackend
+        self._occ: dict[Tensor, int] = {}  # node -> occurrence number while the op is in flight
+        self._enqueued: set[Tensor] = set()  # nodes whose enqueue capture is done
+        self._pending: dict[Tensor, _Pending] = {}  # node -> complete capture waiting for its output
+        self._backends: list[Any] = []  # the HtpBackends bound
         self.contexts = BatchContexts(self.store)  # batch-start snapshots, from the backend's batch-start hook
         self._by_name: dict[str, int] = {}  # node name -> executions dumped so far
-        self._nth: dict[int, int] = {}  # id(node) -> which execution of that node name this is
+        self._nth: dict[Tensor, int] = {}  # node -> which execution of that node name this is
 
     # --- setup ---
     def _prepare_root(self) -> None:
@@ -107,9 +107,9 @@ class DumpHook(Hook):
 
     def bind_backend(self, backend: Any) -> None:
         """Called by the HTP backend at graph start: lets the hook snapshot VTCM and memory at batch start."""
-        if id(backend) in self._backends:
+        if any(b is backend for b in self._backends):
             return
-        self._backends[id(backend)] = backend
+        self._backends.append(backend)
         backend.add_batch_start_hook(self._on_batch_start)
 
     # --- hook protocol ---
@@ -119,23 +119,23 @@ class DumpHook(Hook):
         occ = self._claim(node)
         if occ is None:
             return
-        self._enqueued.add(id(node))
+        self._enqueued.add(node)
         self._write_enqueue(node, info, occ, synchronous=False)
 
     def on_start(self, node: Tensor, info: OpInfo) -> None:
         if not self.pattern.search(node.name):
             return
-        occ = self._occ.get(id(node))
+        occ = self._occ.get(node)
         if occ is None:
             occ = self._claim(node)
             if occ is None:
                 return
-        if self.at in ("enqueue", "both") and id(node) not in self._enqueued:
+        if self.at in ("enqueue", "both") and node not in self._enqueued:
             # no enqueue event: a synchronous backend, where enqueue and start are the same moment
             self._write_enqueue(node, info, occ, synchronous=True)
-        self._enqueued.discard(id(node))
+        self._enqueued.discard(node)
         if self.at == "enqueue":
-            self._occ.pop(id(node), None)
+            self._occ.pop(node, None)
             return
         entry_id = f"{occ:04d}-{_safe(node.name)}"
         m = self._base_manifest(node, info, "complete", entry_id)
@@ -146,12 +146,12 @@ class DumpHook(Hook):
         p = _Pending(entry_id, m, self.root / entry_id)
         p.path.mkdir(exist_ok=True)
         write_manifest(p.path / "manifest.json", m)
-        self._pending[id(node)] = p
+        self._pending[node] = p
         self._register(entry_id, m)
 
     def on_complete(self, node: Tensor, info: OpInfo) -> None:
-        p = self._pending.pop(id(node), None)
-        self._occ.pop(id(node), None)
+        p = self._pending.pop(node, None)
+        self._occ.pop(node, None)
         if p is None:
             return
         m = p.manifest
@@ -162,7 +162,7 @@ class DumpHook(Hook):
         write_manifest(p.path / "manifest.json", m)
 
     def on_fault(self, node: Tensor, info: OpInfo) -> None:
-        p = self._pending.pop(id(node), None)
+        p = self._pending.pop(node, None)
         # the device is dead: ops queued after this one will never start
         self._occ.clear()
         self._enqueued.clear()
@@ -185,8 +185,8 @@ class DumpHook(Hook):
             return None
         self.matches += 1
         occ = self._first + self.matches
-        self._occ[id(node)] = occ
-        self._nth[id(node)] = self._by_name[node.name] = self._by_name.get(node.name, 0) + 1
+        self._occ[node] = occ
+        self._nth[node] = self._by_name[node.name] = self._by_name.get(node.name, 0) + 1
         return occ
 
     def _register(self, entry_id: str, m: dict) -> None:
@@ -204,17 +204,17 @@ class DumpHook(Hook):
         if be is not None:
             dev["htp"] = settings_dict(be.settings)
             dev["htp_profile"] = {"name": be.profile.name, "description": be.profile.description}
-        occ = self._occ.get(id(node), 0)
+        occ = self._occ.get(node, 0)
         pair = f"{occ:04d}-{_safe(node.name)}" + (".enqueue" if capture == "complete" else "")
         return {
             "format": FORMAT, "version": VERSION, "kazeia": __version__, "id": entry_id, "capture": capture,
-            "capture_note": COMPLETE_NOTE, "match": occ, "occurrence_of_name": self._nth.get(id(node), 0),
+            "capture_note": COMPLETE_NOTE, "match": occ, "occurrence_of_name": self._nth.get(node, 0),
             "pair": pair if self.at == "both" else None,
             "graph_index": info.index, "node": tensor_meta(node), "device": dev, "fault": None,
         }
 
     def _htp_backend_named(self, name: str) -> Any:
-        for be in self._backends.values():
+        for be in self._backends:
             if be.name == name:
                 return be
         return None

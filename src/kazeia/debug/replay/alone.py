@@ -116,7 +116,7 @@ def run_alone(dump: Dump, device: str, settings: Any, mode: str = "alone") -> Ex
     node = materialize(dump)
     backend = make_backend(device, settings)
     ex = Execution(mode, backend.name, getattr(settings, "profile", None) if backend.name == "HTP0" else None)
-    backend.node_index = {id(node): dump.graph_index}
+    backend.node_index = {node: dump.graph_index}
     if not _supports(backend, node):
         ex.error = f"{backend.name} does not support this op ({dump.desc} {dump.node['type']}{dump.node['ne']})"
         backend.close()
@@ -136,7 +136,7 @@ def reference_run(dump: Dump) -> tuple[Execution, float | None]:
     node = materialize(dump)
     be = RefBackend()
     ex = Execution("reference", "REF")
-    be.node_index = {id(node): dump.graph_index}
+    be.node_index = {node: dump.graph_index}
     if not _supports(be, node):
         ex.error = f"REF does not support this op ({dump.desc})"
         return ex, None

@@ -72,7 +72,7 @@ def run_with_context(dump: Dump, settings: Any) -> Execution:
     ex.descriptors_reproduced = same
     if not same:
         ex.notes.append("the rebuilt batch did not reproduce the recorded descriptor indexes")
-    backend.node_index = {id(n): int(o["graph_index"]) for o, n in zip(ops, nodes)}
+    backend.node_index = {n: int(o["graph_index"]) for o, n in zip(ops, nodes)}
     target = nodes[-1]
 
     def run() -> None:

@@ -11,8 +11,8 @@ modeled durations, a batch runs (for real, in order) as soon as the host's clock
 a host read (the team's OPLOG and DUMP, oplog.py; kazeia's enqueue-time hooks) sees exactly the batches finished
 by then. A wait (flush_pending) runs the batch it waits for. Batches compute the same bytes whenever they run.
 
-The batch tables themselves are batch.py's; a batch built from empty is recorded and, while the same nodes come
-again with their tensors where they were (a decode's reused graph), replayed instead of built op by op.
+The batch tables themselves are msg.py's; a batch built from empty is recorded (batch.py) and, while the same nodes
+come again under the same placement of their graph (a decode's reused graph), replayed instead of built op by op.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.errors import DeviceDeathError, DeviceOpError
 from kazeia.graph.tensor import Tensor, type_name
+from kazeia.identity import IdentityCache, binding
 
 RECORDS_MAX = 64  # batch records kept per session (a decode graph needs a few; they hold its tensors alive)
 
@@ -83,9 +84,10 @@ class HostSession:
         self.batch_seconds = batch_seconds or (lambda b: 120e-6)
         self.op_dump = (OpDump(settings.dump, settings.dump_dir, settings.dump_limit)
                         if settings.dump is not None else None)
+        self.placement: object = None  # the placement stamp of the graph being queued (HtpBackend.begin_graph)
         # batch.py: batches built from empty, by first node; the one being replayed (and how many of its ops
         # are in), or the one the open batch is being recorded in
-        self._records: dict[int, BatchRecord] = {}
+        self._records: IdentityCache[BatchRecord] = IdentityCache("htp.batch_records", limit=RECORDS_MAX, bind=True)
         self._replay: BatchRecord | None = None
         self._replayed = 0
         self._recording: BatchRecord | None = None
@@ -122,13 +124,15 @@ class HostSession:
             self.flush_batch()
         batch = self._batch
         if not batch.ops:
-            rec = self._records.get(id(node))
-            if rec is not None and rec.matches(0, node, graph_index) and rec.buffers_unchanged():
+            rec = self._records.peek(node)
+            if rec is not None and rec.valid(self.placement) and rec.matches(0, node, graph_index):
                 self._replay, self._replayed, self._recording = rec, 1, None
                 self.last_enqueued = rec.batch.ops[0]
                 return self._enqueued(node)
-            self._recording = BatchRecord() if self.settings.opbatch > 1 else None  # one-op batches: nothing to save
-        op = batch.add_op(node, graph_index)
+            # one-op batches, or a graph no allocator placed: nothing to save
+            keep = self.settings.opbatch > 1 and self.placement is not None and binding()
+            self._recording = BatchRecord(self.placement) if keep else None
+        op = batch.add_op(node, graph_index, self.placement)
         if self._recording is not None:
             self._recording.add(node, graph_index, batch)
         self.last_enqueued = op
@@ -190,9 +194,7 @@ class HostSession:
         self.timing.submit(batch.seq, self.batch_seconds(batch))
         self.in_flight.append(batch)
         if self._recording is not None:
-            if len(self._records) >= RECORDS_MAX:
-                self._records.clear()
-            self._records[id(batch.ops[0].node)] = self._recording.close(batch)
+            self._records.put(batch.ops[0].node, self._recording.close(batch))
             self._recording = None
         self._seq += 1
         self._batch = OpBatch(seq=self._seq)

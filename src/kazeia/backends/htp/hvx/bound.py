@@ -24,10 +24,6 @@ from kazeia.graph.tensor import GGMLType, Tensor, array
 from kazeia.native.buffers import ptr
 from kazeia.native.compile import available
 
-# `unit` below is the matmul.MatmulUnit running the node (an HvxPath with `settings`, `profile`, `weights` and
-# `dot_scratch`); typed as its HvxPath half, which matmul.py does not sit under (no import cycle)
-MatmulUnit = HvxPath
-
 BOUND_TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.IQ4_NL)  # q8x4x2 activations, dot in kernels/hvx NAMES
 
 
@@ -37,16 +33,16 @@ class BoundHvx:
     placement, VTCM); `run` returns None where the general path must run this call (a stale DMA descriptor, or
     activations the native quantizer does not take: it has then written nothing)."""
 
-    __slots__ = ("node", "src", "route_path", "xarr", "darr", "wkey", "vtcm", "plan", "rw", "prog", "m", "nbytes",
-                 "area", "parea", "stride", "quant", "dot", "pdst", "y", "dst_runs", "checks_format", "record")
+    __slots__ = ("node", "src", "route_path", "placement", "vtcm", "plan", "rw", "prog", "m", "nbytes", "area",
+                 "parea", "stride", "quant", "dot", "pdst", "y", "dst_runs", "checks_format", "record")
 
-    def matches(self, node: Tensor, dsp: Dsp) -> bool:
-        w, x = node.src[0], node.src[1]
-        return (node.src is self.src and node.route_path == self.route_path and dsp.vtcm is self.vtcm
-                and array(x) is self.xarr and array(node) is self.darr
-                and (w.buffer, w.offset, w.type, w.ne, w.nb) == self.wkey)
+    def matches(self, node: Tensor, dsp: Dsp, placement: object) -> bool:
+        """Bound for this node (its sources and route path), on this DSP's VTCM, under this placement of its graph
+        (the views of x and dst it holds are where the tensors are; weights never move)."""
+        return (placement is self.placement and node.src is self.src and node.route_path == self.route_path
+                and dsp.vtcm is self.vtcm)
 
-    def run(self, unit: MatmulUnit, dsp: Dsp, octx: OpContext, op: OpDesc) -> OpRecord | None:
+    def run(self, unit: HvxPath, dsp: Dsp, octx: OpContext, op: OpDesc) -> OpRecord | None:
         if dsp.dma_stale_pop:
             return None  # thread 0's first weight row is read early: matmul_hvx handles it
         vt = self.vtcm
@@ -69,7 +65,8 @@ class BoundHvx:
                                            "modeled_s": modeled})
 
 
-def bind_hvx(unit: MatmulUnit, dsp: Dsp, node: Tensor, plan: MatmulPlan, modeled_s: float) -> BoundHvx | None:
+def bind_hvx(unit: HvxPath, dsp: Dsp, node: Tensor, plan: MatmulPlan, modeled_s: float,
+             placement: object) -> BoundHvx | None:
     """The binding of an HVX matmul node, or None where the general path keeps running it (see the module)."""
     w, x = node.src[0], node.src[1]
     if (plan.path == "hmx" or plan.hmx_attempt is not None or plan.status != "ok" or w.type not in BOUND_TYPES
@@ -94,7 +91,7 @@ def bind_hvx(unit: MatmulUnit, dsp: Dsp, node: Tensor, plan: MatmulPlan, modeled
     b = BoundHvx()
     b.node, b.src, b.route_path, b.vtcm, b.plan, b.rw, b.prog, b.m = node, node.src, node.route_path, vt, plan, rw, \
         prog, m
-    b.xarr, b.darr, b.wkey = array(x), dst, (w.buffer, w.offset, w.type, w.ne, w.nb)
+    b.placement = placement
     b.nbytes, b.stride = m * stride, stride
     b.area = vt.raw_view(0, m * stride).reshape(m, stride)
     b.parea = ptr(b.area)

@@ -184,12 +184,8 @@ class HvxPath:
 
     def leave_program(self, plan: MatmulPlan, rw: RepackedWeight) -> LeaveProgram:
         """The LeaveProgram of `plan` for a weight of rw.n rows, kept by plan."""
-        prog = self._leave_programs.get(id(plan))
-        if prog is None or prog.plan is not plan or prog.n != rw.n:
-            if len(self._leave_programs) > 4096:
-                self._leave_programs.clear()
-            prog = self._leave_programs[id(plan)] = LeaveProgram.of(plan, rw.n, rw.row_bytes)
-        return prog
+        return self._leave_programs.get(plan, lambda: LeaveProgram.of(plan, rw.n, rw.row_bytes),
+                                        lambda prog: prog.n == rw.n)
 
     def leave_rings(self, vt: Vtcm, rw: RepackedWeight, prog: LeaveProgram) -> None:
         """The weight rows each thread's ring holds at the end, written deferred (see `_leave_hvx_bytes`)."""

@@ -22,6 +22,7 @@ from kazeia.backends.htp.vtcm.op_layouts import OpScratch
 from kazeia.backends.htp.vtcm.scratch import ScratchBinding, ScratchWriter
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
 from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
+from kazeia.identity import IdentityCache, binding
 
 
 class DspOps(NumpyOps):
@@ -68,19 +69,16 @@ class BoundOp:
 
 
 class FastOp:
-    """A bound op's whole run with everything bound to memory: the tensors' views (checked to be the same views
-    at every call, else the general path runs and the op is bound again), the compute (dev_ops, the ufunc, or
-    the numpy_ops kernel), the scratch copies (ScratchBinding's views) and the src1 effect. The same steps as
-    `Executor.execute`'s general path, in the same order."""
+    """A bound op's whole run with everything bound to memory: the tensors' views (made under one placement of the
+    node's graph: under another, the general path runs and the op is bound again), the compute (bound_ops, the
+    ufunc, or the numpy_ops kernel), the scratch copies (ScratchBinding's views) and the src1 effect. The same
+    steps as `Executor.execute`'s general path, in the same order."""
 
-    __slots__ = ("vtcm", "checks", "compute", "views", "reset")
+    __slots__ = ("vtcm", "placement", "compute", "views", "reset")
 
-    def run(self, dsp: Dsp, octx: OpContext) -> bool:
-        if dsp.vtcm is not self.vtcm:
+    def run(self, dsp: Dsp, octx: OpContext, placement: object) -> bool:
+        if dsp.vtcm is not self.vtcm or placement is not self.placement:
             return False
-        for t, a in self.checks:
-            if array(t) is not a:
-                return False
         self.compute()
         if self.views is not None:
             self.vtcm.write_views(*self.views)
@@ -90,8 +88,9 @@ class FastOp:
         return True
 
     @staticmethod
-    def of(b: BoundOp, dsp: Dsp, io: DspOps) -> FastOp | bool:
-        """The FastOp of a bound op on this DSP, or False where the general path keeps running it."""
+    def of(b: BoundOp, dsp: Dsp, io: DspOps, placement: object) -> FastOp | bool:
+        """The FastOp of a bound op on this DSP under this placement of its graph, or False where the general path
+        keeps running it."""
         node, sc = b.node, b.sc
         if sc.status != "ok" or node.op == "FLASH_ATTN_EXT" or node.op in KERNELS_DSP or node.op not in KERNELS:
             return False
@@ -106,7 +105,7 @@ class FastOp:
             if views is None:
                 return False  # padded or strided rows: written run by run
         f = FastOp()
-        f.vtcm, f.checks, f.views, f.reset = dsp.vtcm, tuple(zip(tensors, arrays)), views, b.effect == "reset"
+        f.vtcm, f.placement, f.views, f.reset = dsp.vtcm, placement, views, b.effect == "reset"
         compute = compute_for(node)
         if compute is None and b.ufunc is not None:
             fn, a0, a1, out = b.ufunc, arrays[1], array(node.src[1]), arrays[0]
@@ -138,20 +137,21 @@ class Executor:
         self.io = DspOps()
         self.matmul = MatmulUnit(settings, profile, weights)
         self.scratch = ScratchWriter(settings, profile)
-        self._bound: dict[int, BoundOp] = {}
+        self._bound: IdentityCache[BoundOp] = IdentityCache("htp.bound_ops", limit=16384, bind=True)
 
     def execute(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
         node = op.node
         if node.op == "MUL_MAT":
             return self.matmul.op_matmul(dsp, octx, op, batch)
-        b = self._bound.get(id(node))
-        if b is None or b.node is not node or b.src is not node.src or b.route_path != node.route_path:
-            b = self._bind(node)
-        if b.fast is not False:  # the bound run; made (again) when missing or its views changed
-            if b.fast is not None and b.fast.run(dsp, octx):
+        b = self._bound.get(node, lambda: self._bind(node),
+                            lambda b: b.src is node.src and b.route_path == node.route_path)
+        placement = op.placement
+        if b.fast is not False and placement is not None and binding():
+            # the bound run; made (again) when missing or bound under another placement
+            if b.fast is not None and b.fast.run(dsp, octx, placement):
                 return OpRecord(path=b.path, status=STATUS_OK)
-            b.fast = FastOp.of(b, dsp, self.io)
-            if b.fast is not False and b.fast.run(dsp, octx):
+            b.fast = FastOp.of(b, dsp, self.io, placement)
+            if b.fast is not False and b.fast.run(dsp, octx, placement):
                 return OpRecord(path=b.path, status=STATUS_OK)
         sc, path = b.sc, b.path
         if sc.status == "VTCM_TOO_SMALL":
@@ -175,11 +175,7 @@ class Executor:
         """The node's layout, scratch program and src1 effect, kept by node: a decode runs the same graph's
         nodes every token, so each op is planned once (what the layout depends on is the node's shapes, params
         and route path; a node whose sources or route path changed is bound again)."""
-        if len(self._bound) > 16384:  # nodes of graphs long gone
-            self._bound.clear()
         sc = self.scratch.layout(node)
         path = sc.info.get("path", "hvx")
-        b = BoundOp(node, node.src, node.route_path, sc, path, ScratchBinding(self.scratch.program(node, sc)),
-                    self.scratch.src1_effect(node, path), _elementwise_ufunc(node))
-        self._bound[id(node)] = b
-        return b
+        return BoundOp(node, node.src, node.route_path, sc, path, ScratchBinding(self.scratch.program(node, sc)),
+                       self.scratch.src1_effect(node, path), _elementwise_ufunc(node))

@@ -24,6 +24,7 @@ from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul_plan import MatmulPlan, plan_for_node, src_layout
 from kazeia.graph.tensor import Tensor, rows
+from kazeia.identity import IdentityCache, binding
 
 
 class WeightStore:
@@ -37,16 +38,12 @@ class WeightStore:
 
     def __init__(self, budget: int | None = None) -> None:
         self.budget = budget
-        self._items: dict[tuple, RepackedWeight] = {}
+        # by (address, type, shape): views of models no longer in use go past 4096 entries
+        self._items: IdentityCache[RepackedWeight] = IdentityCache("htp.repack_buffer", by_value=True)
 
     def get(self, w: Tensor) -> RepackedWeight:
-        key = (w.data_addr, w.type, w.ne)
-        rw = self._items.get(key)
-        if rw is None:
-            if len(self._items) > 4096:  # views of models no longer in use: let their maps go
-                self._items.clear()
-            rw = self._items[key] = RepackedWeight.from_ggml(rows(w)[0, 0], w.type, w.ne[0])
-        return rw
+        return self._items.get((w.data_addr, w.type, w.ne),
+                               lambda: RepackedWeight.from_ggml(rows(w)[0, 0], w.type, w.ne[0]))
 
 
 _SHARED: WeightStore | None = None
@@ -64,41 +61,29 @@ class MatmulUnit(HmxPath, HvxPath):
         self.settings = settings
         self.profile = profile
         self.weights = weights if weights is not None else shared_store()
-        self._plans: dict[tuple, MatmulPlan] = {}
-        self._leave_programs: dict[int, LeaveProgram] = {}  # by id of a kept plan (matmul_hvx.LeaveProgram)
-        self._bound: dict[int, BoundHvx | None] = {}  # by id of node (matmul_bound.py)
-        self._unbound: dict[int, Tensor] = {}  # the nodes bound to None (kept alive, so their ids stay theirs)
+        self._plans: IdentityCache[MatmulPlan] = IdentityCache("htp.matmul_plans", bind=True, by_value=True)
+        self._leave_programs: IdentityCache[LeaveProgram] = IdentityCache("htp.leave_programs", bind=True)  # by plan
+        self._bound: IdentityCache[BoundHvx | None] = IdentityCache("htp.bound_matmuls", limit=16384, bind=True)
         self._dot_scratch: dict = {}
 
     # --- op_matmul ---
     def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
-        node = op.node
-        b = self._bound.get(id(node), False)
-        if b is False:
-            b = self._bind(dsp, node)
-        elif b is None:
-            if self._unbound.get(id(node)) is not node:
-                b = self._bind(dsp, node)
-        elif b.node is not node or not b.matches(node, dsp):
-            b = self._bind(dsp, node)
-        if b is not None:
-            rec = b.run(self, dsp, octx, op)
-            if rec is not None:
-                return rec
+        node, placement = op.node, op.placement
+        if placement is not None and binding():
+            b = self._bound.get(node, lambda: self._bind(dsp, node, placement),
+                                lambda b: b is None or b.matches(node, dsp, placement))
+            if b is not None:
+                rec = b.run(self, dsp, octx, op)
+                if rec is not None:
+                    return rec
         return self._op_matmul(dsp, octx, op, self._plan(node))
 
-    def _bind(self, dsp: Dsp, node: Tensor) -> BoundHvx | None:
-        """matmul_bound.bind_hvx of the node, kept by node (None: the general path runs it, until the node is
-        another one)."""
-        if len(self._bound) > 16384:  # nodes of graphs long gone
-            self._bound.clear()
-            self._unbound.clear()
+    def _bind(self, dsp: Dsp, node: Tensor, placement: object) -> BoundHvx | None:
+        """hvx/bound.py bind_hvx of the node under this placement of its graph, kept by node (None: the general path
+        runs it, until the node is another one)."""
         w, x = node.src[0], node.src[1]
-        b = bind_hvx(self, dsp, node, self._plan(node), modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type))
-        self._bound[id(node)] = b
-        if b is None:
-            self._unbound[id(node)] = node
-        return b
+        return bind_hvx(self, dsp, node, self._plan(node), modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type),
+                        placement)
 
     def dot_scratch(self, shape: tuple[int, int, int], k: int) -> tuple:
         return dot_scratch(self._dot_scratch, shape, k)
@@ -108,12 +93,7 @@ class MatmulUnit(HmxPath, HvxPath):
         sources, the route path): a decode plans the same few shapes every token. MatmulPlan is frozen."""
         w, x = node.src[0], node.src[1]
         key = (w.type, w.ne, w.nb, x.type, x.ne, x.nb, node.route_path)
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) > 4096:
-                self._plans.clear()
-            plan = self._plans[key] = plan_for_node(node, self.settings)
-        return plan
+        return self._plans.get(key, lambda: plan_for_node(node, self.settings))
 
     def _op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
         node = op.node

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Protocol
 
 import numpy as np
 
-from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.kernels.vtcm_copy import CopyRuns
 from kazeia.backends.htp.msg import OpBatch, OpContext, OpDesc
 from kazeia.backends.htp.profiles import Profile, get_profile
@@ -34,8 +34,16 @@ from kazeia.backends.htp.vtcm.op_layouts import (
 )
 from kazeia.backends.htp.vtcm.src1_shortcut import src1_cache_effect
 from kazeia.graph.tensor import SCALAR_DTYPES, Tensor, array
+from kazeia.identity import IdentityCache, binding
 
 _AREA = re.compile(r"^(?P<base>[a-z0-9_]+)(\[(?P<t>\d+)\])?(\.(?P<h>\d))?$")
+
+
+class DspView(Protocol):
+    """What the scratch writer sees of the DSP (device.py's Dsp): its VTCM. A protocol, so this unit, below the
+    device, does not import it."""
+
+    vtcm: V.Vtcm
 
 
 def shortcut_name(node: Tensor) -> str:
@@ -98,8 +106,11 @@ class ScratchWriter:
     def __init__(self, settings: HtpSettings, profile: Profile) -> None:
         self.settings = settings
         self.profile = profile
-        self._layouts: dict[tuple, OpScratch] = {}
-        self._programs: dict[tuple, ScratchProgram] = {}
+        # by what a layout depends on (`_layout_key`): a decode runs the same few hundred layouts every token
+        self._layouts: IdentityCache[OpScratch] = IdentityCache("htp.op_layouts", limit=4096, bind=True,
+                                                                by_value=True)
+        self._programs: IdentityCache[ScratchProgram] = IdentityCache("htp.scratch_programs", limit=4096, bind=True,
+                                                                      by_value=True)
 
     def layout(self, node: Tensor) -> OpScratch:
         """op_scratch of the node, kept by what it depends on: a decode runs the same few hundred layouts every
@@ -107,22 +118,17 @@ class ScratchWriter:
         key = _layout_key(node)
         if key is None:
             return op_scratch(node, self.settings)
-        sc = self._layouts.get(key)
-        if sc is None:
-            if len(self._layouts) > 4096:  # shapes of runs long past (growing KV lengths): start again
-                self._layouts.clear()
-            sc = self._layouts[key] = op_scratch(node, self.settings)
-        return sc
+        return self._layouts.get(key, lambda: op_scratch(node, self.settings))
 
-    def write(self, dsp: Dsp, node: Tensor, sc: OpScratch,
-              program: ScratchProgram | ScratchBinding | None = None) -> None:
+    def write(self, dsp: DspView, node: Tensor, sc: OpScratch,
+              program: ScratchProgram | ScratchBinding | None = None, placement: object = None) -> None:
         """Leave the op's bytes in every area it writes (the gated-delta-net ops' kernels write their own).
         `program`: `self.program(node, sc)`, or a ScratchBinding of it, when the caller keeps one (the executor
         binds one per node)."""
         if not sc.writes or sc.info.get("kernel_writes"):
             return
         if isinstance(program, ScratchBinding):
-            if program.run(dsp, node):
+            if program.run(dsp, node, placement):
                 return
             program = program.program
         if program is None:
@@ -146,23 +152,18 @@ class ScratchWriter:
     def program(self, node: Tensor, sc: OpScratch) -> ScratchProgram:
         """`scratch_program(node, sc)`, kept with the layout when `sc` is the one `layout(node)` keeps."""
         key = _layout_key(node)
-        if key is None or self._layouts.get(key) is not sc:
+        if key is None or self._layouts.peek(key) is not sc:
             return scratch_program(node, sc)
-        prog = self._programs.get(key)
-        if prog is None:
-            if len(self._programs) > 4096:
-                self._programs.clear()
-            prog = self._programs[key] = scratch_program(node, sc)
-        return prog
+        return self._programs.get(key, lambda: scratch_program(node, sc))
 
-    def after_op(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch, path: str,
+    def after_op(self, dsp: DspView, octx: OpContext, op: OpDesc, batch: OpBatch, path: str,
                  sc: OpScratch | None = None, program: ScratchProgram | ScratchBinding | None = None,
                  effect: str | None = None) -> None:
         """The op's scratch bytes, then its effect on the src1 shortcut (`effect`: `src1_effect(node, path)`,
         when the caller keeps it)."""
         node = op.node
         sc = sc or self.layout(node)
-        self.write(dsp, node, sc, program)
+        self.write(dsp, node, sc, program, op.placement)
         if effect is None:
             effect = self.src1_effect(node, path)
         if effect == "reset" and sc.status != "VTCM_TOO_SMALL":
@@ -204,9 +205,10 @@ def scratch_program(node: Tensor, sc: OpScratch) -> ScratchProgram:
 
 class ScratchBinding:
     """A node's scratch program bound to memory: for each run, the VTCM bytes and the tensor bytes it copies, as
-    views made once. They stay valid while the node's tensors keep their views (`array` gives the same view as
-    long as a tensor stays where it is: a reused graph) and the VTCM is the same; otherwise they are made again.
-    Programs with a padded run (rows not 128 B-aligned) or a tensor that is not contiguous are not bound."""
+    views made once. They stay valid under the placement of the node's graph they were made under (graph/alloc.py:
+    its tensors stay where they were) and the same VTCM; otherwise they are made again. A node of no placed graph,
+    programs with a padded run (rows not 128 B-aligned) and tensors that are not contiguous are written run by
+    run."""
 
     __slots__ = ("program", "slots", "key", "views")
 
@@ -216,23 +218,20 @@ class ScratchBinding:
         self.key: tuple | None = None
         self.views: tuple | None = None
 
-    def run(self, dsp: Dsp, node: Tensor) -> bool:
+    def run(self, dsp: DspView, node: Tensor, placement: object) -> bool:
         """Copy every run; False (nothing written) when the program cannot be bound: write it run by run."""
-        src = node.src
-        try:
-            arrays = [array(node if s < 0 else src[s]) for s in self.slots]
-        except (TypeError, RuntimeError):  # a tensor without a scalar view or a buffer
+        if placement is None or not binding():
             return False
         key = self.key
-        if key is None or key[0] is not dsp.vtcm or not _same_objects(key[1], arrays):
-            self.views = self._bind(dsp, tuple(arrays))
-            self.key = (dsp.vtcm, arrays)
+        if key is None or key[0] is not dsp.vtcm or key[1] is not placement:
+            self.views = self.bind(dsp, node)
+            self.key = (dsp.vtcm, placement)
         if self.views is None:
             return False
         dsp.vtcm.write_views(*self.views)
         return True
 
-    def bind(self, dsp: Dsp, node: Tensor) -> tuple | None:
+    def bind(self, dsp: DspView, node: Tensor) -> tuple | None:
         """`write_views` arguments of the program for the node's current views (what `run` would write), or None
         where `run` would write run by run (executor.FastOp keeps them and checks the views itself)."""
         src = node.src
@@ -242,7 +241,7 @@ class ScratchBinding:
             return None
         return self._bind(dsp, arrays)
 
-    def _bind(self, dsp: Dsp, arrays: tuple) -> tuple | None:
+    def _bind(self, dsp: DspView, arrays: tuple) -> tuple | None:
         if any(e[4] < 0 for e in self.program) or not all(a.flags.c_contiguous for a in arrays):
             return None
         flat = {s: a.reshape(-1).view(np.uint8) for s, a in zip(self.slots, arrays)}
@@ -253,16 +252,6 @@ class ScratchBinding:
             return None  # the run-by-run write raises it, at the same run
         pairs = [(d, flat[slot][b0:b0 + n]) for d, (slot, _, n, _, b0) in zip(dst, self.program)]
         return spans, pairs, V.span_box(spans), CopyRuns.of(pairs)  # (the copies in one native call)
-
-
-def _same_objects(a: list, b: list) -> bool:
-    """Whether the two lists hold the same objects (identity), in order."""
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x is not y:
-            return False
-    return True
 
 
 def _thread_starts(node: Tensor, sc: OpScratch) -> list[int]:
