@@ -16,6 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from kazeia import settings as kazeia_settings
 from kazeia.backends.htp.vtcm.matmul_plan import plan_matmul
 from kazeia.cli.main import build_parser
 from kazeia.cli.main import main as cli_main
@@ -77,6 +78,7 @@ def test_cli_flag_and_env_default(monkeypatch):
     args = build_parser().parse_args(["run", "--n-prompt", "4", "--cpu-node-range", "5:"])
     assert args.cpu_node_range == "5:"
     monkeypatch.setenv("KAZEIA_CPU_NODE_RANGE", "7:9")
+    kazeia_settings.reload()
     args = build_parser().parse_args(["run", "--n-prompt", "4"])
     assert args.cpu_node_range == "7:9"
     spec = RunSpec(n_prompt=4, device="HTP0", cpu_node_range="12:")

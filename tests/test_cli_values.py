@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kazeia import settings as kazeia_settings
 from kazeia.cli import validate as V
 from kazeia.cli.main import build_parser, main
 from kazeia.engine.generate import Sampler, SamplingParams
@@ -345,5 +346,6 @@ def test_bench_prompt_larger_than_the_model_context_fails_before_drawing_it(tiny
 def test_env_default_is_validated_too(monkeypatch):
     """--cpu-node-range takes its default from KAZEIA_CPU_NODE_RANGE (bisect steps): a bad one is one line."""
     monkeypatch.setenv("KAZEIA_CPU_NODE_RANGE", "5:x")
+    kazeia_settings.reload()  # (switches are read once per process)
     ns, err = parse(["run", "-p", "hi"])
     assert ns is None and "--cpu-node-range" in err and len(err.strip().splitlines()) == 1

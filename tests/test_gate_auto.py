@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kazeia import settings as kazeia_settings
 from kazeia.backends.htp.cost import graph_seconds
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul_plan import plan_matmul
@@ -49,6 +50,7 @@ def test_classes_are_the_plans_of_the_model(q4b2, vtcm):
 @pytest.mark.slow
 def test_auto_policy_routes_only_the_failing_class_and_caches(q4b2, tmp_path, monkeypatch):
     monkeypatch.setenv("KAZEIA_GATE_CACHE", str(tmp_path))
+    kazeia_settings.reload()
     settings = HtpSettings(profile="2026-05")
     res = auto_policy(q4b2, settings, 64)
     assert not res.cached and res.child_runs > 0 and res.cases > 0
@@ -73,6 +75,7 @@ def test_gated_run_and_recovery_acceptance(q4b2, tmp_path, monkeypatch):
     the overflowing class routed, modeled prefill >= 90 % of robust's, logits within 5e-4 NMSE of cpu; the
     recovery run without gates gives the gated run's tokens."""
     monkeypatch.setenv("KAZEIA_GATE_CACHE", str(tmp_path))
+    kazeia_settings.reload()
     ids = list(range(1000, 1038))
     common = ("-m", q4b2, "-ub", "64")
     gated = session(*common, "-dev", "HTP0", "--htp-profile", "2026-05", "--gates", "auto")
@@ -130,6 +133,8 @@ def test_every_failing_class_gets_a_rule_from_its_verdicts(q4b2, tmp_path, monke
     import kazeia.debug.gate.auto as A
 
     monkeypatch.setenv("KAZEIA_GATE_CACHE", str(tmp_path))
+
+    kazeia_settings.reload()
 
     def verdicts(model_path, classes, settings, paths, jobs, progress, res):
         return {c.key: [{"m": m, "path": p or "default", "evidence": "given",

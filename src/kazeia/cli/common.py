@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from kazeia import settings
 from kazeia.backends.devices import DeviceOptions
 from kazeia.backends.ref import WeightCache
 from kazeia.cli import validate as V
@@ -69,7 +70,7 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
                    help="run nodes whose name matches on the CPU")
     # hidden (for `kazeia bisect ops`): graph node index ranges "A:B,C,D:" run on the CPU; the default comes from
     # the environment so that a bisect --check command running `kazeia run` follows each step's routing
-    g.add_argument("--cpu-node-range", type=V.node_ranges, default=os.environ.get("KAZEIA_CPU_NODE_RANGE") or None,
+    g.add_argument("--cpu-node-range", type=V.node_ranges, default=settings.get().cpu_node_range,
                    help=argparse.SUPPRESS)
     g.add_argument("--gate", type=V.gate, action="append", default=[], metavar="GATE",
                    help="routing gate (repeatable): 'vtcm-plan' keeps on the CPU every MUL_MAT whose HMX VTCM plan "

@@ -63,7 +63,11 @@ def _rerun_hint(e: KazeiaError, words: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
+    try:
+        parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
+    except KazeiaError as e:  # a bad process switch (kazeia/settings.py), read for a flag's default
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # a bad value (2, its line printed), --help or --version (0): a status, as below

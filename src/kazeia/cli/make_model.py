@@ -11,11 +11,12 @@ import sys
 from kazeia.cli import validate as V
 from kazeia.cli.common import add_common
 from kazeia.errors import KazeiaError
+from kazeia.gguf.quants import bytes_per_32
 from kazeia.gguf.writer import ARCHS, PRESETS, TYPES, SynthConfig, preset, write_model
 from kazeia.gguf.writer import validate as check_config
 
 DIM = V.positive(1 << 20)  # any one width; the products are bounded by memory and disk below
-BYTES_PER_WEIGHT = {"q4_0": 18 / 32, "q4_1": 20 / 32, "q8_0": 34 / 32, "f16": 2.0, "f32": 4.0}
+BYTES_PER_WEIGHT = {t: bytes_per_32(t) / 32 for t in ("q4_0", "q4_1", "q8_0", "f16", "f32")}  # gguf/quants.py
 
 PRESET_HELP = """presets: tiny (2 layers, 256 wide; --arch qwen35: 4 layers, the last full attention);
 qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b (the Qwen3 dense models' shapes, e.g. qwen3-4b: 36 layers, hidden 2560,

@@ -217,7 +217,8 @@ def timing_seeded(spec: RunSpec, n_runs: int, base: int = 1) -> list[RunSpec]:
     """`spec` once per run, run i with the HTP timing (race) seed base + i unless the spec or the environment
     already pins one: the runs still differ by their timing, as free runs do, but a report made from them is
     the same every time it is made (free runs would make a race's evidence itself a matter of luck)."""
-    if spec.env.get("KAZEIA_HTP_RACE_SEED") or os.environ.get("KAZEIA_HTP_RACE_SEED"):
+    htp = spec.htp_settings()  # (the environment and the spec's overrides, read as the HTP backend reads them)
+    if htp is None or htp.race_seed is not None:
         return [spec] * n_runs
     return [spec.with_(env={**spec.env, "KAZEIA_HTP_RACE_SEED": str(base + i)}) for i in range(n_runs)]
 

@@ -163,6 +163,13 @@ class BF16(BlockFormat, qtype=T.BF16):
         return u.view(np.float32).astype(dtype)
 
 
+def bytes_per_32(kind: str) -> float:
+    """Bytes that 32 elements of a ggml type take (its row size per 32 columns), by the lower-case type name, from
+    gguf-py's table of every ggml type (mxfp4 and f16 included)."""
+    block, size = GGML_QUANT_SIZES[T[kind.upper()]]
+    return 32 * size / block
+
+
 def block_bytes(kinds) -> dict[str, int]:
     """{kind: bytes per block} of these kinds (the kernels' tables)."""
     return {k: BlockFormat.by_kind[k].type_size for k in kinds}

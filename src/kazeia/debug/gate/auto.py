@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kazeia
-from kazeia import __version__
+from kazeia import __version__, settings
 from kazeia.backends.htp import (
     PHONE_CPU,
     HtpSettings,
@@ -86,7 +86,8 @@ def model_hash(path: str) -> str:
 
 
 def cache_dir() -> str:
-    return os.environ.get("KAZEIA_GATE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kazeia", "gates")
+    """KAZEIA_GATE_CACHE (kazeia/settings.py), or ~/.cache/kazeia/gates."""
+    return settings.get().gate_cache or os.path.join(os.path.expanduser("~"), ".cache", "kazeia", "gates")
 
 
 @functools.lru_cache(maxsize=1)

@@ -18,8 +18,6 @@ Numerics (layout-free; the tile helpers below only matter for VTCM images, paddi
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -29,6 +27,7 @@ from kazeia.backends.htp.fp16 import (
 )
 from kazeia.backends.htp.host.repack import RepackedWeight
 from kazeia.backends.htp.kernels.rounding import round_hw, shuffled_fp16
+from kazeia.native.buffers import GrowingScratch
 
 GGMLType = GGMLQuantizationType
 
@@ -189,16 +188,13 @@ def hmx_matmul(a16: np.ndarray, w16: np.ndarray) -> np.ndarray:
 TILE_WEIGHT_BYTES = 16 << 20  # float32 of one tile of fp16 weight rows
 
 
-_SCRATCH = threading.local()  # one tile of float32 weight rows per thread, kept between matmuls
+_TILES = GrowingScratch(np.float32, minimum=TILE_WEIGHT_BYTES // 4)  # one tile of weight rows per thread
 
 
 def _tile_scratch(n: int) -> np.ndarray:
     """A float32 scratch of at least n elements (n <= TILE_WEIGHT_BYTES / 4 for the matmul's tiles), reused by
     every matmul on this thread: its pages are touched once, not on every tile of every call."""
-    buf = getattr(_SCRATCH, "buf", None)
-    if buf is None or buf.size < n:
-        buf = _SCRATCH.buf = np.empty(max(n, TILE_WEIGHT_BYTES // 4), dtype=np.float32)
-    return buf
+    return _TILES.take(n)
 
 
 def weight_tile_rows(k: int) -> int:

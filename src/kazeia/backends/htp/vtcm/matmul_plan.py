@@ -34,14 +34,15 @@ from kazeia.backends.htp.vtcm.arena import (
     row_extent,
 )
 from kazeia.errors import KazeiaError
+from kazeia.gguf.quants import bytes_per_32
 from kazeia.graph import builder as gb
 from kazeia.graph.tensor import GGMLType, Tensor, TFlag, make_tensor
 
 SUPER_BLOCK = 256  # x4x2 super-block: 8 ggml blocks of 32
 
 # ggml block bytes per 32 elements, i.e. the tensor descriptor's nb[1] per 32 columns (REPACK keeps ggml strides)
-_BLOCK32_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34, "iq4_nl": 18, "mxfp4": 17, "f16": 64}
-QTYPES = tuple(_BLOCK32_BYTES)
+QTYPES = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4", "f16")
+_BLOCK32_BYTES = {q: int(bytes_per_32(q)) for q in QTYPES}  # gguf/quants.py
 HMX_TYPES = ("f16", "q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4")  # matmul-ops.c: op_matmul type gate
 
 
