@@ -1,3 +1,3 @@
-from kazeia.cli.main import main
+from kazeia.cli.main import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

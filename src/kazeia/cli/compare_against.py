@@ -6,16 +6,14 @@ from __future__ import annotations
 import argparse
 
 from kazeia.cli.common import spec_from_args
-from kazeia.cli.crashlog import read_log
 from kazeia.errors import KazeiaError
-
-MAX_LOG_BYTES = 256 << 20
+from kazeia.limits import read_text
 
 
 def main(args: argparse.Namespace) -> int:
-    from kazeia.debug.evalcb import AgainstReport, compare_log, parse_log, reference_nodes
+    from kazeia.debug.evalcb import EVALCB, AgainstReport, compare_log, parse_log, reference_nodes
 
-    log, tokens = parse_log(read_log(args.against, MAX_LOG_BYTES))
+    log, tokens = parse_log(read_text(args.against, EVALCB), args.against)
     if not log:
         raise KazeiaError(f"{args.against}: no llama-eval-callback tensor lines ('name = (type) OP(...) = {{ne}}')")
     if tokens is None and args.prompt is None and args.n_prompt is None:

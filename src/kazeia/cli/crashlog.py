@@ -14,11 +14,11 @@ deep-load run, boundary. VTCM's virtual address on the device is not in the reco
 from __future__ import annotations
 
 import argparse
-import os
 
 from kazeia.cli import validate as V
 from kazeia.cli.common import add_common
 from kazeia.errors import KazeiaError
+from kazeia.limits import TextLimits, numbered_lines, read_text
 
 MAX_LOG_BYTES = 16 << 20
 ERROR_MEANINGS = {0x2601: "precise bus error (or stack overflow)", 0x2001: "precise exception", 0x0: "abort"}
@@ -51,14 +51,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def read_log(path: str, limit: int = MAX_LOG_BYTES) -> str:
+def read_log(path: str, limit: int = MAX_LOG_BYTES, what: str = "device log") -> str:
     """A pasted log as text (undecodable bytes replaced): a regular file of at most `limit` bytes."""
-    if not os.path.isfile(path):
-        raise KazeiaError(f"{path}: not a regular file")
-    if os.path.getsize(path) > limit:
-        raise KazeiaError(f"{path}: larger than {limit >> 20} MiB")
-    with open(path, "rb") as f:
-        return f.read().decode("utf-8", errors="replace")
+    limits = TextLimits(what, max_bytes=limit)
+    text = read_text(path, limits)
+    for _ in numbered_lines(text, path, limits):  # line count and length, before any pattern sees a line
+        pass
+    return text
 
 
 def plans_for(model: str, n_prompt: int, ubatch: int, settings) -> list:
@@ -70,6 +69,8 @@ def plans_for(model: str, n_prompt: int, ubatch: int, settings) -> list:
 
     f = load_gguf(model)
     args = model_args(f)
+    if n_prompt > args.n_ctx_train:  # the graphs of a prompt the model cannot hold: refused before building them
+        raise KazeiaError(f"--n-prompt {n_prompt} is more than {model}'s training context ({args.n_ctx_train} tokens)")
     wtype = next((t.type for n, t in f.tensors.items() if n.endswith("attn_q.weight")), None)
     out = []
     for g in prefill_graphs(args, n_prompt, wtype, ubatch) if wtype is not None else prefill_graphs(args, n_prompt,
@@ -95,6 +96,9 @@ def main(args: argparse.Namespace) -> int:
     if not args.model or not args.n_prompt:
         print("(give -m MODEL --n-prompt N to place the Bad VA on the VTCM plans)")
         return 0
+    if crash.bad_va is None:
+        raise KazeiaError(f"{args.file}: the crash record has no Bad VA line, so there is no address to place on "
+                          f"the VTCM plans")
     settings = HtpSettings.from_env(profile=args.htp_profile, vtcm_bytes=args.vtcm)
     base = args.vtcm_base if args.vtcm_base is not None else VTCM_VA
     hits = crash_map(crash, plans_for(args.model, args.n_prompt, args.ubatch_size, settings), base)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
 import traceback
@@ -61,8 +62,37 @@ def _rerun_hint(e: KazeiaError, words: list[str]) -> str:
     return f"; see it with: {shlex.join(['kazeia', *words, flag])}"
 
 
+INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug of kazeia's, not the user's input
+OUTPUT_ERROR = 74  # EX_IOERR: standard output cannot take what kazeia writes
+BROKEN_PIPE = 128 + 13  # what a shell shows for a command ended by SIGPIPE (`kazeia run ... | head -1`)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def internal_error(e: BaseException, verbose: bool) -> int:
+    """The last resort: an exception no layer turned into a message is one line, never a traceback (-v shows it)."""
+    print(f"kazeia: internal error: {type(e).__name__}: {_one_line(e)} (rerun with -v for the traceback)",
+          file=sys.stderr)
+    if verbose:
+        traceback.print_exc()
+    return INTERNAL_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
+    verbose = "-v" in words or "--verbose" in words
+    try:
+        return _main(words, argv)
+    except _StdoutGone as e:
+        return e.code
+    except Exception as e:  # noqa: BLE001 - the last resort, by design
+        return internal_error(e, verbose)
+
+
+def _main(words: list[str], argv: list[str] | None) -> int:
     try:
         parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
     except KazeiaError as e:  # a bad process switch (kazeia/settings.py), read for a flag's default
@@ -88,16 +118,93 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         return e.exit_code
     except KazeiaError as e:
-        print(f"error: {e}{_rerun_hint(e, words)}", file=sys.stderr)
+        print(f"error: {_one_line(e, 2000)}{_rerun_hint(e, words)}", file=sys.stderr)
         if getattr(args, "verbose", False):
             traceback.print_exc()
         return e.exit_code
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
+
+
+class _StdoutGone(Exception):
+    """Standard output refused a write: a reader that went away (quiet, as `cat` is) or a full or bad file."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+class GuardedStdout:
+    """sys.stdout as kazeia writes it: a write or flush that fails ends the command with one line (a full disk,
+    a bad descriptor) or quietly (a closed pipe), instead of a traceback or an 'Exception ignored' at exit."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _guard(self, fn, *a):
+        try:
+            return fn(*a)
+        except BrokenPipeError:
+            _silence_stdout()
+            raise _StdoutGone(BROKEN_PIPE) from None
+        except (OSError, ValueError) as e:  # ValueError: a write to a closed file
+            _silence_stdout()
+            print(f"error: cannot write to standard output: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+            raise _StdoutGone(OUTPUT_ERROR) from None
+
+    def write(self, text: str) -> int:
+        return self._guard(self._stream.write, text)
+
+    def flush(self) -> None:
+        return self._guard(self._stream.flush)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null so the interpreter's own flush at exit has nowhere to fail (Python's recipe for
+    SIGPIPE), and drop what the buffer still held."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+    sys.stdout = open(os.devnull, "w")
+
+
+def _stdout_usable() -> bool:
+    if sys.stdout is None:  # the interpreter found fd 1 closed at start-up
+        return False
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # not a file (a test's capture): nothing to check
+        return True
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def entry(argv: list[str] | None = None) -> int:
+    """The `kazeia` console script: main, with standard output guarded and flushed here, so that every way a
+    write can fail is a status (74 with one line, or 141 quietly for a closed pipe)."""
+    if not _stdout_usable():
+        print("error: standard output is closed (kazeia writes its results there: redirect it to a file or "
+              "/dev/null)", file=sys.stderr)
+        return OUTPUT_ERROR
+    if not isinstance(sys.stdout, GuardedStdout):
+        sys.stdout = GuardedStdout(sys.stdout)
+    code = main(argv)
+    try:
+        sys.stdout.flush()
+    except _StdoutGone as e:
+        return e.code
+    return code
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())

@@ -142,16 +142,12 @@ def _experiment(chosen: list[Dump], args: argparse.Namespace) -> int:
 
 def _op_stream(args: argparse.Namespace) -> int:
     """--op-stream LOG: the logged ops rebuilt from their shapes and run in order (kazeia.debug.op_stream)."""
-    import os
-
     from kazeia.backends.htp import HtpSettings
-    from kazeia.debug.op_stream import parse_stream, replay_stream
+    from kazeia.debug.op_stream import OP_STREAM, parse_stream, replay_stream
+    from kazeia.limits import read_text
 
     path = args.op_stream
-    if not os.path.isfile(path) or os.path.getsize(path) > 64 << 20:
-        raise KazeiaError(f"{path}: not a regular file of at most 64 MiB")
-    with open(path, "rb") as f:
-        ops = parse_stream(f.read().decode("utf-8", errors="replace"))
+    ops = parse_stream(read_text(path, OP_STREAM), path)
     if not ops:
         raise KazeiaError(f"{path}: no KZOP or GGML_HEXAGON_VERBOSE execute-op lines")
     faults = [f for f in (args.fault or []) if f.lower() != "none"]

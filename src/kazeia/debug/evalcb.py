@@ -22,9 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kazeia.debug.signature import MECHANISMS, SigClass, Signature, classify, ranges, wrong_mask
+from kazeia.limits import InputLimitError, TextLimits, at, numbered_lines, parse_dims, parse_int
 
-HEAD = re.compile(r"^(?:.*?common_debug_cb_eval:)?\s*(?P<name>\S.*?) = \((?P<type>\w+)\)\s+(?P<op>\w+)\((?P<args>.*)\)"
-                  r" = \{(?P<ne>[\d, ]+)\}\s*$")
+EVALCB = TextLimits("eval-callback log", max_bytes=512 << 20, max_line=64 << 10, max_lines=20_000_000)
+MAX_TENSORS = 1_000_000  # tensors of one log (a 36-layer prefill prints ~1,300 per evaluated graph)
+MAX_VALUES = 1 << 16  # printed values of one tensor (3 of each end per dim: at most 6^4 = 1,296)
+MAX_TOKENS = 1 << 20
+PREFIX = "common_debug_cb_eval:"
 SUM = re.compile(r"^\s*sum\s*=\s*(?P<v>\S+)\s*$")
 NUM = re.compile(r"-?(?:\d+\.\d*|\d*\.\d+|\d+)(?:[eE][-+]?\d+)?|-?inf|nan", re.IGNORECASE)
 TOKENS = re.compile(r"number of input tokens = (\d+)")
@@ -52,27 +56,51 @@ def _printed(n: int) -> list[int]:
     return list(range(n)) if n <= 2 * N_PRINT else [*range(N_PRINT), *range(n - N_PRINT, n)]
 
 
-def parse_log(text: str) -> tuple[list[LogTensor], list[int] | None]:
-    """The tensors of a llama-eval-callback log, and the token ids it lists (None if it lists none)."""
+def parse_head(line: str, where: str) -> LogTensor | None:
+    """`name = (type) OP(args) = {ne}` by string search, not a regular expression: a line of user text must
+    cost linear time whatever its shape (the old pattern's nested `.*?` backtracked for minutes on a 1 MB line)."""
+    text = line.split(PREFIX, 1)[1] if PREFIX in line else line
+    text = text.strip()
+    eq = text.find(" = (")
+    close = text.find(")", eq + 4)
+    tail = text.rfind(") = {")
+    if eq <= 0 or close < 0 or tail <= close or not text.endswith("}"):
+        return None
+    type_ = text[eq + 4:close]
+    op_and_args = text[close + 1:tail].lstrip()
+    paren = op_and_args.find("(")
+    op = op_and_args[:paren] if paren > 0 else ""
+    if not (type_.isidentifier() and op.isidentifier()):
+        return None
+    ne = [x for x in text[tail + 5:-1].split(",")]
+    dims = parse_dims([x.strip() for x in ne], where, "output shape", max_elements=1 << 62)
+    return LogTensor(text[:eq].strip(), type_, op, (*dims, 1, 1, 1)[:4])
+
+
+def parse_log(text: str, path: str = "<eval-callback log>") -> tuple[list[LogTensor], list[int] | None]:
+    """The tensors of a llama-eval-callback log, and the token ids it lists (None if it lists none). Malformed
+    shapes and counts past the limits are refused as FILE:LINE."""
     out: list[LogTensor] = []
     cur: LogTensor | None = None
     tokens: list[int] | None = None
     want_tokens = 0
-    for line in text.splitlines():
-        m = HEAD.match(line)
-        if m:
-            ne = tuple(int(x) for x in m.group("ne").split(","))
-            cur = LogTensor(m.group("name").strip(), m.group("type"), m.group("op"), (*ne, 1, 1, 1)[:4])
+    for n, line in numbered_lines(text, path, EVALCB):
+        where = at(path, n)
+        head = parse_head(line, where) if " = (" in line else None
+        if head is not None:
+            if len(out) >= MAX_TENSORS:
+                raise InputLimitError(f"{where}: more than {MAX_TENSORS} tensors (the eval-callback log limit)")
+            cur = head
             out.append(cur)
             continue
         t = TOKENS.search(line)
         if t:
-            want_tokens, tokens = int(t.group(1)), []
+            want_tokens, tokens = parse_int(t.group(1), where, "number of input tokens", 0, MAX_TOKENS), []
             continue
         if want_tokens and tokens is not None and len(tokens) < want_tokens:
             v = line.split()[-1] if line.split() else ""
-            if v.isdigit():
-                tokens.append(int(v))
+            if v.isascii() and v.isdigit():
+                tokens.append(parse_int(v, where, "token id", 0, 1 << 31))
                 continue
         if cur is None:
             continue
@@ -86,6 +114,9 @@ def parse_log(text: str) -> tuple[list[LogTensor], list[int] | None]:
             continue
         if "[" in line or "]" in line:
             cur.values += [float(x) for x in NUM.findall(line.replace("...", " "))]
+            if len(cur.values) > MAX_VALUES:
+                raise InputLimitError(f"{where}: more than {MAX_VALUES} printed values for {cur.name} "
+                                      f"(llama-eval-callback prints at most 1,296)")
     return out, tokens if tokens else None
 
 

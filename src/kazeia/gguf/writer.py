@@ -11,6 +11,7 @@ writes them.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -283,10 +284,12 @@ def _add_synthetic_tokenizer(w: GGUFWriter, cfg: SynthConfig) -> None:
     w.add_chat_template(CHATML_TEMPLATE)
 
 
-def write_model(cfg: SynthConfig, path: str | os.PathLike, tensors=None) -> dict:
+def write_model(cfg: SynthConfig, path: str | os.PathLike, tensors=None,
+                extra_keys: Callable[[GGUFWriter], None] | None = None) -> dict:
     """Write the synthetic model; returns a summary (config, tensor count, bytes). `tensors`: (name, float32 array
     in numpy order, is_matrix) to write instead of the seeded random ones (e.g. a Hugging Face model's, mapped
-    to GGUF names and layouts); matrices get cfg.wtype, the rest F32."""
+    to GGUF names and layouts); matrices get cfg.wtype, the rest F32. `extra_keys(writer)` adds or overrides
+    metadata after the standard keys (the fuzz tests write hostile files through it)."""
     validate(cfg)
     add_tokenizer = _tokenizer(cfg)
     path = os.fspath(path)
@@ -311,6 +314,8 @@ def write_model(cfg: SynthConfig, path: str | os.PathLike, tensors=None) -> dict
     if cfg.arch == "qwen35":
         _hybrid_keys(w, cfg)
     add_tokenizer(w)
+    if extra_keys is not None:
+        extra_keys(w)
     n = 0
     for name, arr, is_matrix in (_weights(cfg) if tensors is None else tensors):
         data, t = encode_tensor(arr, qtype) if is_matrix else (arr, T.F32)

@@ -97,10 +97,12 @@ class ParsedCrash:
         return "unknown"
 
 
-_FIELD = re.compile(r"(Fault PC|LR|SP|Bad VA|FP|SSR|Error code)\s*:\s*0x([0-9A-Fa-f]+)")
-_PROC = re.compile(r'Process "([^"]*)" crashed in thread "([^"]*)" (.*?)\s*$')
-_OBJ = re.compile(r'Crashed Shared Object "([^"]*)" load address : 0x([0-9A-Fa-f]+)')
-_TRACE = re.compile(r"\[<([0-9A-Fa-f]+)>\]\s+([^+\s]+)\+0x([0-9A-Fa-f]+):\s*\(([^)]*)\)")
+# Patterns over pasted user text: no nested or adjacent unbounded repeats (linear time on any line), and hex
+# fields of at most 16 digits (a DSP address is 32 bits; a 5,000-digit "address" is not one).
+_FIELD = re.compile(r"(Fault PC|LR|SP|Bad VA|FP|SSR|Error code)\s*:\s*0x([0-9A-Fa-f]{1,16})\b")
+_PROC = re.compile(r'Process "([^"]*)" crashed in thread "([^"]*)" (.*)$')
+_OBJ = re.compile(r'Crashed Shared Object "([^"]*)" load address : 0x([0-9A-Fa-f]{1,16})\b')
+_TRACE = re.compile(r"\[<([0-9A-Fa-f]{1,16})>\]\s+([^+\s]+)\+0x([0-9A-Fa-f]{1,16}):\s*\(([^)]*)\)")
 _KEYS = {"Fault PC": "fault_pc", "LR": "lr", "SP": "sp", "Bad VA": "bad_va", "FP": None, "SSR": "ssr",
          "Error code": "error_code"}
 
@@ -113,7 +115,7 @@ def parse_crash(text: str) -> ParsedCrash | None:
     for line in text.splitlines():
         m = _PROC.search(line)
         if m:
-            p.process, p.thread, p.reason = m.group(1), m.group(2), m.group(3)
+            p.process, p.thread, p.reason = m.group(1), m.group(2), m.group(3).rstrip()
             continue
         m = _OBJ.search(line)
         if m:

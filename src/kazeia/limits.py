@@ -1,0 +1,107 @@
+"""Input boundaries: every file, stream and value kazeia reads passes through a reader with explicit limits, and
+every refusal is one line naming the file, the line and the limit.
+
+A device log, an op stream, a crash record or a policy is text a user pastes: it can be a 3 GB file, one 1 MB
+line, a number of 5,000 digits or a shape of 2^40 elements. The readers here bound all of that before anything
+is allocated from it: `read_text` (total bytes), `numbered_lines` (line count and length), `parse_int` (digits
+and range), `parse_dims` (rank, each extent and the element count). Size arithmetic that leads to an
+allocation asks `kazeia.memory.check_fits` (the machine's memory, refused with the figure).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kazeia.errors import KazeiaError
+
+MAX_DIGITS = 20  # digits of an integer field (2^64 has 20); Python's own limit is 4300 and slow near it
+MAX_DIM = 1 << 31  # one extent of a ggml tensor (int64 in ggml, but no model has an extent past 2^31)
+MAX_ELEMENTS = 1 << 34  # elements of one tensor named in a log (16 Gi: 4x the largest matrix of a 70B model)
+
+
+class InputLimitError(KazeiaError):
+    """An input past one of its limits, or malformed: the message is `FILE:LINE: what (the limit)`."""
+
+
+@dataclass(frozen=True)
+class TextLimits:
+    """What a text input may hold. `what` names the kind of input in messages (e.g. 'eval-callback log')."""
+
+    what: str
+    max_bytes: int = 64 << 20
+    max_line: int = 64 << 10
+    max_lines: int = 4_000_000
+
+
+def at(path: str, line_no: int | None = None) -> str:
+    """The `FILE:LINE` prefix of a message (FILE alone when the problem is the whole file)."""
+    name = path if path.isprintable() and len(path) <= 200 else repr(path)[:60]
+    return f"{name}:{line_no}" if line_no is not None else name
+
+
+def read_text(path: str, limits: TextLimits) -> str:
+    """The file's text, refused before reading when it is larger than limits.max_bytes; bytes that are not UTF-8
+    become U+FFFD (a device log is what the device wrote, not kazeia's to reject for its encoding)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputLimitError(f"{at(path)}: not a regular file (a {limits.what} is read from a file)")
+        if st.st_size > limits.max_bytes:
+            raise InputLimitError(f"{at(path)}: {st.st_size} bytes, more than a {limits.what} may hold "
+                                  f"({limits.max_bytes} bytes)")
+        with open(path, "rb") as f:
+            data = f.read(limits.max_bytes + 1)
+    except OSError as e:
+        raise InputLimitError(f"{at(path)}: cannot read: {e.strerror or e}") from None
+    if len(data) > limits.max_bytes:  # grew while we read it
+        raise InputLimitError(f"{at(path)}: more than a {limits.what} may hold ({limits.max_bytes} bytes)")
+    return data.decode("utf-8", "replace")
+
+
+def numbered_lines(text: str, path: str, limits: TextLimits) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line) of `text`, refusing a line longer than limits.max_line or more lines than
+    limits.max_lines before the caller sees it."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if n > limits.max_lines:
+            raise InputLimitError(f"{at(path, n)}: more than {limits.max_lines} lines (the {limits.what} limit)")
+        if len(line) > limits.max_line:
+            raise InputLimitError(f"{at(path, n)}: a line of {len(line)} characters, longer than a {limits.what} "
+                                  f"line may be ({limits.max_line})")
+        yield n, line
+
+
+def parse_int(text: str, where: str, what: str, lo: int | None = None, hi: int | None = None) -> int:
+    """An integer field: ASCII digits with an optional sign, at most MAX_DIGITS of them, within [lo, hi]."""
+    s = text.strip()
+    body = s[1:] if s[:1] in "+-" else s
+    if not body or not body.isascii() or not body.isdigit():
+        raise InputLimitError(f"{where}: {what} {_quote(s)} is not an integer")
+    if len(body) > MAX_DIGITS:
+        raise InputLimitError(f"{where}: {what} has {len(body)} digits (at most {MAX_DIGITS})")
+    v = int(s)
+    if lo is not None and v < lo or hi is not None and v > hi:
+        raise InputLimitError(f"{where}: {what} {v} is outside {lo if lo is not None else '..'}.."
+                              f"{hi if hi is not None else ''}")
+    return v
+
+
+def parse_dims(items: list[str], where: str, what: str, max_rank: int = 4,
+               max_elements: int = MAX_ELEMENTS) -> tuple[int, ...]:
+    """A tensor shape from its fields: 1..max_rank extents, each 1..MAX_DIM, at most max_elements in all."""
+    if not 1 <= len(items) <= max_rank:
+        raise InputLimitError(f"{where}: {what} has {len(items)} dimensions (1 to {max_rank})")
+    dims = tuple(parse_int(x, where, f"{what} extent", 1, MAX_DIM) for x in items)
+    n = 1
+    for d in dims:
+        n *= d
+    if n > max_elements:
+        raise InputLimitError(f"{where}: {what} {list(dims)} has {n} elements (at most {max_elements})")
+    return dims
+
+
+def _quote(s: str) -> str:
+    r = repr(s)
+    return r if len(r) <= 40 else r[:37] + "..."

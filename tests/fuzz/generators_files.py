@@ -1,0 +1,156 @@
+"""Generators for the inputs that are files kazeia builds from: sizes (context, prompts, counts), chat templates
+and metadata inside a GGUF, tensor shapes, dumps and oracle replays. Hostile GGUFs are written by kazeia's own
+writer from the tiny config with `extra_keys` overriding metadata (the file is otherwise a valid model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Callable
+
+import numpy as np
+from harness import Case
+
+from kazeia.gguf.writer import SynthConfig, write_model
+
+TINY = SynthConfig(n_layer=1, n_vocab=512, n_ctx=256, wtype="f32")
+
+
+def _override(key: str, put: Callable) -> Callable:
+    def extra(w) -> None:
+        for kv in w.kv_data:
+            kv.pop(key, None)
+        put(w)
+    return extra
+
+
+def gguf_with(extra: Callable | None = None, cfg: SynthConfig = TINY, tensors=None) -> Callable[[str], None]:
+    return lambda path: write_model(cfg, path, tensors=tensors, extra_keys=extra)
+
+
+def _template(text: str) -> Callable[[str], None]:
+    return gguf_with(_override("tokenizer.chat_template", lambda w: w.add_chat_template(text)))
+
+
+HOSTILE_TEMPLATES = [
+    "{% set l = [1] %}{% for i in range(40) %}{% set l = l + l %}{% endfor %}{{ l }}",
+    "{% set ns = namespace(x=[1]) %}{% for i in range(64) %}{% set ns.x = ns.x + ns.x %}{% endfor %}{{ ns.x|length }}",
+    "{% set ns = namespace(x='ab') %}{% for i in range(64) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}{{ 1 }}",
+    "{% set l = [1,2,3] %}{% for i in range(30) %}{% set l = [l, l] %}{% endfor %}{{ l|tojson }}",
+    "{% set l = [1,2,3] %}{% for i in range(30) %}{% set l = [l, l] %}{% endfor %}{{ l[1:] }}",
+    "{% set l = ['x'*1000] %}{% for i in range(30) %}{% set l = l + l %}{% endfor %}{{ l|join(',') }}",
+    "{{ ('\t' * 100000)|expandtabs(100000) }}",
+    "{{ ('a ' * 100000)|wordwrap(1) }}",
+    "{{ (['ab'] * 100000)|join('x' * 100000) }}",
+    "{{ messages|tojson(indent=100000) }}",
+    "{% macro r(n) %}{{ r(n+1) }}{% endmacro %}{{ r(0) }}",
+    "{% for m in messages %}{{ m.content * 1000000 }}{% endfor %}",
+    "{{ '%999999999d' % 1 }}",
+    "{{ 'x'|center(2**40) }}",
+    "{{ range(10**9)|list }}",
+    "{{ messages.__class__.__mro__ }}",
+    "{{ lipsum(10**6) }}",
+    "{{ ''.join(['a'] * 10**7) }}",
+    "{% set d = {} %}{% for i in range(10**6) %}{% set _ = d.update({i: i}) %}{% endfor %}",
+    "{{ (messages[0].content ~ '') * 10**6 }}",
+    "{{ raise_exception('no') }}",
+    "{% for x in messages recursive %}{{ loop(messages) }}{% endfor %}",
+    "{{ 9**9**9 }}",
+    "{{ x.y.z }}",
+    "{% if %}",
+]
+
+
+def gen_templates(rng: random.Random, n: int) -> list[Case]:
+    cases = []
+    for i in range(n):
+        if i < len(HOSTILE_TEMPLATES):
+            text = HOSTILE_TEMPLATES[i]
+        else:
+            parts = rng.sample(HOSTILE_TEMPLATES, 2)
+            text = parts[0] + rng.choice(["", "{{ messages[0].content }}", "x" * rng.choice([1, 1000])]) + parts[1]
+        argv = ["run", "-m", "{dir}/t.gguf", "-p", "hi", "-n", "1", "-cnv"] if rng.random() < 0.5 else \
+            ["run", "-m", "{dir}/t.gguf", "-sys", "be brief", "-p", "hi", "-n", "1", "-st"]
+        cases.append(Case("templates", f"tmpl-{i}", argv, {"t.gguf": _template(text)}, stdin=b"hi\n"))
+    return cases
+
+
+def gen_sizes(rng: random.Random, n: int) -> list[Case]:
+    big_ctx = gguf_with(_override("qwen3.context_length", lambda w: w.add_context_length(4 << 20)))
+    fixed = [
+        Case("sizes", "ctx0-4M", ["run", "-m", "{dir}/big.gguf", "-c", "0", "-p", "hi", "-n", "1"],
+             {"big.gguf": big_ctx}),
+        Case("sizes", "n-prompt-1e8", ["run", "-m", "{tiny}", "--n-prompt", "100000000", "-n", "1"], bad=True),
+        Case("sizes", "trace-n-max", ["trace", "-m", "{tiny}", "-p", "hi", "-n", "2147483647", "--quiet"]),
+        Case("sizes", "determinism-N", ["determinism", "-m", "{tiny}", "-p", "hi", "-N", "10000", "-n", "1"]),
+        Case("sizes", "prompt-50MB", ["run", "-m", "{tiny}", "-f", "{dir}/p.txt", "-n", "1"],
+             {"p.txt": lambda p: open(p, "wb").write(b"hello world " * (50 << 20 // 12))}),
+        Case("sizes", "meta-64M-ints", ["run", "-m", "{dir}/m.gguf", "-p", "hi", "-n", "1"],
+             {"m.gguf": gguf_with(lambda w: w.add_array("kazeia.fuzz.big", np.zeros(64 << 20, np.int32)))}),
+        Case("sizes", "meta-30M-strings", ["run", "-m", "{dir}/m.gguf", "-p", "hi", "-n", "1"],
+             {"m.gguf": gguf_with(lambda w: w.add_array("kazeia.fuzz.strs", [""] * (30 << 20)))}),
+    ]
+    cases = list(fixed)
+    flags = [("-c", ["0", "1", "2", "3", "17", "100000", "2147483647", "99999999999"]),
+             ("-n", ["0", "-1", "-2", "1", "1000000", "2147483647"]),
+             ("-ub", ["1", "2", "7", "100000", "2147483647"]),
+             ("--n-prompt", ["0", "1", "255", "256", "257", "100000"])]
+    while len(cases) < n:
+        argv = ["run", "-m", "{tiny}", "-p", "hi"]
+        for flag, values in rng.sample(flags, rng.randint(1, 3)):
+            if flag == "--n-prompt":
+                argv.remove("-p"), argv.remove("hi")
+            argv += [flag, rng.choice(values)]
+        if "-n" not in argv:
+            argv += ["-n", "1"]
+        cases.append(Case("sizes", f"flags-{len(cases)}", argv))
+    return cases
+
+
+def _manifest(rng: random.Random) -> bytes:
+    ne = [rng.choice([1, 256, 1 << 20, 1 << 30, -1, 0]) for _ in range(4)]
+    return json.dumps({"format": "kazeia-op-dump", "version": 1, "id": "0001-x", "capture": "complete",
+                       "node": {"name": "x", "op": rng.choice(["MUL_MAT", "ADD", "NONE"]), "type": "f32",
+                                "ne": ne, "nb": [4, 4 * abs(ne[0]), 0, 0], "params": {}},
+                       "inputs": [{"name": "a", "type": rng.choice(["f32", "q4_0", "zz"]), "ne": ne,
+                                   "blob": "0" * 64}], "output": {"blob": "1" * 64}}).encode()
+
+
+def gen_dumps(rng: random.Random, n: int) -> list[Case]:
+    def sparse(path: str) -> None:
+        with open(path, "wb") as f:
+            f.truncate(3 << 30)
+
+    cases = [Case("dumps", "replay-dev-zero", ["oracle", "--replay", "/dev/zero", "--replay-shape", "4096,4096"]),
+             Case("dumps", "replay-sparse", ["oracle", "--replay", "{dir}/s.bin", "--replay-shape", "4096,4096"],
+                  {"s.bin": sparse})]
+    while len(cases) < n:
+        files = {"d/index.json": json.dumps({"format": "kazeia-dump-index", "version": 1,
+                                             "dumps": ["0001-x"]}).encode(),
+                 "d/0001-x/manifest.json": _manifest(rng) if rng.random() < 0.8 else os.urandom(64),
+                 "d/blobs/" + "0" * 64 + ".npy": os.urandom(rng.choice([0, 16, 4096]))}
+        cases.append(Case("dumps", f"dump-{len(cases)}", ["replay", "{dir}/d"] + rng.choice([[], ["--json"]]),
+                          files))
+    return cases
+
+
+def _wrong_dims(cfg: SynthConfig, target: str) -> Callable[[str], None]:
+    """The tiny model with `target` written one dimension higher (a 3-D matrix, a 2-D norm)."""
+    def write(path: str) -> None:
+        from kazeia.gguf.writer import _weights
+
+        ts = []
+        for name, arr, is_matrix in _weights(cfg):
+            if name == target:
+                arr, is_matrix = arr.reshape((1, *arr.shape)), False
+            ts.append((name, arr, is_matrix))
+        write_model(cfg, path, tensors=ts)
+    return write
+
+
+def gen_gguf(rng: random.Random, n: int) -> list[Case]:
+    names = ["blk.0.attn_q.weight", "blk.0.ffn_down.weight", "token_embd.weight", "blk.0.attn_norm.weight",
+             "output_norm.weight", "blk.0.attn_k_norm.weight"]
+    return [Case("gguf", f"dims-{i}", ["run", "-m", "{dir}/w.gguf", "-p", "hi", "-n", "1"],
+                 {"w.gguf": _wrong_dims(TINY, rng.choice(names))}, bad=True) for i in range(n)]
