@@ -247,7 +247,7 @@ def test_cpu_nodes_bad_regex(tiny_qwen3_q4):
 @pytest.mark.slow  # ~1-2 s: CI runs it (the quick loop ran 107-120 s of its 120 s)
 def test_gate_bad_regex_and_bad_m(tiny_qwen3_q4):
     line = refused(kazeia("run", "-m", tiny_qwen3_q4, "-p", "hi", "--gate", "weight=(,m=1-5"), "--gate")
-    assert "weight='(' is not a valid regular expression" in line
+    assert "gate: '(' is not a valid regular expression" in line
     assert "LO <= HI" in refused(kazeia("run", "-p", "hi", "--gate", "weight=ffn,m=5-1"), "--gate")
     assert V.gate("weight=ffn_down,m=1-32") == "weight=ffn_down,m=1-32" and V.gate("vtcm-plan")
 

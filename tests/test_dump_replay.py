@@ -439,5 +439,5 @@ def test_dump_directory_must_be_new_or_a_dump(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(KazeiaError, match="not empty"):
         DumpHook("x", tmp_path)
-    with pytest.raises(KazeiaError, match="valid regex"):
+    with pytest.raises(KazeiaError, match="valid regular expression"):
         DumpHook("(", tmp_path / "new")

@@ -180,7 +180,7 @@ def test_the_seed_dump_is_the_kq_mask_or_the_finished_output(q4b2, tmp_path):
     ({"KAZEIA_HTP_RACE_SEED": str(1 << 64)}, "must be an integer in 0 .. 2**64-1"),
     ({"KAZEIA_HTP_RACE_SEED": "abc"}, "is not an integer"),
     ({"GGML_HEXAGON_OPLOG": "3"}, "must be 0, 1"),
-    ({"GGML_HEXAGON_DUMP": "("}, "is not a valid regex"),
+    ({"GGML_HEXAGON_DUMP": "("}, "is not a valid regular expression"),
     ({"KAZEIA_HTP_DUMP_LIMIT": "0"}, "must be >= 1"),
 ])
 def test_bad_switches_are_one_line_errors(env, says):

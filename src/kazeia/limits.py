@@ -11,11 +11,17 @@ allocation asks `kazeia.memory.check_fits` (the machine's memory, refused with t
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kazeia.errors import KazeiaError
+
+try:  # the parser re.compile itself uses (renamed in 3.11; the old name still works, with a warning)
+    import re._parser as _sre_parser
+except ImportError:  # pragma: no cover - Python < 3.11
+    import sre_parse as _sre_parser
 
 MAX_DIGITS = 20  # digits of an integer field (2^64 has 20); Python's own limit is 4300 and slow near it
 MAX_DIM = 1 << 31  # one extent of a ggml tensor (int64 in ggml, but no model has an extent past 2^31)
@@ -105,3 +111,93 @@ def parse_dims(items: list[str], where: str, what: str, max_rank: int = 4,
 def _quote(s: str) -> str:
     r = repr(s)
     return r if len(r) <= 40 else r[:37] + "..."
+
+
+MAX_PATTERN = 256  # characters of a user's regular expression (node names are at most 63 bytes)
+
+
+MAX_OPEN_REPEATS = 3  # unbounded repetitions in one pattern: n^3 steps on a 63-byte name at worst
+
+
+def safe_regex(pattern: str, where: str) -> re.Pattern:
+    """Compile a user's regular expression (a node regex in a policy, --cpu-nodes, --dump), refusing what
+    Python's backtracking engine could spend exponential or high-polynomial time on: a pattern longer than
+    MAX_PATTERN, a repetition inside a repetition (`(a+)+`), an alternation inside a repetition (`(x|xy)*`),
+    or more than MAX_OPEN_REPEATS unbounded repetitions (`.*.*.*.*x`). What is left costs at most n^3 steps
+    on the names it sees, which are at most 63 bytes."""
+    if len(pattern) > MAX_PATTERN:
+        raise InputLimitError(f"{where}: a regular expression of {len(pattern)} characters (at most {MAX_PATTERN})")
+    try:
+        tree = _sre_parser.parse(pattern)
+        compiled = re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise InputLimitError(f"{where}: {_quote(pattern)} is not a valid regular expression: {e}") from None
+    problem = _backtracking_risk(tree)
+    if problem:
+        raise InputLimitError(f"{where}: {_quote(pattern)} {problem}, which can take exponential time on "
+                              f"a backtracking engine: write it without that")
+    return compiled
+
+
+_REPEATS = {"MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"}
+
+
+def _backtracking_risk(tree) -> str:
+    found = {"open": 0}
+
+    def walk(items, under_repeat: bool) -> str:
+        for op, av in items:
+            name = str(op)
+            if name in _REPEATS:
+                lo, hi, sub = av
+                if hi != lo:
+                    if under_repeat:
+                        return "repeats a repetition (like (a+)+)"
+                    found["open"] += 1
+                    if found["open"] > MAX_OPEN_REPEATS:
+                        return f"has more than {MAX_OPEN_REPEATS} unbounded repetitions"
+                bad = walk(sub, under_repeat or hi != lo)
+            elif name == "SUBPATTERN":
+                bad = walk(av[-1], under_repeat)
+            elif name == "BRANCH":
+                if under_repeat:
+                    return "repeats an alternation (like (x|xy)*)"
+                bad = next((b for b in (walk(x, under_repeat) for x in av[1]) if b), "")
+            elif name in ("ASSERT", "ASSERT_NOT"):
+                bad = walk(av[1], under_repeat)
+            else:
+                bad = ""
+            if bad:
+                return bad
+        return ""
+    return walk(tree, False)
+
+
+def check_nesting(text: str, path: str, limit: int) -> None:
+    """Refuse brackets or braces nested deeper than `limit` (outside quoted strings) before a recursive parser
+    (tomllib, json) sees the text: 1,000 nested lists ended in a RecursionError traceback."""
+    depth, quote, line = 0, "", 1
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+            if quote in ('"', "'"):  # a one-line string ends here (a parse error the parser will name)
+                quote = ""
+        elif quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'":
+            quote = c
+        elif c == "#":
+            j = text.find("\n", i)
+            i = n if j < 0 else j - 1
+        elif c in "[{":
+            depth += 1
+            if depth > limit:
+                raise InputLimitError(f"{at(path, line)}: brackets nested more than {limit} deep")
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        i += 1

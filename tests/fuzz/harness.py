@@ -214,7 +214,10 @@ def _run_process(case: Case, argv: list[str], env: dict[str, str], d: str) -> tu
 def run_case(case: Case, workdir: str, shared: dict[str, str]) -> Result:
     d = tempfile.mkdtemp(prefix=f"{case.cls}-", dir=workdir)
     where = {**shared, "dir": d}
-    _write_files(case, d, where)
+    try:
+        _write_files(case, d, where)
+    except Exception as e:  # noqa: BLE001 - the harness's own failure to build an input, reported as such
+        return Result(case, "harness", None, 0.0, 0, f"building the input failed: {type(e).__name__}: {e}")
     argv = [_subst(a, where) for a in case.argv]
     env = _env(case, where)
     runner = _run_process if case.process or case.stdout in ("closed", "broken") else _run_forked

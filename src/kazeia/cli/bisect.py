@@ -107,12 +107,9 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
 
 def make_judge(args: argparse.Namespace) -> B.Judge:
     if args.fail_regex:
-        import re
+        from kazeia.limits import safe_regex
 
-        try:
-            re.compile(args.fail_regex)
-        except re.error as e:
-            raise KazeiaError(f"--fail-regex {args.fail_regex!r} is not a valid regex: {e}") from None
+        safe_regex(args.fail_regex, "--fail-regex")
     if args.check:
         return B.CommandJudge(args.check, args.fail_regex, args.timeout)
     cache = f"{args.state}.refs" if args.state else None

@@ -210,7 +210,9 @@ def make_trace(args: argparse.Namespace):
             or getattr(args, "stop_on_nonfinite", False))
     if not want:
         return None
-    jsonl = open(args.oplog_file, "w") if getattr(args, "oplog_file", None) else None  # noqa: SIM115
+    from kazeia.outputs import StreamedFile
+
+    jsonl = StreamedFile(args.oplog_file) if getattr(args, "oplog_file", None) else None
     show = getattr(args, "oplog", False)
     return TraceHook(sys.stderr if show else None, jsonl, getattr(args, "stop_on_nonfinite", False))
 

@@ -14,6 +14,7 @@ from kazeia.cli.common import add_common, add_device_args, add_model_args, set_t
 from kazeia.debug.compare import MODES, compare, format_table, summary_lines
 from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
+from kazeia.outputs import write_text
 
 EPILOG = """\
 cumulative: the device runs the whole prefill feeding itself; every op is compared with REF at completion
@@ -81,11 +82,7 @@ def main(args: argparse.Namespace) -> int:
     out.write(f"first op out of tolerance: {first.label()}: {first.reason}\n" if first else
               "no op out of tolerance\n")
     if args.json:
-        try:
-            with open(args.json, "w") as f:
-                json.dump(report.to_dict(), f, indent=1, allow_nan=False)
-        except OSError as e:
-            raise KazeiaError(f"cannot write {args.json}: {e}") from None
+        write_text(args.json, json.dumps(report.to_dict(), indent=1, allow_nan=False))
     if args.plot:
         from kazeia.debug.plots import plot_errors
 

@@ -26,6 +26,7 @@ from kazeia.cli import validate
 from kazeia.cli.common import add_common
 from kazeia.debug.plan_view import plan_svg, plan_text
 from kazeia.errors import KazeiaError
+from kazeia.outputs import write_text
 
 PLAN_TYPES = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4", "f16")
 
@@ -99,11 +100,7 @@ def plan_main(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
     crossings = bank_crossings(plan) if plan.fits else []  # a failing HMX plan never issues its loads
     if args.svg:
-        try:
-            with open(args.svg, "w", encoding="utf-8") as f:
-                f.write(plan_svg(plan))
-        except OSError as e:
-            raise KazeiaError(f"cannot write {args.svg}: {e.strerror}") from None
+        write_text(args.svg, plan_svg(plan))
     if args.json:
         d = plan.to_dict()
         d["bank_crossings"] = [c.to_dict() for c in crossings]

@@ -200,6 +200,13 @@ def entry(argv: list[str] | None = None) -> int:
         sys.stdout = GuardedStdout(sys.stdout)
     code = main(argv)
     try:
+        from kazeia.outputs import finish_streams
+
+        finish_streams()
+    except KazeiaError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = code or e.exit_code
+    try:
         sys.stdout.flush()
     except _StdoutGone as e:
         return e.code

@@ -28,6 +28,7 @@ from kazeia.cli.validate_paths import (  # noqa: F401  (re-exported: callers use
     readable_stream,
     regular_file,
 )
+from kazeia.errors import KazeiaError
 
 INT_MAX = (1 << 31) - 1
 UINT32_MAX = (1 << 32) - 1
@@ -170,10 +171,12 @@ def hex_mask(text: str) -> str:
 
 def regex(text: str) -> str:
     """A Python regular expression, compiled now so that a bad one is a clear error; returned as text."""
+    from kazeia.limits import safe_regex
+
     try:
-        re.compile(text)
-    except (re.error, OverflowError, RecursionError) as e:
-        raise _bad(f"{_show(text)} is not a valid regular expression: {e}") from None
+        safe_regex(text, _show(text))
+    except KazeiaError as e:
+        raise _bad(str(e)) from None
     return text
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kazeia.backends.htp import HtpSettings, plan_for_node, supports_op
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Tensor
+from kazeia.limits import safe_regex
 
 
 @dataclass
@@ -50,7 +51,7 @@ class NodeShapeGate:
     reason: str = "gate: known-bad shape"
 
     def __post_init__(self) -> None:
-        self._re = re.compile(self.weight_regex)
+        self._re = safe_regex(self.weight_regex, "gate")
 
     def __call__(self, node: Tensor) -> str | None:
         if node.op != "MUL_MAT":

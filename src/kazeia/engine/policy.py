@@ -9,15 +9,20 @@ context asks before it runs a micro-batch. Reading a policy never runs code from
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, field
 
 from kazeia.errors import KazeiaError
 from kazeia.graph.rowsplit import split_path
 from kazeia.graph.tensor import Tensor, type_name
+from kazeia.limits import InputLimitError, TextLimits, at, check_nesting, numbered_lines, read_text, safe_regex
+from kazeia.outputs import write_text
 
 FORMAT = 1
+POLICY_FILE = TextLimits("gate policy", max_bytes=1 << 20, max_line=16 << 10, max_lines=100_000)
+MAX_NESTING = 8  # brackets and braces inside one another (a policy needs 2: [[rule]] and a list)
+MAX_RULES = 10_000
+MAX_EXTENT = 1 << 40  # K, N and M bounds (ggml's extents are int64; no tensor reaches 2^40)
 ACTIONS = ("hmx", "hvx", "cpu", "split", "split-op")
 RULE_KEYS = {"name", "op", "type", "k", "n", "m", "node", "action", "why", "evidence", "modeled_s"}
 MATMUL_OPS = ("MUL_MAT", "MUL_MAT_ID")
@@ -38,8 +43,10 @@ def _range(v, key: str, where: str) -> Range | None:
     if isinstance(v, bool):
         raise KazeiaError(f"{where}: '{key}' must be an integer or [lo, hi]")
     if isinstance(v, int):
-        return (v, v)
+        v = [v, v]
     if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        if not all(0 <= x <= MAX_EXTENT for x in v):
+            raise KazeiaError(f"{where}: '{key}' must lie in 0 .. {MAX_EXTENT}")
         if v[0] > v[1]:
             raise KazeiaError(f"{where}: '{key}' range [{v[0]}, {v[1]}] is empty")
         return (v[0], v[1])
@@ -69,10 +76,7 @@ class Rule:
             raise KazeiaError(f"rule {self.name!r}: action {self.action!r} is not one of {', '.join(ACTIONS)}")
         if self.action in ("split", "split-op") and (self.m is None or self.m[0] < 2):
             raise KazeiaError(f"rule {self.name!r}: split needs an m range starting at 2 or more")
-        try:
-            self._re = re.compile(self.node) if self.node else None
-        except re.error as e:
-            raise KazeiaError(f"rule {self.name!r}: node regex {self.node!r}: {e}") from None
+        self._re = safe_regex(self.node, f"rule {self.name[:40]!r}: node regex") if self.node else None
 
     def matches(self, node: Tensor, m: int | None = None) -> bool:
         """`m`: judge the node as if its M were m (a scan over micro-batch sizes)."""
@@ -122,26 +126,32 @@ class Policy:
 
     @classmethod
     def load(cls, path: str) -> Policy:
+        text = read_text(path, POLICY_FILE)
+        for n, line in numbered_lines(text, path, POLICY_FILE):
+            if "\ufffd" in line:
+                raise InputLimitError(f"{at(path, n)}: not UTF-8 text (a gate policy is TOML)")
+        check_nesting(text, path, MAX_NESTING)
         try:
-            with open(path, "rb") as f:
-                raw = f.read(1 << 20)
-        except OSError as e:
-            raise KazeiaError(f"--gates {path}: {e.strerror}") from None
-        try:
-            doc = tomllib.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            doc = tomllib.loads(text)
+        except (tomllib.TOMLDecodeError, RecursionError) as e:
             raise KazeiaError(f"{path}: not a TOML gate policy: {e}") from None
         return cls.from_dict(doc, path)
 
     @classmethod
     def from_dict(cls, doc: dict, path: str = "<policy>") -> Policy:
-        if doc.get("format") != FORMAT:
-            raise KazeiaError(f"{path}: 'format = {FORMAT}' is required (got {doc.get('format')!r})")
+        fmt = doc.get("format")
+        if type(fmt) is not int or fmt != FORMAT:  # exactly the integer: true and 1.0 are other TOML types
+            raise KazeiaError(f"{path}: 'format = {FORMAT}' is required (got {str(fmt)[:40]!r})")
         extra = set(doc) - {"format", "source", "rule"}
         if extra:
             raise KazeiaError(f"{path}: unknown key(s) {', '.join(sorted(extra))}")
         rules, names = [], set()
-        for i, r in enumerate(doc.get("rule", [])):
+        listed = doc.get("rule", [])
+        if not isinstance(listed, list):
+            raise KazeiaError(f"{path}: 'rule' must be a list of [[rule]] tables")
+        if len(listed) > MAX_RULES:
+            raise InputLimitError(f"{path}: {len(listed)} rules (at most {MAX_RULES})")
+        for i, r in enumerate(listed):
             where = f"{path}: rule {i + 1}"
             if not isinstance(r, dict) or "name" not in r or "action" not in r:
                 raise KazeiaError(f"{where}: needs 'name' and 'action'")
@@ -158,8 +168,8 @@ class Policy:
             if not isinstance(ev, list) or not all(isinstance(e, str) for e in ev):
                 raise KazeiaError(f"{where}: 'evidence' must be a list of strings")
             ms = r.get("modeled_s")
-            if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int | float)):
-                raise KazeiaError(f"{where}: 'modeled_s' must be a number")
+            if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 <= ms < 1e9):
+                raise KazeiaError(f"{where}: 'modeled_s' must be a number of seconds")
             rules.append(Rule(r["name"], r["action"], r.get("op"), r.get("type"), _range(r.get("k"), "k", where),
                               _range(r.get("n"), "n", where), _range(r.get("m"), "m", where), r.get("node"),
                               r.get("why", ""), list(ev), None if ms is None else float(ms)))
@@ -178,8 +188,7 @@ class Policy:
         return "\n".join(head) + "\n" + "\n".join(r.to_toml() for r in self.rules)
 
     def save(self, path: str) -> None:
-        with open(path, "w") as f:
-            f.write(self.to_toml())
+        write_text(path, self.to_toml())
         self.path = path
 
     def first_match(self, node: Tensor, m: int | None = None) -> Rule | None:

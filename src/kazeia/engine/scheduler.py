@@ -18,6 +18,7 @@ from kazeia.graph import rowsplit
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Tensor
 from kazeia.identity import IdentityCache, binding
+from kazeia.limits import safe_regex
 
 # A gate looks at a node and may name the backend it must run on (or None to let placement decide).
 Gate = Callable[[Tensor], "str | None"]
@@ -50,10 +51,7 @@ class Router:
     def from_args(cls, cpu_ops: str | None = None, cpu_nodes: str | None = None,
                   cpu_node_range: str | None = None) -> Router:
         ops = {o.strip().upper() for o in (cpu_ops or "").split(",") if o.strip()}
-        try:
-            pattern = re.compile(cpu_nodes) if cpu_nodes else None
-        except re.error as e:
-            raise KazeiaError(f"--cpu-nodes {cpu_nodes!r} is not a valid regular expression: {e}") from None
+        pattern = safe_regex(cpu_nodes, "--cpu-nodes") if cpu_nodes else None
         return cls(cpu_ops=ops, cpu_nodes=pattern, cpu_node_ranges=parse_node_ranges(cpu_node_range))
 
     def key(self) -> tuple:

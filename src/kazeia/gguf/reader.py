@@ -34,6 +34,25 @@ _STRING, _ARRAY = 8, 9
 _NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 _KNOWN_TYPES = frozenset(int(t) for t in GGML_QUANT_SIZES)
 _U64 = struct.Struct("<Q")
+LAZY_MIN = 1 << 16  # numeric arrays longer than this stay views on the map until someone asks for them
+MAX_STRING_ARRAY = 1 << 22  # strings in one array (the largest real vocabulary, Gemma 3's, has 262,144 tokens)
+
+
+class LazyArray:
+    """A numeric metadata array left in the memory map: nothing is read or allocated until `tolist()` (which
+    GGUFFile.get calls). A hostile file's 64M-element array under a key kazeia never asks for costs nothing."""
+
+    def __init__(self, buf: memoryview, dtype: str, count: int, offset: int):
+        self._buf, self._dtype, self.count, self._offset = buf, dtype, count, offset
+
+    def __len__(self) -> int:
+        return self.count
+
+    def tolist(self) -> list:
+        return np.frombuffer(self._buf, dtype=self._dtype, count=self.count, offset=self._offset).tolist()
+
+    def __repr__(self) -> str:
+        return f"<GGUF array of {self.count} {self._dtype} in the map>"
 
 
 @dataclass(frozen=True)
@@ -55,7 +74,10 @@ class GGUFFile:
     alignment: int
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.metadata.get(key, default)
+        v = self.metadata.get(key, default)
+        if isinstance(v, LazyArray):
+            v = self.metadata[key] = v.tolist()
+        return v
 
     def require(self, key: str) -> Any:
         if key not in self.metadata:
@@ -109,12 +131,17 @@ class _Cursor:
         count = self.unpack("Q", 8, f"array count of '{key}'")
         if etype in _SCALARS:
             self.need(count * _SCALARS[etype][1], f"array '{key}' of {count} elements")
-            arr = np.frombuffer(self.buf, dtype=_NP[etype], count=count, offset=self.pos)
+            offset = self.pos
             self.pos += count * _SCALARS[etype][1]
-            return arr.tolist()
+            if count > LAZY_MIN:
+                return LazyArray(self.buf, _NP[etype], count, offset)
+            return np.frombuffer(self.buf, dtype=_NP[etype], count=count, offset=offset).tolist()
         if etype == _STRING:
             if count * 8 > len(self.buf) - self.pos:
                 raise GGUFError(self.path, f"absurd array count {count} for '{key}' (file too small)")
+            if count > MAX_STRING_ARRAY:
+                raise GGUFError(self.path, f"array '{key}' holds {count} strings, more than kazeia reads from one "
+                                           f"array ({MAX_STRING_ARRAY}; the largest real vocabulary has 262,144)")
             return self._strings(count, key)
         if etype == _ARRAY:
             if count * 12 > len(self.buf) - self.pos:

@@ -21,6 +21,7 @@ from gguf.quants import quantize
 from kazeia.errors import KazeiaError
 from kazeia.gguf.hf_vocab import qwen3_vocab
 from kazeia.gguf.synth_tokenizer import CHATML_TEMPLATE, MIN_VOCAB, make_vocab
+from kazeia.outputs import OutputError, commit, discard, temporary_beside
 
 T = GGMLQuantizationType
 TYPES = {"q4_0": T.Q4_0, "q4_1": T.Q4_1, "q8_0": T.Q8_0, "f16": T.F16, "f32": T.F32}
@@ -294,6 +295,24 @@ def write_model(cfg: SynthConfig, path: str | os.PathLike, tensors=None,
     add_tokenizer = _tokenizer(cfg)
     path = os.fspath(path)
     qtype = TYPES[cfg.wtype]
+    target = path if os.path.exists(path) and not os.path.isfile(path) else temporary_beside(path)
+    try:
+        n = _write(cfg, target, qtype, add_tokenizer, tensors, extra_keys)
+    except OSError as e:
+        if target != path:
+            discard(target)
+        raise OutputError(f"{path}: cannot write: {e.strerror or e}") from None
+    except BaseException:
+        if target != path:
+            discard(target)
+        raise
+    if target != path:
+        commit(target, path)
+    return {"path": path, "tensors": n, "bytes": os.path.getsize(path), "config": asdict(cfg)}
+
+
+def _write(cfg: SynthConfig, path: str, qtype: T, add_tokenizer, tensors, extra_keys) -> int:
+    """The GGUF itself, into `path` (write_model's temporary file); returns the tensor count."""
     w = GGUFWriter(path, cfg.arch)
     w.add_name(f"kazeia synthetic {cfg.arch}")
     w.add_block_count(cfg.n_layer)
@@ -325,4 +344,4 @@ def write_model(cfg: SynthConfig, path: str | os.PathLike, tensors=None,
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return {"path": path, "tensors": n, "bytes": os.path.getsize(path), "config": asdict(cfg)}
+    return n

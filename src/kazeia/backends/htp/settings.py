@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kazeia.errors import KazeiaError
+from kazeia.limits import safe_regex
 
 DEFAULT_VTCM = 8 * 1024 * 1024  # what v79/v81 phones report; main.c: vtcm_alloc falls back to 8 MiB too
 MAX_HVX_THREADS = 10  # htp-ctx.h: HTP_MAX_NTHREADS
@@ -66,10 +67,7 @@ class HtpSettings:
         merged = dict(os.environ if env is None else env)
         merged.update(overrides or {})
         filt = merged.get("GGML_HEXAGON_OPFILTER")
-        try:
-            pattern = re.compile(filt, re.IGNORECASE) if filt else None
-        except re.error as e:
-            raise KazeiaError(f"GGML_HEXAGON_OPFILTER={filt!r} is not a valid regex: {e}") from None
+        pattern = re.compile(safe_regex(filt, "GGML_HEXAGON_OPFILTER").pattern, re.IGNORECASE) if filt else None
         nhvx = _int(merged, "GGML_HEXAGON_NHVX", 0)
         nhvx = DEFAULT_HVX_THREADS if nhvx <= 0 else min(nhvx, MAX_HVX_THREADS)
         vtcm = vtcm_bytes if vtcm_bytes is not None else _int(merged, "KAZEIA_HTP_VTCM", DEFAULT_VTCM)
@@ -82,10 +80,7 @@ class HtpSettings:
         if opbatch < 1 or opqueue < 1:
             raise KazeiaError("GGML_HEXAGON_OPBATCH and GGML_HEXAGON_OPQUEUE must be >= 1")
         dump = merged.get("GGML_HEXAGON_DUMP")
-        try:
-            dump_pattern = re.compile(dump) if dump else None
-        except re.error as e:
-            raise KazeiaError(f"GGML_HEXAGON_DUMP={dump!r} is not a valid regex: {e}") from None
+        dump_pattern = safe_regex(dump, "GGML_HEXAGON_DUMP") if dump else None
         oplog = _int(merged, "GGML_HEXAGON_OPLOG", 0)
         if oplog not in (0, 1, 2):
             raise KazeiaError(f"GGML_HEXAGON_OPLOG={oplog} must be 0, 1 (the first log) or 2 (with the NaN fix)")

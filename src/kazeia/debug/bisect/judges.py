@@ -31,6 +31,7 @@ from kazeia.debug.judge import WHOLE_MODEL_NMSE, judge
 from kazeia.debug.runner import RunResult, external_kill, run, run_child
 from kazeia.engine.session import RunSpec, build_context
 from kazeia.errors import KazeiaError
+from kazeia.limits import safe_regex
 
 PASS, FAIL, OTHER, INCONCLUSIVE = "pass", "fail", "other", "inconclusive"
 
@@ -100,7 +101,7 @@ class OracleJudge:
                  timeout: float = 600.0, isolate: bool = True, cache_dir: str | None = None) -> None:
         self.reference = reference
         self.threshold = threshold
-        self.fail_regex = re.compile(fail_regex) if fail_regex else None
+        self.fail_regex = safe_regex(fail_regex, "--fail-regex") if fail_regex else None
         self.timeout = timeout
         self.isolate = isolate
         self.cache_dir = cache_dir  # reference logits are kept here (resumed searches do not redo them)
@@ -186,7 +187,7 @@ class CommandJudge:
 
     def __init__(self, command: str, fail_regex: str | None = None, timeout: float = 600.0) -> None:
         self.command = command
-        self.fail_regex = re.compile(fail_regex) if fail_regex else None
+        self.fail_regex = safe_regex(fail_regex, "--fail-regex") if fail_regex else None
         self.timeout = timeout
         self.runs = 0
         self.reference_runs = 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -13,6 +12,7 @@ from kazeia.debug.bisect.judges import FAIL, OTHER, PASS, Outcome, classify, cou
 from kazeia.debug.bisect.state import SearchState, step_line, table
 from kazeia.debug.judge import judge
 from kazeia.errors import KazeiaError
+from kazeia.limits import safe_regex
 
 # replay(rows_subset [m, K], indices into the original rows or None for synthetic values) -> verdict
 Replay = Callable[[np.ndarray, "list[int] | None"], Outcome]
@@ -202,7 +202,7 @@ def dump_rows_replay(dump, device: str | None = None, htp_profile: str | None = 
     dev = (device or dump.backend).upper()
     dev = "HTP0" if dev == "HTP" else dev
     settings = R.htp_settings_for(dump, htp_profile, vtcm, faults, env) if dev == "HTP0" else None
-    regex = re.compile(fail_regex) if fail_regex else None
+    regex = safe_regex(fail_regex, "--fail-regex") if fail_regex else None
     needs_ref = could_be_numeric(regex, dump.op)
     thr = R.dump_threshold(dump)
     full_ref: list[np.ndarray] = []

@@ -31,6 +31,8 @@ from kazeia.debug.json_safe import json_safe
 from kazeia.debug.tensors import logical_values, read_extent
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import SCALAR_DTYPES, BufferUsage, Tensor
+from kazeia.limits import safe_regex
+from kazeia.outputs import LOCK_NAME, claim_folder, ensure_folder
 
 
 def _safe(name: str) -> str:
@@ -55,10 +57,7 @@ class DumpHook(Hook):
 
     def __init__(self, regex: str, directory: str | os.PathLike, at: str = "complete", context: bool = True,
                  limit: int | None = None) -> None:
-        try:
-            self.pattern = re.compile(regex)
-        except re.error as e:
-            raise KazeiaError(f"--dump: {regex!r} is not a valid regex: {e}") from None
+        self.pattern = safe_regex(regex, "--dump")
         if at not in ("complete", "enqueue", "both"):
             raise KazeiaError(f"dump capture must be complete, enqueue or both, not {at!r}")
         self.root = Path(directory)
@@ -82,10 +81,8 @@ class DumpHook(Hook):
 
     # --- setup ---
     def _prepare_root(self) -> None:
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise KazeiaError(f"--dump: cannot create {self.root}: {e.strerror}") from None
+        ensure_folder(str(self.root), "--dump")
+        claim_folder(str(self.root))  # a second run dumping here at the same time is refused, not mixed in
         idx = self.root / "index.json"
         if idx.exists():
             try:
@@ -100,7 +97,7 @@ class DumpHook(Hook):
                                   f"use a new directory")
             self._index = old
         else:
-            if any(self.root.iterdir()):
+            if any(p.name != LOCK_NAME for p in self.root.iterdir()):
                 raise KazeiaError(f"--dump: {self.root} is not empty and is not a kazeia dump directory")
             self._index = {"format": FORMAT, "version": VERSION, "kazeia": __version__, "entries": []}
             write_json(idx, self._index)

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from kazeia.backends.devices import DEVICES  # the registry: a dump names its backend so
-from kazeia.errors import DumpFileError
+from kazeia.errors import DumpFileError, KazeiaError
 from kazeia.graph.tensor import SCALAR_DTYPES, BufferUsage, GGMLType, block_size, row_size, type_size
+from kazeia.limits import safe_regex
 
 MIN_VTCM, MAX_VTCM = 64 * 1024, 1 << 30  # kazeia's VTCM range (HtpSettings.from_env, --vtcm)
 MAX_DIM = 1 << 40  # the GGUF reader's largest tensor dimension
@@ -241,9 +242,9 @@ def _settings(v: Any, where: str) -> None:
 def _regex(v: Any, where: str) -> None:
     text(v, where)
     try:
-        re.compile(v)
-    except re.error as e:
-        raise Invalid(where, v, f"not a valid regex ({e})") from None
+        safe_regex(v, "regex")
+    except KazeiaError as e:
+        raise Invalid(where, v, f"not a usable regex ({e})") from None
 
 
 device = obj({"backend": one_of(*DEVICES)},

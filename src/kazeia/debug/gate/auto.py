@@ -46,6 +46,7 @@ from kazeia.graph.rowsplit import row_pieces, split_path
 from kazeia.graph.tensor import GGMLType
 from kazeia.models.shapes import shape_caches, ubatch_graph
 from kazeia.native.threads import child_threads
+from kazeia.outputs import ensure_folder, write_text
 
 CHILD_TIMEOUT_S = 300.0
 
@@ -79,9 +80,8 @@ def model_hash(path: str) -> str:
         for chunk in iter(lambda: f.read(1 << 24), b""):
             h.update(chunk)
     known[key] = h.hexdigest()
-    os.makedirs(os.path.dirname(memo), exist_ok=True)
-    with open(memo, "w") as f:
-        json.dump(known, f)
+    ensure_folder(os.path.dirname(memo), "the gate cache (KAZEIA_GATE_CACHE)")
+    write_text(memo, json.dumps(known))
     return known[key]
 
 
@@ -140,7 +140,7 @@ def auto_policy(model_path: str, settings: HtpSettings, ubatch: int = 512, jobs:
         for c in failing:
             res.failing.append(c.key)
             res.policy.rules.append(_rule_for(model, settings, c, verdicts[c.key], alts[c.key], passing_ms))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ensure_folder(os.path.dirname(path), "the gate cache (KAZEIA_GATE_CACHE)")
     res.policy.save(path)
     res.seconds = time.perf_counter() - t0
     return res

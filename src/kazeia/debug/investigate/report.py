@@ -12,6 +12,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from kazeia.outputs import claim_folder, write_text
+
 
 @dataclass
 class Step:
@@ -143,18 +145,14 @@ def render_html(inv: Investigation) -> str:
 
 
 def write_report(inv: Investigation, out_dir: str) -> dict[str, str]:
-    os.makedirs(out_dir, exist_ok=True)
+    claim_folder(out_dir)
     paths = {"markdown": os.path.join(out_dir, "report.md"), "html": os.path.join(out_dir, "report.html"),
              "json": os.path.join(out_dir, "investigation.json")}
     for title, svg in inv.svgs.items():
-        with open(os.path.join(out_dir, f"{_slug(title)}.svg"), "w") as f:
-            f.write(svg)
-    with open(paths["markdown"], "w") as f:
-        f.write(render_markdown(inv, out_dir))
-    with open(paths["html"], "w") as f:
-        f.write(render_html(inv))
-    with open(paths["json"], "w") as f:
-        f.write(inv.to_json())
+        write_text(os.path.join(out_dir, f"{_slug(title)}.svg"), svg)
+    write_text(paths["markdown"], render_markdown(inv, out_dir))
+    write_text(paths["html"], render_html(inv))
+    write_text(paths["json"], inv.to_json())
     return paths
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from kazeia.debug.oracle.mul_mat import MM_TYPES
 from kazeia.errors import KazeiaError
 from kazeia.graph import builder as gb
 from kazeia.graph.tensor import Tensor, TFlag
+from kazeia.limits import safe_regex
 
 OPS: dict[str, OpDef] = {d.name: d for d in [*mul_mat.OP_DEFS, *other_ops.OP_DEFS]}
 
@@ -37,10 +37,7 @@ def make_cases(ops: Iterable[str] | None = None, types: Iterable[str] | None = N
             raise KazeiaError(f"unknown type(s) {', '.join(bad)} (available: {', '.join(MM_TYPES)})")
     opts = GridOptions(quick=quick, types=want_types, vtcm=vtcm)
     defs = list(OPS.values()) if ops is None else list(dict.fromkeys(op_def(o) for o in ops))
-    try:
-        rx = re.compile(pattern) if pattern else None
-    except re.error as e:
-        raise KazeiaError(f"bad -p regex {pattern!r}: {e}") from None
+    rx = safe_regex(pattern, "-p") if pattern else None
     cases = [c for d in defs for c in d.grid(opts)]
     return [c for c in dedup(cases) if rx is None or rx.search(c.name)]
 

@@ -8,6 +8,7 @@ import subprocess
 from dataclasses import dataclass
 
 from kazeia.debug.oracle.verdicts import CaseResult
+from kazeia.outputs import atomic_write
 
 
 @dataclass
@@ -83,7 +84,7 @@ class SweepResult:
 
     def write_csv(self, path: str) -> None:
         rows_ = self.csv_rows()
-        with open(path, "w", newline="") as f:
+        with atomic_write(path) as f:
             w = csv.DictWriter(f, fieldnames=list(CSV_FIELDS))
             w.writeheader()
             w.writerows(rows_)
@@ -91,7 +92,7 @@ class SweepResult:
     def write_json(self, path: str) -> None:
         import json
 
-        with open(path, "w") as f:
+        with atomic_write(path) as f:
             json.dump(self.to_json(), f, indent=1)
 
 

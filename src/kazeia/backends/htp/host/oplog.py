@@ -30,6 +30,7 @@ import numpy as np
 from kazeia.errors import KazeiaError
 from kazeia.graph.builder import ggml_name
 from kazeia.graph.tensor import GGMLType, Tensor, type_name
+from kazeia.outputs import write_bytes, write_text
 
 
 def host_bytes(t: Tensor) -> np.ndarray:
@@ -109,12 +110,7 @@ class OpDump:
         self.count += 1
         raw = host_bytes(activation(node))
         path = os.path.join(self.directory, stem + ".bin")
-        try:
-            with open(path, "wb") as f:
-                f.write(raw.tobytes())
-            with open(os.path.join(self.directory, stem + ".txt"), "w") as f:
-                f.write(line + "\n")
-        except OSError as e:
-            raise KazeiaError(f"GGML_HEXAGON_DUMP: cannot write {path}: {e.strerror}") from None
+        write_bytes(path, raw.tobytes())
+        write_text(os.path.join(self.directory, stem + ".txt"), line + "\n")
         self.files.append(path)
         return raw.size
