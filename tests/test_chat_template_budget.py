@@ -129,7 +129,17 @@ def test_the_output_budget_follows_the_context(tok):
     ("{{ ('a' * 1000).replace('a', 'a' * 1000) }}", "the result of str.replace()"),
     ("{{ ('a' * 1000)|replace('a', 'a' * 1000) }}", "the result of the replace filter"),
     ("{{ ('a' * 60000).join(['b'] * 60000) }}", "the result of str.join()"),
-    ("{{ (['b' * 60000] * 60000)|join('a') }}", "the result of the join filter"),
+    ("{{ (['b' * 60000] * 60000)|join('a') }}", "refused a '*' result: a value of 120001 characters and items"),
+    ("{{ ['b' * 60000, 'c']|join('a' * 60000) }}", "the result of the join filter"),
+    ("{% set ns = namespace(l=[1]) %}{% for i in range(30) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}"
+     "{{ ns.l|tojson }}", "refused a list, tuple or dict literal: a value of 98303 characters and items"),
+    ("{% set ns = namespace(d={'a': 1}) %}{% for i in range(30) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}"
+     "{% endfor %}{{ ns.d }}", "refused a list, tuple or dict literal"),
+    ("{% set ns = namespace(l=1) %}{% for i in range(40) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
+     "a value nested more than 32 deep"),
+    ("{{ ('\t' * 60000).expandtabs(60000) }}", "the result of str.expandtabs(): 3600060000"),
+    ("{{ ('a ' * 30000)|wordwrap(1) }}", "the result of the wordwrap filter"),
+    ("{{ messages|tojson(indent=60000) }}", "the result of the tojson filter"),
     ("{{ (range(60000)|list) * 60000 }}", "refused list * 60000"),
     ("{{ range(10**9)|list }}", "refused range(1000000000): 1000000000 items, over the template step budget"),
     ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursion too deep"),

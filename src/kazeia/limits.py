@@ -10,6 +10,7 @@ allocation asks `kazeia.memory.check_fits` (the machine's memory, refused with t
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import stat
@@ -201,3 +202,29 @@ def check_nesting(text: str, path: str, limit: int) -> None:
         elif c in "]}":
             depth = max(0, depth - 1)
         i += 1
+
+
+def _one_per_byte(e: UnicodeDecodeError) -> tuple[str, int]:
+    """llama.cpp's rule (unicode_cpts_from_utf8): each byte that does not start a valid sequence becomes one
+    U+FFFD and decoding goes on at the next byte."""
+    return "\ufffd", e.start + 1
+
+
+codecs.register_error("kazeia-llama-utf8", _one_per_byte)
+
+
+def decode_text(data: bytes | str) -> tuple[str, int]:
+    """User text (a prompt from argv, a file or stdin) as valid Unicode, decoded as llama-cli decodes it: every
+    byte that is not part of valid UTF-8 becomes U+FFFD. A str from argv carries such bytes as lone surrogates
+    (Python's surrogateescape); other lone surrogates are replaced the same way. Returns (text, bytes replaced)."""
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+            return data, 0
+        except UnicodeEncodeError:
+            try:
+                data = data.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                data = data.encode("utf-8", "surrogatepass")
+    text = data.decode("utf-8", "kazeia-llama-utf8")
+    return text, text.count("\ufffd") - data.count("\ufffd".encode())

@@ -244,7 +244,7 @@ def gen_prompts(rng: random.Random, n: int) -> list[Case]:
     cases = []
     for i in range(n):
         text = b"".join(rng.choice(BAD_TEXT) + b"x" for _ in range(rng.randint(1, 5)))
-        as_arg = text.decode("utf-8", "surrogateescape")
+        as_arg = text.replace(b"\x00", b"").decode("utf-8", "surrogateescape")  # argv cannot carry a NUL
         how = i % 4
         if how == 0:
             case = Case("prompts", f"p-{i}", ["run", "-m", "{tiny}", "-p", as_arg, "-n", "1"], process=True)

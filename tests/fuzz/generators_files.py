@@ -58,6 +58,14 @@ HOSTILE_TEMPLATES = [
     "{{ 9**9**9 }}",
     "{{ x.y.z }}",
     "{% if %}",
+    "{% set ns = namespace(l=[1]) %}{% for i in range(30) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l }}",
+    "{% set ns = namespace(l=[1]) %}{% for i in range(30) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l|tojson }}",
+    "{% set ns = namespace(l=[1]) %}{% for i in range(30) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l[1:] }}",
+    "{% set ns = namespace(l=['a']) %}{% for i in range(30) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}"
+    "{{ ns.l|join(',') }}",
+    "{% set ns = namespace(d={}) %}{% for i in range(30) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}{{ ns.d }}",
+    "{% set ns = namespace(l=1) %}{% for i in range(5000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
+    "{{ ('\\t' * 60000).expandtabs(60000) }}",
 ]
 
 
@@ -160,15 +168,18 @@ def gen_dumps(rng: random.Random, n: int) -> list[Case]:
     return cases
 
 
-def _wrong_dims(cfg: SynthConfig, target: str) -> Callable[[str], None]:
-    """The tiny model with `target` written one dimension higher (a 3-D matrix, a 2-D norm)."""
+def _reshaped(cfg: SynthConfig, target: str, split: int) -> Callable[[str], None]:
+    """The tiny model with `target` written one dimension higher: its outermost numpy axis split in `split`
+    (split 1: a trailing ggml dimension of 1, which llama.cpp's check_tensor_dims accepts; 2: a real 3-D tensor
+    of the same size, which it refuses)."""
     def write(path: str) -> None:
         from kazeia.gguf.writer import _weights
 
         ts = []
         for name, arr, is_matrix in _weights(cfg):
             if name == target:
-                arr, is_matrix = arr.reshape((1, *arr.shape)), False
+                arr = np.asarray(arr, dtype=np.float32)
+                arr, is_matrix = arr.reshape((split, arr.shape[0] // split, *arr.shape[1:])), False
             ts.append((name, arr, is_matrix))
         write_model(cfg, path, tensors=ts)
     return write
@@ -177,5 +188,9 @@ def _wrong_dims(cfg: SynthConfig, target: str) -> Callable[[str], None]:
 def gen_gguf(rng: random.Random, n: int) -> list[Case]:
     names = ["blk.0.attn_q.weight", "blk.0.ffn_down.weight", "token_embd.weight", "blk.0.attn_norm.weight",
              "output_norm.weight", "blk.0.attn_k_norm.weight"]
-    return [Case("gguf", f"dims-{i}", ["run", "-m", "{dir}/w.gguf", "-p", "hi", "-n", "1"],
-                 {"w.gguf": _wrong_dims(TINY, rng.choice(names))}, bad=True) for i in range(n)]
+    cases = []
+    for i in range(n):
+        split = rng.choice([1, 2])
+        cases.append(Case("gguf", f"dims-{split}-{i}", ["run", "-m", "{dir}/w.gguf", "-p", "hi", "-n", "1"],
+                          {"w.gguf": _reshaped(TINY, rng.choice(names), split)}, bad=split == 2))
+    return cases

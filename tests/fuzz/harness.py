@@ -58,7 +58,8 @@ class Result:
 
     @property
     def failed(self) -> bool:
-        return self.outcome in FAILURES
+        return self.outcome in FAILURES or self.outcome == "harness"
+
 
 
 def _subst(text: str, where: dict[str, str]) -> str:
@@ -76,6 +77,27 @@ def _write_files(case: Case, d: str, where: dict[str, str]) -> None:
         else:
             with open(path, "wb") as f:
                 f.write(content)
+
+
+def _build_in_child(case: Case, d: str, where: dict[str, str]) -> str:
+    """Write the case's files in a child process, so that the memory a large input takes to build never
+    becomes part of the parent, whose pages every forked case would then count as its own RSS."""
+    if not case.files:
+        return ""
+    err = os.path.join(d, ".build-error")
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            _write_files(case, d, where)
+        except BaseException as e:  # noqa: BLE001 - reported to the parent through the file
+            with open(err, "w") as f:
+                f.write(f"{type(e).__name__}: {e}")
+            code = 1
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
+    return _read(err) if os.path.exists(err) else ""
 
 
 def _env(case: Case, where: dict[str, str]) -> dict[str, str]:
@@ -214,12 +236,14 @@ def _run_process(case: Case, argv: list[str], env: dict[str, str], d: str) -> tu
 def run_case(case: Case, workdir: str, shared: dict[str, str]) -> Result:
     d = tempfile.mkdtemp(prefix=f"{case.cls}-", dir=workdir)
     where = {**shared, "dir": d}
-    try:
-        _write_files(case, d, where)
-    except Exception as e:  # noqa: BLE001 - the harness's own failure to build an input, reported as such
-        return Result(case, "harness", None, 0.0, 0, f"building the input failed: {type(e).__name__}: {e}")
+    problem = _build_in_child(case, d, where)
+    if problem:
+        return Result(case, "harness", None, 0.0, 0, f"building the input failed: {problem}")
     argv = [_subst(a, where) for a in case.argv]
     env = _env(case, where)
     runner = _run_process if case.process or case.stdout in ("closed", "broken") else _run_forked
-    code, seconds, rss, stderr = runner(case, argv, env, d)
+    try:
+        code, seconds, rss, stderr = runner(case, argv, env, d)
+    except Exception as e:  # noqa: BLE001 - the harness could not start the case: its own failure, reported
+        return Result(case, "harness", None, 0.0, 0, f"starting the case failed: {type(e).__name__}: {e}")
     return Result(case, classify(case, code, seconds, rss, stderr), code, seconds, rss, stderr)

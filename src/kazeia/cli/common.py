@@ -13,9 +13,11 @@ from kazeia.cli import validate as V
 from kazeia.engine.context import Model
 from kazeia.engine.session import SYNC_ENV, RunSpec, Session
 from kazeia.errors import KazeiaError
+from kazeia.limits import decode_text
 from kazeia.native.threads import set_threads  # noqa: F401 (the tools' -t, from here)
 
-MAX_PROMPT_CHARS = 64 << 20  # -f: the largest context (262144 tokens) at a few characters a token, with room
+MAX_PROMPT_BYTES = 8 << 20  # -f: 8x the text of the largest real context (262144 tokens at ~4 bytes); the tokenizer
+# takes ~100 bytes of memory per byte of text, so this also keeps it under 1 GB
 
 
 def add_model_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
@@ -185,20 +187,37 @@ def prompt_tokens(args: argparse.Namespace, s: Session) -> list[int]:
     return s.prompt_ids()
 
 
+def user_text(text: str | bytes | None, what: str) -> str | None:
+    """Text a user typed or piped, decoded as llama-cli does (each byte that is not valid UTF-8 becomes U+FFFD),
+    with one warning line saying how many bytes were replaced."""
+    if text is None:
+        return None
+    clean, replaced = decode_text(text)
+    if replaced:
+        print(f"warning: {what} is not valid UTF-8: {replaced} byte(s) replaced by U+FFFD, as llama-cli does",
+              file=sys.stderr)
+    return clean
+
+
 def prompt_text(args: argparse.Namespace) -> str | None:
-    """-p, or the contents of -f FILE (llama-cli's order: -f replaces -p), read once and kept in args."""
+    """-p, or the contents of -f FILE (llama-cli's order: -f replaces -p), read and decoded once and kept in
+    args."""
+    if getattr(args, "_prompt_text", None) is not None:
+        return args._prompt_text
     path = getattr(args, "file", None)
-    if path and getattr(args, "_file_text", None) is None:
+    if path:
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read(MAX_PROMPT_CHARS + 1)  # bounded: -f /dev/zero never ends
+            with open(path, "rb") as f:
+                raw = f.read(MAX_PROMPT_BYTES + 1)  # bounded: -f /dev/zero never ends
         except OSError as e:
             raise KazeiaError(f"-f {path}: {e.strerror}") from None
-        if len(text) > MAX_PROMPT_CHARS:
-            raise KazeiaError(f"-f {path}: more than {MAX_PROMPT_CHARS >> 20} Mi characters of prompt (no context "
-                              f"holds that many tokens)")
-        args._file_text = text
-    return args._file_text if path else getattr(args, "prompt", None)
+        if len(raw) > MAX_PROMPT_BYTES:
+            raise KazeiaError(f"-f {path}: more than {MAX_PROMPT_BYTES >> 20} MiB of prompt (the prompt limit; no "
+                              f"context holds that many tokens)")
+        args._prompt_text = user_text(raw, f"-f {path}")
+    else:
+        args._prompt_text = user_text(getattr(args, "prompt", None), "-p")
+    return args._prompt_text
 
 
 def make_trace(args: argparse.Namespace):

@@ -24,7 +24,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_model_args(p)
     add_device_args(p)
     g = p.add_argument_group("determinism")
-    g.add_argument("-N", "--runs", type=V.integer(2, 10000), default=3, help="number of runs (default 3)")
+    g.add_argument("-N", "--runs", type=V.integer(2, 1000), default=3, help="number of runs (default 3, at most 1000)")
     g.add_argument("-n", "--n-predict", type=V.integer(0), default=0, help="greedy tokens to generate after the prompt")
     g.add_argument("--isolate", action="store_true", help="each run in its own child process")
     g.add_argument("--timeout", type=V.seconds, default=600.0, metavar="S", help="per-run timeout with --isolate")

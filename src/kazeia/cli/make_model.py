@@ -69,7 +69,7 @@ def size_estimate(cfg: SynthConfig) -> tuple[int, int]:
 
 def check_room(cfg: SynthConfig, path: str) -> None:
     """Refuse a model that would not fit in memory while drawn, or on the disk, before writing a byte."""
-    from kazeia.engine.memory import check_fits
+    from kazeia.memory import check_fits
 
     file_bytes, largest = size_estimate(cfg)
     check_fits("make-model: drawing the largest weight matrix", 3 * largest, " (smaller --n-embd/--n-ff/--vocab)")

@@ -6,10 +6,19 @@ import argparse
 import sys
 
 from kazeia.cli import validate as V
-from kazeia.cli.common import add_common, add_device_args, add_model_args, open_session, prompt_text, prompt_tokens
+from kazeia.cli.common import (
+    add_common,
+    add_device_args,
+    add_model_args,
+    open_session,
+    prompt_text,
+    prompt_tokens,
+    user_text,
+)
 from kazeia.engine.chat import ChatSession
 from kazeia.engine.generate import GenerationResult, Sampler, SamplingParams, generate
 from kazeia.engine.tokenizer import StreamDecoder
+from kazeia.errors import KazeiaError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -83,6 +92,10 @@ def main(args: argparse.Namespace) -> int:
     if args.conversation or args.single_turn:
         return _chat(args, s, sampler)
     ids = prompt_tokens(args, s)
+    if args.n_predict > 0 and len(ids) <= s.ctx.n_ctx < len(ids) + args.n_predict - 1:
+        print(f"warning: -n {args.n_predict} cannot finish in the context of {s.ctx.n_ctx} tokens after "
+              f"{len(ids)} prompt tokens: generation stops when the context is full, as llama-cli's does",
+              file=sys.stderr)
     if getattr(args, "stop_after", None):
         return _prefix_run(args, s, ids)
     if not args.no_display_prompt and args.n_prompt is None:
@@ -111,7 +124,7 @@ def _prefix_run(args: argparse.Namespace, s, ids: list[int]) -> int:
 
 def _chat(args: argparse.Namespace, s, sampler: Sampler) -> int:
     thinking = None if args.reasoning is None else args.reasoning == "on"
-    chat = ChatSession(s.ctx, s.tok, args.system_prompt, thinking)
+    chat = ChatSession(s.ctx, s.tok, user_text(args.system_prompt, "-sys"), thinking)
     first = prompt_text(args)
     while True:
         if first is not None:
@@ -120,7 +133,7 @@ def _chat(args: argparse.Namespace, s, sampler: Sampler) -> int:
             if args.single_turn:
                 return 0
             try:
-                user = input("> ")
+                user = _read_turn()
             except (EOFError, KeyboardInterrupt):
                 print()
                 return 0
@@ -137,3 +150,22 @@ def _chat(args: argparse.Namespace, s, sampler: Sampler) -> int:
         chat.add_reply(fed, reply, s.tok.decode(reply, skip_special=True))
         if res.stop == "interrupted" or args.single_turn:
             return 130 if res.stop == "interrupted" else 0
+
+
+MAX_TURN_BYTES = 1 << 20  # one chat turn read from stdin
+
+
+def _read_turn() -> str:
+    """One user turn: input() on a terminal (line editing), else one line of stdin's bytes, bounded and decoded
+    as llama-cli decodes it."""
+    if sys.stdin is None:
+        raise EOFError
+    if sys.stdin.isatty():
+        return user_text(input("> "), "the chat input")
+    print("> ", end="", flush=True)
+    raw = sys.stdin.buffer.readline(MAX_TURN_BYTES + 1)
+    if not raw:
+        raise EOFError
+    if len(raw) > MAX_TURN_BYTES and not raw.endswith(b"\n"):
+        raise KazeiaError(f"a chat turn longer than {MAX_TURN_BYTES} bytes on stdin (the turn limit)")
+    return user_text(raw.rstrip(b"\r\n"), "the chat input")

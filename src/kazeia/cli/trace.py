@@ -9,6 +9,7 @@ import sys
 
 from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, add_device_args, add_model_args, open_session, prompt_tokens
+from kazeia.engine.session import check_generation
 from kazeia.errors import DeviceDeathError
 
 
@@ -30,6 +31,7 @@ def main(args: argparse.Namespace) -> int:
     args.oplog_file = args.jsonl
     s = open_session(args)
     ids = prompt_tokens(args, s)
+    check_generation(len(ids), args.n_predict, s.ctx.n_ctx)
     trace = next(h for h in s.scheduler.hooks if h.__class__.__name__ == "TraceHook")
     status = 0
     try:

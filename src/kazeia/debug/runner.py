@@ -21,7 +21,7 @@ import numpy as np
 
 from kazeia.engine.context import Context
 from kazeia.engine.prefix import PrefixScheduler, check_prefix_run
-from kazeia.engine.session import RunSpec, build_context, prompt_ids
+from kazeia.engine.session import RunSpec, build_context, check_generation, prompt_ids
 from kazeia.errors import DeviceDeathError, DeviceOpError
 from kazeia.native.threads import child_threads
 
@@ -63,6 +63,7 @@ def run(spec: RunSpec, hooks=(), all_logits: bool = False, ctx: Context | None =
         ctx.scheduler.add_hook(h)
     ids = prompt_ids(spec, ctx.model)
     check_prefix_run(spec.stop_after, spec.n_predict)
+    check_generation(len(ids), spec.n_predict, ctx.n_ctx)
     res = RunResult(ok=False, n_prompt=len(ids))
     t0 = time.perf_counter()
     try:

@@ -13,7 +13,6 @@ from types import ModuleType
 
 import numpy as np
 
-from kazeia.engine.memory import check_fits
 from kazeia.engine.recurrent import RecurrentCache
 from kazeia.engine.scheduler import Scheduler
 from kazeia.errors import ContextOverflowError, KazeiaError
@@ -22,6 +21,7 @@ from kazeia.graph.alloc import GraphAllocator
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, array, make_tensor
 from kazeia.identity import IdentityCache
+from kazeia.memory import check_fits
 from kazeia.models.base import ModelArgs, arch_module, model_args, require_weights, weight_tensors
 from kazeia.models.transformer import GraphOptions, Inputs, LayerCache, make_inputs, position_streams
 

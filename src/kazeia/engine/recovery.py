@@ -5,9 +5,13 @@ When the device session dies while a micro-batch runs (the host learns at its ne
    run again on the same paths: a transient death costs one re-run and nothing else;
 2. if it dies again at the same place (same batch, same ops), the micro-batch runs in a synchronous session
    (one op per batch, waited on: the host then knows the op, as the team's GGML_HEXAGON_OPBATCH=1
-   GGML_HEXAGON_OPQUEUE=1 runs showed); a death there names the op, and a second death at that same op adds a
-   rule routing its class away to the policy: the cheapest alternative by the device's modeled time that has
-   not died yet (hvx, cpu, or for a matmul split-op: only that op cut along M around the range that dies);
+   GGML_HEXAGON_OPQUEUE=1 runs showed); a death there names the op. A second death at that same op is
+   confirmed before anything is re-routed: the op runs alone on a fresh session. If it dies there too (or, having
+   completed alone, dies a third time in its micro-batch: a fault that needs the state earlier ops leave), a
+   rule routing its class away is added to the policy, and the warning names that evidence; if it completes
+   alone, the deaths are read as transient and the micro-batch runs again unchanged. The rule goes to the
+   cheapest alternative by the device's modeled time that has not died yet (hvx, cpu, or for a matmul
+   split-op: only that op cut along M around the range that dies);
    the micro-batch runs again (a synchronous run that completes stands: it computed the same);
 3. after `max_attempts` deaths in one micro-batch a clear error names the op.
 The context re-writes the micro-batch's inputs and restores the recurrent state before every re-run, and only
@@ -47,7 +51,9 @@ class DeathInjector:
         self.ops = 0
         self.deaths = 0
 
-    def tick(self) -> str | None:
+    def tick(self, op_name: str | None = None) -> str | None:
+        """Before the device starts an op (`op_name`, for injectors that aim at one op): a message to die with,
+        or None."""
         i = self.ops
         self.ops += 1
         if self.limit is not None and self.deaths >= self.limit:
@@ -74,7 +80,7 @@ class Recovery:
 
     def compute(self, graph: Graph, prepare: Callable[[], None], label: str = "micro-batch") -> None:
         """Run `graph`, surviving device deaths; `prepare()` puts its inputs and state back before a re-run."""
-        died, last_place, sync_op, tried = 0, None, None, {}
+        died, last_place, sync_op, tried, in_context, confirmed = 0, None, None, {}, 0, set()
         while True:
             try:
                 self.scheduler.compute(graph)
@@ -98,16 +104,21 @@ class Recovery:
                         f"{self.max_attempts}: {e}", e.code, e.last_enqueued, e.faulting, e.cause) from None
                 if self._synchronous(dead) and ops:
                     if ops[-1] != sync_op:  # the op is known: once more, to tell a transient death from its op
-                        sync_op = ops[-1]
+                        sync_op, in_context = ops[-1], 1
                         self.warn(f"{label}: device died in a one-op batch at {sync_op}: new session, once more")
                         self._reopen(dead, sync=True)
                     else:
                         node = next((n for n in graph.nodes if n.name == sync_op), None)
                         if node is None:
                             raise
-                        self._add_rule(node, dead, label, tried)
-                        last_place = sync_op = None
-                        self._reopen(dead, sync=False)
+                        in_context += 1
+                        evidence = self._confirm(node, dead, graph, label, in_context, confirmed)
+                        if evidence is None:  # not reproduced alone: transient so far, run it again unchanged
+                            self._reopen(dead, sync=True)
+                        else:
+                            self._add_rule(node, dead, label, tried, evidence)
+                            last_place = sync_op = None
+                            self._reopen(dead, sync=False)
                 else:
                     place = (getattr(e, "batch_seq", None), ops)
                     if place != last_place:
@@ -120,6 +131,41 @@ class Recovery:
                                   f"to find the op")
                         self._reopen(dead, sync=True)
                 prepare()
+
+    def _confirm(self, node: Tensor, dead, graph: Graph, label: str, in_context: int, confirmed: set) -> str | None:
+        """Whether two deaths in a row at `node` are its own fault, and the evidence that decided: the op alone on
+        a fresh session (with the inputs its sources hold now) dies too, or, when it ran alone, a third death in
+        its micro-batch (a fault that needs the state earlier ops leave). None: transient so far."""
+        if node.name in confirmed or in_context >= 3:
+            return (f"died {in_context} times in a row in its micro-batch, though it completed alone on a fresh "
+                    f"session: a fault that depends on what earlier ops leave" if node.name in confirmed else
+                    f"died {in_context} times in a row in its micro-batch")
+        alone = self._run_alone(node, dead, graph)
+        if alone is True:
+            return "died twice in a row in a one-op batch, and again alone on a fresh session"
+        if alone is None:
+            return "died twice in a row in a one-op batch (the backend cannot run it alone)"
+        confirmed.add(node.name)
+        self.warn(f"{label}: {node.name} ({node.desc()}) died twice in a row but completed alone on a fresh "
+                  f"session: read as transient, running the {label} again on the same paths")
+        return None
+
+    def _run_alone(self, node: Tensor, dead, graph: Graph) -> bool | None:
+        """Run `node` alone on a fresh one-op-per-batch session without hooks (no trace or dump sees this
+        check). True: it died; False: it completed; None: the backend cannot start a session."""
+        if not hasattr(dead, "new_session"):
+            return None
+        fresh = dead.new_session(sync=True)
+        fresh.hooks = []
+        try:
+            fresh.begin_graph(graph)
+            fresh.compute(node)
+            fresh.synchronize()
+            return False
+        except DeviceDeathError:
+            return True
+        finally:
+            fresh.close()
 
     def _dead_backend(self):
         return next((b for b in self.scheduler.backends if getattr(b, "dead", None) is not None), None)
@@ -135,7 +181,7 @@ class Recovery:
         self.scheduler.replace_backend(dead, new)
         return new
 
-    def _add_rule(self, node: Tensor, device, label: str, tried: dict) -> None:
+    def _add_rule(self, node: Tensor, device, label: str, tried: dict, evidence: str) -> None:
         key = _class_key(node)
         done = tried.setdefault(key, set())
         lo, hi = device.same_plan_m_range(node) if hasattr(device, "same_plan_m_range") else (node_m(node),) * 2
@@ -159,11 +205,11 @@ class Recovery:
         rule = Rule(name, action, op=node.op, type=type_name(w.type).lower() if weighted else None,
                     k=(w.ne[0], w.ne[0]) if weighted else None, n=(w.ne[1], w.ne[1]) if weighted else None,
                     m=(lo, hi), node=None if weighted else f"^{re.escape(node.name)}$",
-                    why=f"added by recovery: {node.name} killed the device twice in a row at M={node_m(node)}",
-                    evidence=[f"{label}: {node.name} ({node.desc()}) died in a one-op batch"])
+                    why=f"added by recovery: {node.name} killed the device at M={node_m(node)}: {evidence}",
+                    evidence=[f"{label}: {node.name} ({node.desc()}) {evidence}"])
         self.policy.rules.insert(0, rule)
         self.rules_added.append(rule)
-        self.warn(f"{label}: {node.name} ({node.desc()}) kills the device: added rule {name} routing "
+        self.warn(f"{label}: {node.name} ({node.desc()}) kills the device ({evidence}): added rule {name} routing "
                   f"{node.op} {rule.type or ''} K={rule.k[0] if rule.k else '*'} N={rule.n[0] if rule.n else '*'} "
                   f"M={lo}..{hi} to {action}; running the {label} again")
 

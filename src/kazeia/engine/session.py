@@ -22,7 +22,7 @@ from kazeia.engine.generate import synthetic_prompt
 from kazeia.engine.prefix import make_scheduler
 from kazeia.engine.scheduler import Router
 from kazeia.engine.tokenizer import GGUFTokenizer
-from kazeia.errors import KazeiaError
+from kazeia.errors import ContextOverflowError, KazeiaError
 from kazeia.graph.tensor import GGMLType
 
 SYNC_ENV = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"}  # --sync: one op per batch, waited on
@@ -154,18 +154,42 @@ def tokenizer(model: Model) -> GGUFTokenizer:
 def prompt_ids(spec: RunSpec, model: Model, tok: GGUFTokenizer | None = None) -> list[int]:
     if spec.tokens is not None:
         return list(spec.tokens)
+    n_ctx = n_ctx_for(spec, model)
     if spec.n_prompt is not None:
         if spec.n_prompt <= 0:
             raise KazeiaError("--n-prompt must be positive")
+        if spec.n_prompt > n_ctx:  # refused before the tokens are drawn (10^8 of them took 3.8 GB)
+            raise ContextOverflowError(f"--n-prompt {spec.n_prompt} does not fit in the context of {n_ctx} tokens "
+                                       f"(raise -c, up to the model's {model.args.n_ctx_train})")
         tok = tok or tokenizer(model)
         return synthetic_prompt(spec.n_prompt, model.args.n_vocab, tok.is_control)
     if spec.prompt:
         tok = tok or tokenizer(model)
+        _check_prompt_size(spec.prompt, n_ctx, tok)
         ids = tok.encode(spec.prompt)
         if not ids:
             raise KazeiaError("the prompt encodes to no tokens")
         return ids
     raise KazeiaError("the run needs a prompt, --n-prompt or tokens")
+
+
+def check_generation(n_prompt: int, n_predict: int, n_ctx: int) -> None:
+    """Refuse up front a greedy generation the context cannot hold (the tools decode each of the n_predict
+    tokens, so prompt + n_predict positions), instead of failing at the context's end minutes later."""
+    if n_predict > 0 and n_prompt + n_predict > n_ctx:
+        raise ContextOverflowError(f"-n {n_predict} cannot finish: {n_prompt} prompt tokens and {n_predict} generated "
+                                   f"ones need {n_prompt + n_predict} positions, the context holds {n_ctx} (raise -c "
+                                   f"or lower -n to {max(n_ctx - n_prompt, 0)})")
+
+
+def _check_prompt_size(text: str, n_ctx: int, tok: GGUFTokenizer) -> None:
+    """A prompt longer than n_ctx times the longest token cannot fit however it tokenizes: refused before the
+    tokenizer spends memory on it (a 50 MB prompt took 5.8 GB)."""
+    longest = max(tok.longest_token_bytes, 1)
+    n_bytes = len(text.encode("utf-8", "replace"))
+    if n_bytes > n_ctx * longest:
+        raise ContextOverflowError(f"a prompt of {n_bytes} bytes cannot fit in the context of {n_ctx} tokens (the "
+                                   f"longest token holds {longest} bytes); raise -c or shorten the prompt")
 
 
 # --- building a run ------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ CHARS_PER_TOKEN = 16  # the output budget is the context length in tokens times 
 DEFAULT_SECONDS = 3.0
 DEFAULT_STEPS = 5_000_000  # loop iterations + calls + lookups + output pieces (~2 s of pure-Python looping)
 MAX_INT_BITS = 4096  # integers a chat template may compute (Python prints at most 4300 digits anyway)
+MAX_VALUE_DEPTH = 32  # lists, tuples and dicts inside one another (a chat's messages with tool schemas: ~8)
 MAX_SOURCE_CHARS = 1 << 20  # real chat templates are a few KB (the largest with tool schemas ~40 KB)
 
 
@@ -68,6 +69,7 @@ class Meter:
         self.steps = 0
         self.chars = 0
         self.counting = True  # off while compiling: constants folded then are output (and counted) when rendering
+        self._weights: dict[int, tuple[Any, int, int]] = {}  # id -> (container, size, depth), see weigh
         self.deadline = time.monotonic() + budget.seconds
 
     def refuse(self, what: str) -> TemplateBudgetError:
@@ -93,6 +95,37 @@ class Meter:
         """An integer that decides how much is allocated (a width, a count)."""
         if abs(n) > self.budget.max_chars:
             raise self.refuse(f"refused {what} of {n}, over {self.size_limit()}")
+
+    def weigh(self, value: Any, what: str) -> Any:
+        """Refuse a value built during the render whose logical size (characters and items, every nested
+        container counted each time it appears) is over the budget, or which is nested deeper than
+        MAX_VALUE_DEPTH. Sizes are remembered per container, so `[l, l]` built 30 times costs 30 small steps to
+        judge, not the 2^30 its printing, tojson or join would have walked."""
+        size, depth = self._weight(value, 0, what)
+        if depth > MAX_VALUE_DEPTH:
+            raise self.refuse(f"refused {what}: a value nested more than {MAX_VALUE_DEPTH} deep")
+        if size > self.budget.max_chars:
+            raise self.refuse(f"refused {what}: a value of {size} characters and items, over {self.size_limit()}")
+        return value
+
+    def _weight(self, v: Any, level: int, what: str) -> tuple[int, int]:
+        if isinstance(v, str):
+            return len(v), 0
+        if not isinstance(v, (list, tuple, dict, set, frozenset)):
+            return 1, 0
+        known = self._weights.get(id(v))
+        if known is not None and known[0] is v:
+            return known[1], known[2]
+        if level >= MAX_VALUE_DEPTH:
+            raise self.refuse(f"refused {what}: a value nested more than {MAX_VALUE_DEPTH} deep")
+        size, depth = 1, 0
+        for c in (x for kv in v.items() for x in kv) if isinstance(v, dict) else v:
+            cs, cd = self._weight(c, level + 1, what)
+            size, depth = size + cs, max(depth, cd + 1)
+            if size > self.budget.max_chars:
+                break
+        self._weights[id(v)] = (v, size, depth)  # v kept alive: its id cannot be reused by another object
+        return size, depth
 
     def output(self, text: str) -> str:
         self.step()
@@ -153,9 +186,27 @@ class _BudgetEscapeFormatter(_BudgetFormatter, SandboxedEscapeFormatter):
 
 
 class _CodeGenerator(CodeGenerator):
-    """jinja2's code generator with three hooks into the meter: literal output goes through
-    `environment.kz_text`, `~` through `environment.kz_concat`, and every for-loop's iterable through
-    `environment.kz_iter` (so a loop that outputs nothing still counts its iterations)."""
+    """jinja2's code generator with four hooks into the meter: literal output goes through
+    `environment.kz_text`, `~` through `environment.kz_concat`, every for-loop's iterable through
+    `environment.kz_iter` (so a loop that outputs nothing still counts its iterations), and every list, tuple
+    and dict literal through `environment.kz_built` (its size and depth weighed as it is built)."""
+
+    def _built(self, visit: Callable, node: nodes.Node, frame: Frame) -> None:
+        if getattr(node, "ctx", "load") != "load":  # a for or set target, not a value
+            visit(node, frame)
+            return
+        self.write("environment.kz_built(")
+        visit(node, frame)
+        self.write(")")
+
+    def visit_List(self, node: nodes.List, frame: Frame) -> None:
+        self._built(super().visit_List, node, frame)
+
+    def visit_Tuple(self, node: nodes.Tuple, frame: Frame) -> None:
+        self._built(super().visit_Tuple, node, frame)
+
+    def visit_Dict(self, node: nodes.Dict, frame: Frame) -> None:
+        self._built(super().visit_Dict, node, frame)
 
     _loop_iters: set[int]
 
@@ -205,7 +256,13 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
         return self.meter.output(text)
 
     def _finalize(self, value: Any) -> str:
+        if not isinstance(value, str):
+            self.meter.weigh(value, "a printed value")
         return self.meter.output(value if isinstance(value, str) else str(value))
+
+    def kz_built(self, value: Any) -> Any:
+        self.meter.step()
+        return self.meter.weigh(value, "a list, tuple or dict literal")
 
     def kz_concat(self, parts: tuple) -> str:
         strs = [p if isinstance(p, str) else str(p) for p in parts]
@@ -270,6 +327,8 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
         n = _sized(result)
         if n is not None:
             self.meter.check_size(n, what)
+            if not isinstance(result, str):
+                self.meter.weigh(result, what)
         return result
 
     def _check_binop(self, op: str, left: Any, right: Any) -> None:
@@ -302,6 +361,8 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
                 for a in (*args, *kwargs.values()):
                     if _is_int(a):
                         m.check_int(a, f"str.{name}() width")
+                        if name == "expandtabs":  # every tab may become `a` spaces
+                            m.check_size(len(owner) + owner.count("\t") * max(a, 0), "the result of str.expandtabs()")
             elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
                 m.check_size(_replaced_len(owner, args[0], args[1], args[2] if len(args) > 2 else -1),
                              "the result of str.replace()")
@@ -384,8 +445,33 @@ def _check_sum(m: Meter, args: tuple, kwargs: dict) -> None:
         m.check_size(sum(_sized(x) or 0 for x in args[0]), "the result of the sum filter")
 
 
+def _check_wordwrap(m: Meter, args: tuple, kwargs: dict) -> None:
+    """wordwrap(s, width=79, break_long_words=True, wrapstring=None): at most one wrapstring per `width`
+    characters is added."""
+    if not args:
+        return
+    text = str(args[0])
+    width = kwargs.get("width", args[1] if len(args) > 1 else 79)
+    wrap = kwargs.get("wrapstring", args[3] if len(args) > 3 else None)
+    if _is_int(width):
+        pieces = len(text) // max(width, 1) + text.count(" ") + 1
+        m.check_size(len(text) + pieces * len(str(wrap or "\n")), "the result of the wordwrap filter")
+
+
+def _check_tojson(m: Meter, args: tuple, kwargs: dict) -> None:
+    """tojson(value, indent=None): each character may become a 6-character escape, and each item gets a line of
+    `indent` spaces per level."""
+    if not args:
+        return
+    size, depth = m._weight(args[0], 0, "the tojson filter's value")
+    indent = kwargs.get("indent", args[1] if len(args) > 1 else None)
+    per_item = 4 + (indent * (depth + 1) if _is_int(indent) and indent > 0 else len(indent) * (depth + 1)
+                    if isinstance(indent, str) else 0)
+    m.check_size(6 * size + size * per_item, "the result of the tojson filter")
+
+
 _FILTER_CHECKS: dict[str, Callable[[Meter, tuple, dict], None]] = {
-    "center": _check_width, "indent": _check_indent,
+    "center": _check_width, "indent": _check_indent, "wordwrap": _check_wordwrap, "tojson": _check_tojson,
     "replace": _check_replace, "format": _check_format, "join": _check_join, "sum": _check_sum,
 }
 

@@ -8,6 +8,7 @@ are ordinary text for decoding.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -100,6 +101,12 @@ class GGUFTokenizer:
     @property
     def n_vocab(self) -> int:
         return len(self.vocab)
+
+    @functools.cached_property
+    def longest_token_bytes(self) -> int:
+        """An upper bound of the UTF-8 bytes one token stands for: its vocabulary string's characters (one per
+        byte in byte-level BPE) times 4, the longest UTF-8 character."""
+        return 4 * max(map(len, self.vocab), default=1)
 
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
         ids = self.tok.encode(text, add_special_tokens=False).ids if parse_special else self._encode_plain(text)

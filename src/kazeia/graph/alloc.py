@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Buffer, BufferUsage, Tensor, TFlag
+from kazeia.memory import check_fits
 
 # ggml_op_can_inplace (bb4dc86a; CLAMP joined later), in kazeia's op names (FILL, ADD_ID, ... do not occur here)
 INPLACE_OPS = frozenset({"FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB", "MUL",
@@ -219,7 +220,9 @@ class GraphAllocator:
 
     def _ensure(self, size: int) -> None:
         if self.buffer is None or self.buffer.size < size:
-            # like ggml_gallocr_reserve: a bigger plan gets a new (zeroed) buffer
+            # like ggml_gallocr_reserve: a bigger plan gets a new (zeroed) buffer, asked of the memory first
+            check_fits(f"the compute buffer ({self.name}) of the largest graph", _align(size + 1),
+                       "; lower -c or -ub")
             self.buffer = Buffer.zeros(self.name, _align(size + 1), BufferUsage.COMPUTE)
             self.reallocations += 1
 

@@ -82,7 +82,7 @@ class Dsp:
             if self.on_op_start:
                 self.on_op_start(op, batch)
             try:
-                injected = self.injector.tick() if self.injector is not None else None
+                injected = self.injector.tick(op.node.name) if self.injector is not None else None
                 if injected:
                     raise DspFault("abort", injected)
                 rec = self.executor.execute(self, self.octx, op, batch)

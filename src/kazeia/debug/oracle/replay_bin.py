@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,9 +24,10 @@ from kazeia.debug.oracle.mul_mat import mul_mat_case
 from kazeia.debug.oracle.run import run_case
 from kazeia.debug.oracle.verdicts import CaseResult
 from kazeia.errors import KazeiaError
+from kazeia.memory import check_fits
 
-_DUMPED = re.compile(r"dumped: \S+ (\w+)\[(\d+),(\d+),(\d+),(\d+)\]")
-_SRC0 = re.compile(r"src0=\S+ (\w+)\[(\d+),(\d+),(\d+),(\d+)\]")
+_DUMPED = re.compile(r"dumped: \S+ (\w+)\[(\d{1,12}),(\d{1,12}),(\d{1,12}),(\d{1,12})\]")
+_SRC0 = re.compile(r"src0=\S+ (\w+)\[(\d{1,12}),(\d{1,12}),(\d{1,12}),(\d{1,12})\]")
 
 
 @dataclass
@@ -42,9 +44,19 @@ class Capture:
                 f"{int(np.isposinf(v).sum())} +inf, {int(np.isnan(v).sum())} NaN")
 
 
+MAX_CAPTURE_BYTES = 256 << 20  # one dumped activation (Qwen3-4B's largest, 9728 x 512 float32, is 19 MiB)
+
+
 def load_capture(path: str) -> Capture:
     try:
-        raw = np.fromfile(path, dtype=np.uint8)
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise KazeiaError(f"--replay {path}: not a regular file (a dumped activation is a file of float32)")
+        if st.st_size > MAX_CAPTURE_BYTES:
+            raise KazeiaError(f"--replay {path}: {st.st_size} bytes, more than one dumped activation may hold "
+                              f"({MAX_CAPTURE_BYTES} bytes)")
+        check_fits(f"--replay {path}", st.st_size * 4)  # the values, and the case's float64 reference of them
+        raw = np.fromfile(path, dtype=np.uint8, count=st.st_size)
     except OSError as e:
         raise KazeiaError(f"--replay {path}: {e.strerror}") from None
     if raw.size == 0 or raw.size % 4:
@@ -53,7 +65,8 @@ def load_capture(path: str) -> Capture:
     side = os.path.splitext(path)[0] + ".txt"
     if os.path.exists(side):
         try:
-            desc = open(side, encoding="utf-8", errors="replace").readline().strip()
+            with open(side, encoding="utf-8", errors="replace") as f:
+                desc = f.readline(4096).strip()
         except OSError:
             desc = None
     if desc:

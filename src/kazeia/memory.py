@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from kazeia.errors import KazeiaError
 
 GIB = float(1 << 30)
@@ -28,7 +30,25 @@ def available_bytes() -> int | None:
             avail = room if avail is None else min(avail, room)
     except (OSError, ValueError):
         pass
+    room = _address_space_room()
+    if room is not None:
+        avail = room if avail is None else min(avail, room)
     return avail
+
+
+def _address_space_room() -> int | None:
+    """What an address-space limit (ulimit -v, RLIMIT_AS) leaves this process; None if there is none."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, soft - used)
 
 
 def check_fits(what: str, nbytes: int, hint: str = "") -> None:
