@@ -9,6 +9,7 @@ import os
 import random
 from collections.abc import Callable
 
+import numpy as np
 from harness import Case
 
 from kazeia.gguf.writer import SynthConfig, write_model
@@ -63,7 +64,8 @@ HOSTILE_TEMPLATES = [
     "{% set ns = namespace(l=[1]) %}{% for i in range(30) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l[1:] }}",
     "{% set ns = namespace(l=['a']) %}{% for i in range(30) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}"
     "{{ ns.l|join(',') }}",
-    "{% set ns = namespace(d={}) %}{% for i in range(30) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}{{ ns.d }}",
+    "{% set ns = namespace(d={}) %}{% for i in range(30) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}"
+    "{{ ns.d }}",
     "{% set ns = namespace(l=1) %}{% for i in range(5000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}",
     "{{ ('\\t' * 60000).expandtabs(60000) }}",
 ]
