@@ -260,3 +260,20 @@ def test_a_prompt_larger_than_the_context_can_hold_is_refused_before_tokenizing(
 
 def test_internal_error_status_is_distinct():
     assert INTERNAL_ERROR == 70 and OUTPUT_ERROR == 74
+
+
+def test_long_work_says_so(capsys):
+    import time
+
+    from kazeia.engine.progress import ticking
+
+    n = {"ops": 0}
+    with ticking("trace", lambda: f"{n['ops']} ops traced", after=0.0, every=0.05):
+        for _ in range(10):
+            n["ops"] += 1
+            time.sleep(0.03)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(ln.startswith("kazeia: trace: ") and "ops traced" in ln for ln in lines)
+    with ticking("quick", after=60.0):
+        pass
+    assert capsys.readouterr().err == ""  # work that ends sooner says nothing

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 from harness import Case
 
-from kazeia.gguf.writer import SynthConfig, write_model
+from kazeia.gguf.writer import RowBlocks, SynthConfig, write_model
 
 TINY = SynthConfig(n_layer=1, n_vocab=512, n_ctx=256, wtype="f32")
 
@@ -180,7 +180,9 @@ def _reshaped(cfg: SynthConfig, target: str, split: int) -> Callable[[str], None
         ts = []
         for name, arr, is_matrix in _weights(cfg):
             if name == target:
-                arr = np.asarray(arr, dtype=np.float32)
+                if isinstance(arr, RowBlocks):  # a matrix drawn block by block: all its rows at once here
+                    arr = np.concatenate([arr.make(min(arr.block, arr.rows - r))
+                                          for r in range(0, arr.rows, arr.block)])
                 arr, is_matrix = arr.reshape((split, arr.shape[0] // split, *arr.shape[1:])), False
             ts.append((name, arr, is_matrix))
         write_model(cfg, path, tensors=ts)

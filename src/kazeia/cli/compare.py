@@ -73,7 +73,10 @@ def main(args: argparse.Namespace) -> int:
 
         if not prompt_ids(spec, load_model(spec.model_path)):
             raise KazeiaError("the prompt encodes to no tokens")
-    report = compare(spec, args.mode, strict=args.strict)
+    from kazeia.engine.progress import ticking
+
+    with ticking("compare", lambda: f"comparing {spec.device} with the float64 reference"):
+        report = compare(spec, args.mode, strict=args.strict)
     out = sys.stdout
     for mode in report.modes:
         out.write(format_table(report, mode, only_problems=args.problems_only) + "\n\n")

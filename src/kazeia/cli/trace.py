@@ -9,6 +9,7 @@ import sys
 
 from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, add_device_args, add_model_args, open_session, prompt_tokens
+from kazeia.engine.progress import ticking
 from kazeia.engine.session import check_generation
 from kazeia.errors import DeviceDeathError
 
@@ -34,11 +35,16 @@ def main(args: argparse.Namespace) -> int:
     check_generation(len(ids), args.n_predict, s.ctx.n_ctx)
     trace = next(h for h in s.scheduler.hooks if h.__class__.__name__ == "TraceHook")
     status = 0
+
+    def progress() -> str:
+        return f"{len(trace.records)} ops traced, token {trace.ubatch} of {args.n_predict} generated"
+
     try:
-        logits = s.ctx.decode(ids)
-        for _ in range(args.n_predict):
-            trace.ubatch += 1
-            logits = s.ctx.decode([int(logits[-1].argmax())])
+        with ticking("trace", progress):
+            logits = s.ctx.decode(ids)
+            for _ in range(args.n_predict):
+                trace.ubatch += 1
+                logits = s.ctx.decode([int(logits[-1].argmax())])
     except DeviceDeathError as e:
         print(str(e), file=sys.stderr)
         status = e.exit_code
