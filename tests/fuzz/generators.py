@@ -233,7 +233,7 @@ ENV_VALUES = ["", "0", "1", "2", "-1", "yes", "9" * 5000, "1e308", "nan", "{dir}
 def gen_env(rng: random.Random, n: int) -> list[Case]:
     commands = [["run", "-m", "{tiny}", "-p", "hi", "-n", "1"], ["run", "-m", "{tiny}", "-p", "hi", "-n", "1",
                                                                   "-dev", "HTP0"],
-                ["htp", "faults"], ["gate", "-m", "{tiny}", "--auto", "-ub", "2"]]
+                ["htp", "faults"], ["gate", "-m", "{tiny}", "--explain"]]  # reads KAZEIA_GATE_CACHE's folder
     cases = []
     for i in range(n):
         env = {rng.choice(ENV_NAMES): rng.choice(ENV_VALUES) for _ in range(rng.randint(1, 2))}

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from kazeia.errors import DumpFileError
+from kazeia.outputs import OutputError
 
 MAX_BLOB_BYTES = 1 << 32  # the dump schema's largest tensor (debug/dump/schema.py MAX_TENSOR_BYTES)
 
@@ -68,6 +69,10 @@ class BlobStore:
                     else:
                         np.save(f, a, allow_pickle=False)
                 os.replace(tmp, path)
+            except OSError as e:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise OutputError(f"--dump: cannot write {path}: {e.strerror or e}") from None
             except BaseException:
                 if os.path.exists(tmp):
                     os.unlink(tmp)

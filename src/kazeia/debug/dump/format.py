@@ -7,13 +7,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from kazeia.debug.json_safe import json_safe
 from kazeia.graph.tensor import Tensor, TFlag, type_name
+from kazeia.outputs import write_text
 
 FORMAT = "kazeia-op-dump"
 VERSION = 1
@@ -80,7 +79,4 @@ def write_manifest(path: Path, m: dict) -> None:
 
 
 def write_json(path: Path, obj: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1, allow_nan=False)
-    os.replace(tmp, path)
+    write_text(str(path), json.dumps(obj, indent=1, allow_nan=False))

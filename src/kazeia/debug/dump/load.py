@@ -18,6 +18,8 @@ from kazeia.debug.dump.format import CAPTURES, FORMAT, VERSION, manifest_digest
 from kazeia.errors import DumpFileError, KazeiaError
 from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType
 
+MAX_JSON_BYTES = 16 << 20  # an index or manifest (a 36-layer run's index of every op is ~2 MiB)
+
 
 @dataclass
 class TensorRecord:
@@ -151,6 +153,10 @@ class Dump:
 
 def _read_json(path: Path, what: str) -> dict:
     try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise DumpFileError(f"{path}: the {what} is {size} bytes, more than a dump's JSON may be "
+                                f"({MAX_JSON_BYTES})")
         raw = path.read_bytes()
     except OSError as e:
         raise DumpFileError(f"{path}: cannot read the {what}: {e.strerror}") from None

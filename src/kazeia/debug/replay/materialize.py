@@ -11,6 +11,7 @@ from kazeia.debug.dump import Dump, TensorRecord
 from kazeia.debug.tensors import elements, read_bytes
 from kazeia.errors import DumpFileError
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor
+from kazeia.memory import check_fits
 
 
 def tensor_from_meta(meta: dict, buf: Buffer, start: int = 0) -> Tensor:
@@ -29,6 +30,8 @@ def extent_end(meta: dict) -> int:
 
 def make_buffer(meta: dict, size: int, start: int = 0) -> Buffer:
     """The recorded buffer's bytes [start, start + size)."""
+    check_fits(f"replaying the dumped buffer {str(meta['name'])[:60]!r}", size, " (the manifest describes a buffer "
+               "larger than this machine can hold)")
     b = Buffer(meta["name"], np.zeros(max(size, 1), dtype=np.uint8), BufferUsage[meta["usage"]])
     b.base_addr = int(meta["base_addr"]) + start  # data addresses as recorded: descriptor de-duplication keys on them
     return b
