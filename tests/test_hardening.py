@@ -55,6 +55,7 @@ def test_an_escaped_exception_is_one_line_and_status_70(monkeypatch, capsys):
     assert "Traceback (most recent call last)" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # three interpreters and an oracle listing (~5 s)
 def test_a_full_or_closed_stdout_is_one_line_and_a_broken_pipe_is_quiet():
     with open("/dev/full", "w") as full:
         r = kazeia("htp", "faults", stdout=full)
@@ -95,6 +96,7 @@ def test_output_paths_that_cannot_be_written_are_one_line(argv):
     assert one_line(r.stderr).startswith("error: ")
 
 
+@pytest.mark.slow  # two kazeia runs and a lock holder (~1.5 s)
 def test_an_output_folder_has_one_writer(tmp_path, tiny_qwen3_q4):
     """A folder another process is dumping into is refused in one line, not shared (both runs exited 0 and
     one's dumps overwrote the other's)."""
