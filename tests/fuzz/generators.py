@@ -157,8 +157,14 @@ def gen_policy(rng: random.Random, n: int) -> list[Case]:
                   {"p.toml": b"x = " + b"[" * 1000 + b"]" * 1000 + b"\n"}, bad=True)]
     for i in range(n - 1):
         lines = list(base)
-        for _ in range(rng.randint(1, 3)):
-            lines.insert(rng.randrange(len(lines) + 1), f"{rng.choice(keys)} = {_policy_values(rng)}")
+        if rng.random() < 0.5:  # a rule of its own with one hostile value: a policy that may well be valid
+            action = rng.choice(["cpu", "hvx", "hmx", "split", "split-op", "gpu"])
+            lines += ["[[rule]]", f'name = "r{i}"', f'action = "{action}"',
+                      f"{rng.choice(['op', 'type', 'k', 'n', 'm', 'node', 'why', 'modeled_s'])} = "
+                      f"{_policy_values(rng)}"]
+        else:
+            for _ in range(rng.randint(1, 3)):
+                lines.insert(rng.randrange(len(lines) + 1), f"{rng.choice(keys)} = {_policy_values(rng)}")
         lines = _mutate_lines(rng, lines, lambda s: s) if rng.random() < 0.3 else lines
         argv = (["gate", "--explain", "{dir}/p.toml"] if rng.random() < 0.5 else
                 ["run", "-m", "{tiny}", "-p", "hi", "-n", "1", "-dev", "HTP0", "--gates", "{dir}/p.toml"])
