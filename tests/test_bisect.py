@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kazeia import settings as kazeia_settings
-from kazeia.backends.htp.vtcm.matmul_plan import plan_matmul
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_matmul
 from kazeia.cli.main import build_parser
 from kazeia.cli.main import main as cli_main
 from kazeia.debug import bisect as B

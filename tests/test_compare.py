@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from kazeia.backends.base import Hook
-from kazeia.backends.htp.vtcm.matmul_plan import plan_matmul
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_matmul
 from kazeia.debug.allowance import reference_activations
 from kazeia.debug.compare import (
     DRIFT,

@@ -11,7 +11,7 @@ import pytest
 from kazeia.backends.htp.hmx.deep_loads import BANK_BYTES, bank_crossings
 from kazeia.backends.htp.host.crash_record import VTCM_VA, crash_record, parse_crash
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.vtcm.matmul_plan import plan_for_node
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
 from kazeia.debug.crashmap import place_bad_va
 from kazeia.debug.oracle.backends import BackendSpec
 from kazeia.debug.oracle.mul_mat import mul_mat_case

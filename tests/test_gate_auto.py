@@ -9,7 +9,7 @@ import pytest
 from kazeia import settings as kazeia_settings
 from kazeia.backends.htp.cost import graph_seconds
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.vtcm.matmul_plan import plan_matmul
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_matmul
 from kazeia.cli.common import open_session
 from kazeia.cli.main import build_parser
 from kazeia.debug.gate.auto import auto_policy, explain

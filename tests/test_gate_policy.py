@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kazeia.backends.htp.vtcm.matmul_plan import matmul_node
+from kazeia.backends.htp.vtcm.matmul.dispatch import matmul_node
 from kazeia.cli.common import open_session
 from kazeia.cli.main import build_parser
 from kazeia.engine.policy import Policy, Rule, split_sizes

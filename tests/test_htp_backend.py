@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from kazeia.backends.htp.vtcm.matmul_plan import plan_matmul
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_matmul
 from kazeia.debug.judge import nmse
 from kazeia.debug.runner import run
 from kazeia.engine.session import RunSpec

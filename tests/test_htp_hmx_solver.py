@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kazeia.backends.htp.vtcm.hmx_solver import hmx_eligible, layout_2d, solve_2d
+from kazeia.backends.htp.vtcm.matmul.hmx_2026_10 import hmx_eligible, layout_2d, solve_2d
 
 VTCM = 8 * 1024 * 1024
 

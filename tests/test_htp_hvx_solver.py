@@ -4,7 +4,7 @@ brief's M <= 4 sweep (../shared/docs/htp-2026-10.md §1.4) and one layout summed
 
 from __future__ import annotations
 
-from kazeia.backends.htp.vtcm.hvx_solver import plan
+from kazeia.backends.htp.vtcm.matmul.hvx_2026_10 import plan
 
 VTCM = 8 * 1024 * 1024
 QWEN3_4B = [(2560, 4096), (2560, 1024), (4096, 2560), (2560, 9728), (9728, 2560), (9216, 2560), (2560, 8192),

@@ -10,7 +10,7 @@ import pytest
 from kazeia.backends.base import Hook
 from kazeia.backends.htp.cost import op_seconds
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.vtcm.matmul_plan import plan_for_node, src_layout
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node, src_layout
 from kazeia.debug.investigate.facts import PlanScan
 from kazeia.debug.runner import run
 from kazeia.engine.gates import VtcmPlanGate

@@ -13,13 +13,9 @@ from hypothesis import strategies as st
 
 from kazeia.backends.htp.hmx.deep_loads import bank_crossings, hmx_deep_loads
 from kazeia.backends.htp.vtcm import arena as V
-from kazeia.backends.htp.vtcm.matmul_plan import (
-    hmx_failure_fallback,
-    hmx_matmul_plan,
-    hvx_matmul_plan,
-    matmul_dispatch,
-    plan_matmul,
-)
+from kazeia.backends.htp.vtcm.matmul.dispatch import matmul_dispatch, plan_matmul
+from kazeia.backends.htp.vtcm.matmul.hmx_2026_05 import hmx_failure_fallback, hmx_matmul_plan
+from kazeia.backends.htp.vtcm.matmul.hvx_2026_05 import hvx_matmul_plan
 from kazeia.backends.htp.vtcm.op_layouts import (
     act_scratch,
     argsort_scratch,

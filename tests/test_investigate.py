@@ -14,7 +14,7 @@ import pytest
 
 from kazeia.backends.base import Hook
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.vtcm.matmul_plan import matmul_node, plan_for_node
+from kazeia.backends.htp.vtcm.matmul.dispatch import matmul_node, plan_for_node
 from kazeia.debug.investigate import DEATH, HEALTHY, Context, Findings, Investigation, StepDef, investigate
 from kazeia.debug.investigate.table import run_table
 from kazeia.debug.investigate.verdicts import mechanism

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kazeia.backends import numpy_ops
-from kazeia.backends.htp.vtcm.matmul_plan import plan_matmul
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_matmul
 from kazeia.backends.ref import RefBackend
 from kazeia.cli.main import main as cli_main
 from kazeia.debug import oracle as O

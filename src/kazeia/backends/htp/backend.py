@@ -2,7 +2,7 @@
 
 This file only adapts the host session to the Backend interface; the host model is in host/ (session.py), the DSP
 in device.py, the op kernels in ops/ (executor.py, matmul.py), the VTCM arena and its layouts in vtcm/ (arena.py,
-matmul_plan.py for MUL_MAT, op_layouts.py for the other ops).
+matmul/ for MUL_MAT, op_layouts.py for the other ops).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class HtpBackend(Backend):
     def same_plan_m_range(self, node: Tensor, limit: int = 1024) -> tuple[int, int]:
         """The M range around a MUL_MAT's own M whose plans match its own (path, chunking, outcome): the class a
         rule about this node should cover. Other ops: their M only."""
-        from kazeia.backends.htp.vtcm.matmul_plan import plan_for_node
+        from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
 
         m = node.src[1].ne[1] if node.op == "MUL_MAT" else node.ne[1]
         if node.op != "MUL_MAT":

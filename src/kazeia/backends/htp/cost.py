@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from kazeia.backends.htp.host.support import supports_op
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.vtcm.matmul_plan import plan_for_node
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
 from kazeia.backends.htp.vtcm.scratch import op_scratch
 from kazeia.graph import rowsplit
 from kazeia.graph.tensor import GGMLType, Tensor, is_quantized, row_size

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kazeia.backends.htp.vtcm.arena import HMX_TILE, HMX_TILE_BYTES, ceil_div
-from kazeia.backends.htp.vtcm.matmul_plan import MatmulPlan
+from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
 
 HMX_DEEP_RUN_TILES = 32  # core_dot_chunk_fp16 loads at most 32 K-tiles per activation/weight load
 BANK_BYTES = 4 * 1024 * 1024  # the VTCM bank size the March 2026 hmx-matmul-ops.c warned mxmem runs must not cross

@@ -23,7 +23,7 @@ from kazeia.backends.htp.host.repack import RepackedWeight
 from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw, shuffled_fp16
 from kazeia.backends.htp.msg import STATUS_OK, DspFault, OpDesc, OpRecord
 from kazeia.backends.htp.vtcm import arena as V
-from kazeia.backends.htp.vtcm.matmul_plan import MatmulPlan
+from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
 from kazeia.graph.tensor import GGMLType, Tensor, array
 
 

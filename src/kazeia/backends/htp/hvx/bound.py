@@ -19,7 +19,7 @@ from kazeia.backends.htp.kernels.hvx import BoundDot
 from kazeia.backends.htp.kernels.quant import BoundQuant
 from kazeia.backends.htp.kernels.vtcm_copy import CopyRuns
 from kazeia.backends.htp.msg import STATUS_OK, OpContext, OpDesc, OpRecord
-from kazeia.backends.htp.vtcm.matmul_plan import MatmulPlan
+from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
 from kazeia.graph.tensor import GGMLType, Tensor, array
 from kazeia.native.buffers import ptr
 from kazeia.native.compile import available

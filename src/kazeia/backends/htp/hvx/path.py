@@ -23,7 +23,8 @@ from kazeia.backends.htp.hvx.quant import (
 )
 from kazeia.backends.htp.msg import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpContext, OpDesc, OpRecord
 from kazeia.backends.htp.vtcm.arena import Area, Vtcm, span_box
-from kazeia.backends.htp.vtcm.matmul_plan import MatmulPlan, src_layout
+from kazeia.backends.htp.vtcm.matmul.dispatch import src_layout
+from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
 from kazeia.graph.tensor import GGMLType, Tensor, array, type_name
 
 _KIND = {GGMLType.Q4_1: "q8_1x4x2", GGMLType.F16: "f16"}

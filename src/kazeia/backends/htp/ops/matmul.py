@@ -22,7 +22,8 @@ from kazeia.backends.htp.hvx.path import HvxPath, LeaveProgram, modeled_seconds
 from kazeia.backends.htp.msg import DspFault, OpBatch, OpContext, OpDesc, OpRecord
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
-from kazeia.backends.htp.vtcm.matmul_plan import MatmulPlan, plan_for_node, src_layout
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node, src_layout
+from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
 from kazeia.graph.tensor import Tensor, rows
 from kazeia.identity import IdentityCache, binding
 

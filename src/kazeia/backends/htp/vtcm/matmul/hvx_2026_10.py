@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kazeia.backends.htp.vtcm.hmx_solver import ALIGNED_TILE, MIN_ROWS, align_up
+from kazeia.backends.htp.vtcm.matmul.hmx_2026_10 import ALIGNED_TILE, MIN_ROWS, align_up
 from kazeia.gguf.quants import bytes_per_32
 
 QK_Q8_0_TILED = 128  # htp-ops.h
