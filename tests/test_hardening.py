@@ -279,3 +279,20 @@ def test_long_work_says_so(capsys):
     with ticking("quick", after=60.0):
         pass
     assert capsys.readouterr().err == ""  # work that ends sooner says nothing
+
+
+@pytest.mark.parametrize("content, error", [
+    (b"[1, 2]", "a JSON object was expected"),
+    (b"{" * 100 + b"}" * 100, "nested more than 64 deep"),
+    (b"\xff\xfe{}", "not a readable bisect state file"),
+    (b"{\"version\": ", "not a readable bisect state file"),
+])
+def test_files_kazeia_wrote_earlier_are_read_as_untrusted(tmp_path, content, error):
+    """A bisect --state file, a cache memo or a dump index a user edited or damaged is one line, never a
+    traceback (a JSON list made the state reader fail with AttributeError)."""
+    from kazeia.limits import read_json_object
+
+    p = tmp_path / "state.json"
+    p.write_bytes(content)
+    with pytest.raises(KazeiaError, match=error):
+        read_json_object(str(p), "bisect state file")

@@ -11,6 +11,7 @@ allocation asks `kazeia.memory.check_fits` (the machine's memory, refused with t
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import re
 import stat
@@ -228,3 +229,18 @@ def decode_text(data: bytes | str) -> tuple[str, int]:
                 data = data.encode("utf-8", "surrogatepass")
     text = data.decode("utf-8", "kazeia-llama-utf8")
     return text, text.count("\ufffd") - data.count("\ufffd".encode())
+
+
+def read_json_object(path: str, what: str, max_bytes: int = 16 << 20) -> dict:
+    """A JSON object from a file kazeia wrote earlier and a user may have edited or damaged (a bisect state, a
+    cache memo, a dump index): bounded in size, nesting checked before the recursive parser, and anything that
+    is not an object refused in one line."""
+    text = read_text(path, TextLimits(what, max_bytes=max_bytes, max_line=max_bytes))
+    check_nesting(text, path, 64)
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise InputLimitError(f"{at(path)}: not a readable {what} ({str(e)[:80]})") from None
+    if not isinstance(obj, dict):
+        raise InputLimitError(f"{at(path)}: not a readable {what} (a JSON object was expected)")
+    return obj

@@ -11,6 +11,7 @@ from dataclasses import MISSING, asdict, fields
 from kazeia.debug.bisect.judges import INCONCLUSIVE, Outcome
 from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
+from kazeia.limits import read_json_object
 
 STATE_VERSION = 1
 
@@ -43,11 +44,7 @@ class SearchState:
             self._load(path)
 
     def _load(self, path: str) -> None:
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except (OSError, ValueError) as e:
-            raise KazeiaError(f"{path}: not a readable bisect state file ({e})") from None
+        d = read_json_object(path, "bisect state file")
         if d.get("version") != STATE_VERSION or d.get("kind") != self.kind:
             raise KazeiaError(f"{path}: state of a '{d.get('kind')}' search (version {d.get('version')}), "
                               f"not of this '{self.kind}' search: use another --state file")

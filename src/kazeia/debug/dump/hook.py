@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -31,7 +30,7 @@ from kazeia.debug.json_safe import json_safe
 from kazeia.debug.tensors import logical_values, read_extent
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import SCALAR_DTYPES, BufferUsage, Tensor
-from kazeia.limits import safe_regex
+from kazeia.limits import read_json_object, safe_regex
 from kazeia.outputs import LOCK_NAME, claim_folder, ensure_folder
 
 
@@ -86,9 +85,9 @@ class DumpHook(Hook):
         idx = self.root / "index.json"
         if idx.exists():
             try:
-                old = json.loads(idx.read_text())
-                ok = isinstance(old, dict) and old.get("format") == FORMAT
-            except (OSError, ValueError):
+                old = read_json_object(str(idx), "dump index")
+                ok = old.get("format") == FORMAT
+            except KazeiaError:
                 ok = False
             if not ok:
                 raise KazeiaError(f"--dump: {self.root} already holds something that is not a kazeia dump")

@@ -42,8 +42,10 @@ from kazeia.debug.gate.classes import OpClass, enumerate_classes
 from kazeia.engine.context import Model
 from kazeia.engine.policy import Policy, Rule
 from kazeia.engine.session import load_model
+from kazeia.errors import KazeiaError
 from kazeia.graph.rowsplit import row_pieces, split_path
 from kazeia.graph.tensor import GGMLType
+from kazeia.limits import read_json_object
 from kazeia.models.shapes import shape_caches, ubatch_graph
 from kazeia.native.threads import child_threads
 from kazeia.outputs import ensure_folder, write_text
@@ -69,9 +71,8 @@ def model_hash(path: str) -> str:
     memo = os.path.join(cache_dir(), "hashes.json")
     key = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
     try:
-        with open(memo) as f:
-            known = json.load(f)
-    except (OSError, ValueError):
+        known = read_json_object(memo, "gate cache memo", max_bytes=4 << 20)
+    except KazeiaError:  # missing or damaged: hash again and write it anew
         known = {}
     if key in known:
         return known[key]
