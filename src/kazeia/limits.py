@@ -116,8 +116,6 @@ def _quote(s: str) -> str:
 
 
 MAX_PATTERN = 256  # characters of a user's regular expression (node names are at most 63 bytes)
-
-
 MAX_OPEN_REPEATS = 3  # unbounded repetitions in one pattern: n^3 steps on a 63-byte name at worst
 
 

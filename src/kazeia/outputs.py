@@ -60,22 +60,17 @@ def atomic_write(path: str, mode: str = "w", encoding: str | None = "utf-8") -> 
         except OSError as e:
             raise OutputError(f"{_name(path)}: cannot write: {_reason(e)}") from None
         return
-    folder = os.path.dirname(os.path.abspath(path))
+    tmp = temporary_beside(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise OutputError(f"{_name(path)}: cannot write in {_name(folder)}: {_reason(e)}") from None
-    try:
-        with os.fdopen(fd, mode, encoding=None if binary else encoding) as f:
+        with open(tmp, mode, encoding=None if binary else encoding) as f:
             yield f
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
     except OSError as e:
-        _remove(tmp)
+        discard(tmp)
         raise OutputError(f"{_name(path)}: cannot write: {_reason(e)}") from None
     except BaseException:
-        _remove(tmp)
+        discard(tmp)
         raise
+    commit(tmp, path)
 
 
 def write_text(path: str, text: str) -> None:

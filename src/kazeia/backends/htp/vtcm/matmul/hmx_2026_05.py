@@ -26,7 +26,8 @@ from kazeia.errors import KazeiaError
 def hmx_compute_chunks(vtcm_total: int, overhead: int, per_n: int, per_m: int, per_mn: int, m: int, n: int,
                        m_block_cost: int, n_block_cost: int,
                        exact: Callable[[int, int], int] | None = None) -> tuple[int, int, int] | None:
-    """The (mc, nc) search of hmx-matmul-ops.c: hmx_compute_chunks; returns (mc, nc, estimated total) or None.
+    """The (mc, nc) search of hmx-matmul-ops.c: hmx_compute_chunks, unchanged in October's host-side
+    matmul-ops.h: htp_mm_hmx_compute_chunks; returns (mc, nc, estimated total) or None.
 
     For nc = floor32(n), floor32(n) - 32, ..., 32: mc = min(floor32((V - overhead - nc*per_n) / (per_m +
     nc*per_mn)), m); minimise ceil(m/mc)*m_block_cost + ceil(n/nc)*n_block_cost, ties to the larger mc*nc (the
@@ -38,7 +39,8 @@ def hmx_compute_chunks(vtcm_total: int, overhead: int, per_n: int, per_m: int, p
         return None
     usable = vtcm_total - overhead
     best: tuple[int, int, int, int] | None = None  # cost, mn, mc, nc
-    for nc in range(align_down(n, HMX_TILE), HMX_TILE - 1, -HMX_TILE):
+    # nc above usable // per_n cannot fit its weight columns (the `continue` below): October starts there
+    for nc in range(align_down(min(n, usable // per_n), HMX_TILE), HMX_TILE - 1, -HMX_TILE):
         n_fixed = nc * per_n
         if n_fixed >= usable:
             continue

@@ -4,16 +4,19 @@ candidate only when its exact layout fits (upstream `htp/matmul-ops.h` of llama.
 In May the DSP chose its chunks and, when the rounded layout did not fit, re-entered op_matmul (the seed's
 crash). In October the host solves the plan per node before anything is queued
 (`ggml-hexagon.cpp:ggml_hexagon_precompute_hmx_mm_params`): for act_threads = n_threads, n/2, ..., 1 it takes the
-chunk search's candidate (`htp_mm_hmx_compute_chunks`), builds the exact layout (`htp_mm_hmx_vtcm_layout_build`)
-and keeps it only if it fits the session's VTCM; it prefers fewer M blocks, then more act threads. There is no
-retry with a smaller chunk: when nothing fits, HMX is not used (HVX, else the CPU). This module is the 2-D
-kernel's plan (`HTP_MM_KERNEL_HMX_2D`, every quantized and F32 weight, and F16 when not batched); the batched F16
-and MUL_MAT_ID variants are not restated here yet.
+chunk search's candidate (`htp_mm_hmx_compute_chunks`, the same search as May's, so hmx_2026_05.py's serves),
+builds the exact layout (`htp_mm_hmx_vtcm_layout_build`) and keeps it only if it fits the session's VTCM; it
+prefers fewer M blocks, then more act threads. There is no retry with a smaller chunk: when nothing fits, HMX is
+not used (HVX, else the CPU). This module is the 2-D kernel's plan (`HTP_MM_KERNEL_HMX_2D`, every quantized and
+F32 weight, and F16 when not batched); the batched F16 and MUL_MAT_ID variants are not restated here yet.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from kazeia.backends.htp.vtcm.arena import align_up, ceil_div
+from kazeia.backends.htp.vtcm.matmul.hmx_2026_05 import hmx_compute_chunks
 
 TILE = 2048  # HTP_MM_HMX_TILE_SIZE: 32 x 32 fp16
 MIN_ROWS = 4  # HTP_MM_HMX_MIN_NROWS: HMX only when M > 4
@@ -30,14 +33,6 @@ ALIGNED_TILE = {"q4_0": 640, "iq4_nl": 640, "q4_1": 640, "q4_k": 640, "q8_0": 11
 HMX_WEIGHT_TYPES = ("f16", "f32", *WEIGHT_TILE)  # ggml_hexagon_is_hmx_weight_type
 
 
-def align_up(v: int, a: int) -> int:
-    return -(-v // a) * a
-
-
-def align_down(v: int, a: int) -> int:
-    return v // a * a
-
-
 def is_quant(wtype: str) -> bool:
     return wtype not in ("f16", "f32")
 
@@ -48,7 +43,7 @@ def tiled_row_stride(wtype: str, k: int) -> int:
         return 2 * k
     if wtype == "f32":
         return 4 * k
-    return -(-k // QK_TILED) * WEIGHT_TILE[wtype]
+    return ceil_div(k, QK_TILED) * WEIGHT_TILE[wtype]
 
 
 def pipelined(m: int) -> bool:
@@ -67,31 +62,6 @@ def chunk_costs_2d(wtype: str, k: int, pipeline: bool) -> tuple[int, int, int]:
 def overhead_2d(pipeline: bool, is_matmul_id: bool = False) -> int:
     """htp_mm_hmx_get_2d_overhead: rounding slack for the areas (7, 5 or 4 tiles) plus 256 B."""
     return (7 if pipeline else 4 if is_matmul_id else 5) * TILE + 256
-
-
-def compute_chunks(vtcm: int, overhead: int, per_n: int, per_m: int, per_mn: int, m: int, n: int,
-                   m_block_cost: int, n_block_cost: int) -> tuple[int, int, int] | None:
-    """htp_mm_hmx_compute_chunks: (mc, nc, estimated bytes) of the cheapest chunking, nc from the largest
-    multiple of 32 down to 32; cost = M blocks x m_block_cost + N blocks x n_block_cost, ties to the larger
-    mc x nc. None when nothing fits."""
-    if m == 0 or n == 0 or vtcm <= overhead or 0 in (per_n, per_m, per_mn):
-        return None
-    usable = vtcm - overhead
-    best = None  # (cost, -mn, mc, nc)
-    for nc in range(align_down(min(n, usable // per_n), 32), 0, -32):
-        n_fixed = nc * per_n
-        if n_fixed >= usable:
-            continue
-        mc = min(align_down((usable - n_fixed) // (per_m + nc * per_mn), 32), m)
-        if mc == 0:
-            continue
-        cost = -(-m // mc) * m_block_cost + -(-n // nc) * n_block_cost
-        if best is None or cost < best[0] or (cost == best[0] and mc * nc > -best[1]):
-            best = (cost, -mc * nc, mc, nc)
-    if best is None:
-        return None
-    _, _, mc, nc = best
-    return mc, nc, nc * per_n + mc * per_m + mc * nc * per_mn + overhead
 
 
 @dataclass(frozen=True)
@@ -160,12 +130,12 @@ def solve_2d(wtype: str, k: int, n: int, m: int, n_threads: int, vtcm_budget: in
     best_mblocks = None
     act_threads = n_threads
     while act_threads >= 1:
-        found = compute_chunks(vtcm_budget, overhead, per_n, per_m, per_mn, m_pad, n_pad,
-                               n_pad * COST_W_DEQUANT, m * COST_A_CONVERT)
+        found = hmx_compute_chunks(vtcm_budget, overhead, per_n, per_m, per_mn, m_pad, n_pad,
+                                   n_pad * COST_W_DEQUANT, m * COST_A_CONVERT)  # the search May had
         if found is not None:
             mc, nc, _ = found
             exact = layout_2d(wtype, k_pad, mc, nc, pipeline, act_threads, src2_bytes).total
-            mblocks = -(-m // mc)
+            mblocks = ceil_div(m, mc)
             if exact <= vtcm_budget and (best_mblocks is None or mblocks < best_mblocks):
                 best, best_mblocks = HmxSolution(mc, nc, act_threads, exact, pipeline), mblocks
         act_threads = 0 if act_threads == 1 else act_threads // 2

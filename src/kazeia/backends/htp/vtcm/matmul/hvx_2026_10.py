@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kazeia.backends.htp.vtcm.matmul.hmx_2026_10 import ALIGNED_TILE, MIN_ROWS, align_up
+from kazeia.backends.htp.vtcm.arena import align_up, ceil_div
+from kazeia.backends.htp.vtcm.matmul.hmx_2026_10 import ALIGNED_TILE, MIN_ROWS
 from kazeia.gguf.quants import bytes_per_32
 
 QK_Q8_0_TILED = 128  # htp-ops.h
@@ -71,7 +72,7 @@ def layout(kernel: str, wtype: str, k: int, nrows: int, n_threads: int, dst_row:
         src0 = align_up(n_prefetch * src0_padded, 256) * n_threads
         if wtype in REPACKED:
             src0 = align_up(n_prefetch * (k // 32) * ALIGNED_TILE[wtype], 256) * n_threads
-        dst = align_up(-(-dst_row // n_threads), 128) * n_threads if dst_rows and nrows == 1 else 0
+        dst = align_up(ceil_div(dst_row, n_threads), 128) * n_threads if dst_rows and nrows == 1 else 0
         act_raw = align_up(align_up(4 * k, 4 * QK_Q8_0_TILED) * nrows, 128)
     return HvxLayout(src1, src2, src0, dst, act_raw)
 
