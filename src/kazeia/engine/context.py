@@ -197,6 +197,7 @@ class Context:
         self.last_graph = bg.graph
         if self.recovery is None:
             self.scheduler.compute(bg.graph)
+            self.scheduler.synchronize()  # llama_decode reads the outputs: an asynchronous device finishes here
         else:  # a re-run after a device death starts from the same inputs and recurrent state
             state = self.rs.buffer.data.copy() if self.rs is not None else None
 

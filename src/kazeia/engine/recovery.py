@@ -84,6 +84,7 @@ class Recovery:
         while True:
             try:
                 self.scheduler.compute(graph)
+                self.scheduler.synchronize()  # (2026-10: a death or a sticky error surfaces here, not at graph end)
                 if sync_op is not None or self._synchronous():
                     self.warn(f"{label}: completed with one op per batch; back to a batched session")
                     self._reopen(self._device(), sync=False)

@@ -67,6 +67,8 @@ class HtpBackend(Backend):
         return self._supported.get(node, lambda: (src, supports_op(node, self.settings)), lambda h: h[0] is src)[1]
 
     def begin_graph(self, graph: Graph) -> None:
+        if self.profile.october:
+            self.host.check_graph_compute()
         super().begin_graph(graph)
         self.records = []
         self.host.placement = graph.placement  # the stamp the ops of this graph are queued (and bound) under
@@ -89,7 +91,10 @@ class HtpBackend(Backend):
             self.host.flush()
 
     def end_graph(self) -> None:
-        self.synchronize()
+        """2026-05 flushes at graph end; 2026-10's graph_compute returns with the batch still open (it goes out at
+        the next synchronize, get-tensor, or when full)."""
+        if not self.profile.october:
+            self.synchronize()
 
     # --- sessions (engine/recovery.py) ---
     @property

@@ -26,7 +26,7 @@ class Dsp:
 
         self.settings = settings
         self.profile = profile
-        self.vtcm = Vtcm(settings.vtcm_bytes)
+        self.vtcm = Vtcm(settings.dsp_vtcm_bytes)  # what vtcm_alloc was granted (the host plans for vtcm_bytes)
         self.executor = executor  # runs one op: executor.execute(dsp, octx, op, batch) -> OpRecord
         self.death: Death | None = None
         self.log: list[str] = []  # FARF lines (visible on a device only to root)
@@ -95,6 +95,9 @@ class Dsp:
                     self.on_op_fault(op, batch, f)
                 break
             statuses.append(rec.status)
+            if self.profile.shortcut_scope == "op":  # 2026-10 proc_op_req: every spad src pointer cleared
+                self.octx.src1_spad_src = None
+                self.octx.src1_spad_kind = None
             if self.on_op_done:
                 self.on_op_done(op, batch, rec)
         return statuses

@@ -61,6 +61,7 @@ class OpBatch:
     _by_data: dict[int, list[int]] = field(default_factory=dict)  # data address -> descriptors
     _by_tensor: dict[Tensor, int] = field(default_factory=dict)
     _buf_index: dict[object, int] = field(default_factory=dict)  # buffer -> its entry in the buffer table
+    check_type: bool = False  # 2026-10 (#25968): a descriptor is reused only for the same type too
 
     def empty(self) -> bool:
         return not self.ops
@@ -84,14 +85,15 @@ class OpBatch:
                 and self.vmem + extra_vmem <= MAX_VMEM)
 
     def add_tensor(self, t: Tensor) -> int:
-        # de-duplicate by data address with identical ne and nb (type is NOT compared, as upstream), then by
-        # tensor identity: two logical tensors ggml-alloc put at one address share a descriptor
+        # de-duplicate by data address with identical ne and nb (2026-05: type NOT compared, as upstream then;
+        # 2026-10 same_shape compares it), then by tensor identity: two logical tensors ggml-alloc put at one
+        # address share a descriptor
         addr = t.data_addr
         hits = self._by_data.get(addr)
         if hits is not None:
             for i in hits:
                 d = self.tensors[i]
-                if d.ne == t.ne and d.nb == t.nb:
+                if d.ne == t.ne and d.nb == t.nb and (d.type == t.type or not self.check_type):
                     return i
         i = self._by_tensor.get(t)
         if i is not None:

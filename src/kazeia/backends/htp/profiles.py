@@ -2,8 +2,10 @@
 
 A profile is a set of behaviours of the backend's code at some point in time, not a scripted outcome: the
 `2026-05` profile reproduces the code of the original team's window (ggml-org commits #23368..#23835,
-primary reference bb4dc86a) with its defects; `robust` is the same machine with those defects fixed. What
-happens on a given model and prompt comes out of these behaviours.
+primary reference bb4dc86a) with its defects; `robust` is the same machine with those defects fixed (no upstream
+version ever shipped it); `2026-10` is the code users build today (llama.cpp 0c1e57098bba, in the llama-cpp-python
+0.3.36 sdist): host-solved matmul plans, op statuses that reach the host, asynchronous graph compute, op fusion.
+What happens on a given model and prompt comes out of these behaviours.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ class Profile:
     description: str
     # HMX matmul VTCM plan: count the 2048 B rounding of each area in the chunk search?
     plan_counts_rounding: bool
-    # what op_matmul does when the HMX kernel fails: "reenter" (calls itself again) or "hvx" (falls back)
+    # what op_matmul does when the HMX kernel fails: "reenter" (calls itself again), "hvx" (falls back) or "status"
+    # (2026-10 hmx_mm_op_matmul: returns INTERNAL-ERROR; the host had solved the plan, so only a DSP-side misfit fails)
     hmx_failure: str
     # do op status codes reach the host? (2026-05: responses always say OK)
     surface_status: bool
@@ -40,6 +43,26 @@ class Profile:
     # DSP callback-thread stack and the bytes one op_matmul -> hmx_matmul_q_f32 attempt takes from it
     dsp_stack_bytes: int = 64 * 1024
     matmul_frame_bytes: int = 1536
+    # which upstream code generation the host and DSP follow: "2026-05" (May's DSP-side plans, supports_op with
+    # row limits, a flush at graph end, GGML_HEXAGON_USE_HMX) or "2026-10" (ggml-hexagon.cpp of 0c1e57098bba: host
+    # solvers in kernel params, no row limits, graph_compute without a flush, NHMX / MM_SELECT / OPFUSION)
+    generation: str = "2026-05"
+    # what the host does with a non-OK response: "raise" (robust: the flush raises, naming the op) or "sticky"
+    # (2026-10 flush_pending: log dsp-rsp, keep last_error, abort at the next synchronize / get-tensor, and a
+    # later graph_compute returns GGML_STATUS_FAILED)
+    status_policy: str = "raise"
+    # the src1 VTCM shortcut's life: "batch" (cleared at batch start, and by the ops the profile says) or "op"
+    # (2026-10 main.c: proc_op_req clears every spad src pointer after each op)
+    shortcut_scope: str = "batch"
+    # do op descriptors reuse an entry only for the same type too (#25968), not only the same address and shape?
+    descriptor_checks_type: bool = False
+    # OPBATCH and OPQUEUE when the env does not set them (ggml-hexagon.cpp opt_opbatch / opt_opqueue)
+    default_opbatch: int = 1024
+    default_opqueue: int = 16
+
+    @property
+    def october(self) -> bool:
+        return self.generation == "2026-10"
 
 
 PROFILES: dict[str, Profile] = {
@@ -68,7 +91,30 @@ PROFILES: dict[str, Profile] = {
         hmx_reads_src1_layout=True,
         ssm_conv_padded_weight_stride=True,
     ),
+    "2026-10": Profile(
+        name="2026-10",
+        description="ggml-hexagon as users build it in October 2026 (llama.cpp 0c1e57098bba): the host solves "
+                    "every MUL_MAT plan against the session's VTCM (HMX from M = 5, else HVX, else the CPU) and "
+                    "ships it in the op's kernel params; a DSP-side misfit returns an op status, the host keeps "
+                    "the first one sticky and aborts at the next synchronize; graph_compute returns without "
+                    "flushing; the src1 shortcut is cleared after every op; descriptors match on type too",
+        plan_counts_rounding=True,
+        hmx_failure="status",
+        surface_status=True,
+        vtcm_writers_clear_shortcut=True,
+        shortcut_checks_format=True,
+        hmx_reads_src1_layout=True,
+        ssm_conv_padded_weight_stride=True,
+        generation="2026-10",
+        status_policy="sticky",
+        shortcut_scope="op",
+        descriptor_checks_type=True,
+        default_opbatch=1280,
+        default_opqueue=32,
+    ),
 }
+
+DEFAULT = "2026-10"  # what -dev HTP0 models when nothing names a profile: the code users build today
 
 
 @dataclass(frozen=True)
@@ -91,6 +137,12 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("vtcm-bank-crossing",
           "HMX deep loads whose VTCM run crosses a 4 MiB bank boundary raise a precise bus error (0x2601) "
           "and kill the DSP process, as the March 2026 hmx-matmul-ops.c warned (weak hypothesis)."),
+    Fault("vtcm-grant-short",
+          "The DSP is granted less VTCM than the host planned for (main.c: vtcm_alloc takes what "
+          "HAP_compute_res_attr_get_vtcm_ptr_v2 returns, the host plans against htp_iface_hwinfo's query): "
+          "KAZEIA_HTP_VTCM_GRANT bytes, by default 1 MiB less than the session's size. Under 2026-10 a kernel "
+          "whose exact layout no longer fits returns an op status (INTERNAL-ERROR for HMX, VTCM-TOO-SMALL for "
+          "HVX) instead of running; no such report is known (code-derived)."),
     Fault("dma-unbalanced",
           "HVX matmul leaves one DMA descriptor outstanding at the end of the op; the next op's first DMA pop "
           "returns that stale completion and its first weight row is read before it arrived. Upstream balances "

@@ -7,6 +7,12 @@ GGML_HEXAGON_OPLOG (1: their log line, 2: with their NaN fix) and GGML_HEXAGON_D
 KAZEIA_HTP_PROFILE, KAZEIA_HTP_VTCM, KAZEIA_HTP_FAULTS (comma list), KAZEIA_HTP_RACE_SEED (pins the host/DSP
 timing, timing.py, and the injected races), KAZEIA_HTP_DUMP_DIR / KAZEIA_HTP_DUMP_LIMIT (where and how many
 GGML_HEXAGON_DUMP files) and GGML_HEXAGON_FARF (show the DSP-side log, which a real device only shows to root).
+
+The switches depend on the profile's code generation (ggml-hexagon.cpp env parsing, 0c1e57098bba): under `2026-10`
+OPBATCH defaults to 1280 and OPQUEUE to 32; NHMX (0: no HMX), MM_SELECT / FA_SELECT / GDN_SELECT (2: HMX -> HVX ->
+CPU, 1: HVX -> CPU, 0: CPU), OPFUSION (0 off, 1 all, else a bitmask: 2 ALLREDUCE+ADD, 4 RMS_NORM+MUL, 8 MUL_MAT+ADD,
+16 MUL_MAT_NX, 32 MUL_MAT_ID_NX, 64 GDN+CPY) and DEVICES (a count, or a bracketed list) apply, and USE_HMX and
+OPSTAGE no longer exist: upstream ignores them, kazeia says so once (`ignored`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,12 @@ from kazeia.limits import safe_regex
 DEFAULT_VTCM = 8 * 1024 * 1024  # what v79/v81 phones report; main.c: vtcm_alloc falls back to 8 MiB too
 MAX_HVX_THREADS = 10  # htp-ctx.h: HTP_MAX_NTHREADS
 DEFAULT_HVX_THREADS = 6  # assumption: the HVX contexts of the v73..v81 parts the original team used (GGML_HEXAGON_NHVX)
+
+
+MAX_SESSIONS = 16  # GGML_HEXAGON_MAX_SESSIONS
+FUSION_FLAGS = {"ALLREDUCE+ADD": 2, "RMS_NORM+MUL": 4, "MUL_MAT+ADD": 8, "MUL_MAT_NX": 16, "MUL_MAT_ID_NX": 32,
+                "GDN+CPY": 64}  # ggml_hexagon_fusion_flags
+GONE_IN_2026_10 = ("GGML_HEXAGON_USE_HMX", "GGML_HEXAGON_OPSTAGE")
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -44,7 +56,7 @@ class HtpSettings:
     use_hmx: bool = True
     arch: int = 79
     vtcm_bytes: int = DEFAULT_VTCM
-    profile: str = "robust"
+    profile: str = "2026-10"
     faults: tuple[str, ...] = ()
     farf: bool = False
     fp32_quantize_group: int = 128
@@ -53,6 +65,42 @@ class HtpSettings:
     dump: re.Pattern | None = None  # GGML_HEXAGON_DUMP: dump the activation of ops whose description matches
     dump_dir: str = "."  # KAZEIA_HTP_DUMP_DIR
     dump_limit: int = 16  # KAZEIA_HTP_DUMP_LIMIT
+    nhmx: int = 1  # GGML_HEXAGON_NHMX (2026-10): 0 turns HMX off
+    mm_select: int = 2  # GGML_HEXAGON_MM_SELECT (2026-10)
+    fa_select: int = 2  # GGML_HEXAGON_FA_SELECT (2026-10)
+    gdn_select: int = 2  # GGML_HEXAGON_GDN_SELECT (2026-10)
+    opfusion: int = 1  # GGML_HEXAGON_OPFUSION (2026-10; 2026-05 fuses nothing in this model)
+    devices: int = 1  # GGML_HEXAGON_DEVICES (or the deprecated NDEV): sessions the host would open
+    vtcm_grant: int | None = None  # KAZEIA_HTP_VTCM_GRANT: VTCM the DSP is granted (None: the session's size)
+    ignored: tuple[str, ...] = ()  # switches the profile's upstream no longer reads, set by the user
+
+    @property
+    def hmx_enabled(self) -> bool:
+        """Does the host let MUL_MAT use HMX at all? 2026-05: USE_HMX; 2026-10: NHMX != 0 and MM_SELECT >= 2."""
+        if self.profile_generation == "2026-10":
+            return self.nhmx != 0 and self.mm_select >= 2
+        return self.use_hmx
+
+    @property
+    def profile_generation(self) -> str:
+        from kazeia.backends.htp.profiles import get_profile
+
+        return get_profile(self.profile).generation
+
+    def fusion_enabled(self, name: str) -> bool:
+        """ggml_hexagon_is_fusion_enabled for a fusion by its upstream name (FUSION_FLAGS)."""
+        if self.profile_generation != "2026-10" or self.opfusion <= 0:
+            return False
+        return self.opfusion == 1 or bool(self.opfusion & FUSION_FLAGS[name])
+
+    @property
+    def dsp_vtcm_bytes(self) -> int:
+        """The VTCM the DSP works in (main.c: vtcm_alloc's grant); the host plans against `vtcm_bytes`."""
+        if self.vtcm_grant is not None:
+            return self.vtcm_grant
+        if "vtcm-grant-short" in self.faults:
+            return max(64 * 1024, self.vtcm_bytes - 1024 * 1024)
+        return self.vtcm_bytes
 
     @classmethod
     def from_options(cls, opts) -> HtpSettings:
@@ -75,8 +123,11 @@ class HtpSettings:
             raise KazeiaError(f"VTCM size {vtcm} B is out of range (64 KiB .. 1 GiB)")
         fault_list = list(faults or [])
         fault_list += [f.strip() for f in merged.get("KAZEIA_HTP_FAULTS", "").split(",") if f.strip()]
-        opbatch = _int(merged, "GGML_HEXAGON_OPBATCH", 1024)
-        opqueue = _int(merged, "GGML_HEXAGON_OPQUEUE", 16)
+        from kazeia.backends.htp.profiles import DEFAULT, get_profile
+
+        prof = get_profile(profile or merged.get("KAZEIA_HTP_PROFILE") or DEFAULT)
+        opbatch = _int(merged, "GGML_HEXAGON_OPBATCH", prof.default_opbatch)
+        opqueue = _int(merged, "GGML_HEXAGON_OPQUEUE", prof.default_opqueue)
         if opbatch < 1 or opqueue < 1:
             raise KazeiaError("GGML_HEXAGON_OPBATCH and GGML_HEXAGON_OPQUEUE must be >= 1")
         dump = merged.get("GGML_HEXAGON_DUMP")
@@ -95,6 +146,24 @@ class HtpSettings:
             arch = int(arch_raw)
         except ValueError:
             raise KazeiaError(f"GGML_HEXAGON_ARCH={arch_raw!r} is not an arch number like v79") from None
+        october = prof.generation == "2026-10"
+        selects = {k: _int(merged, f"GGML_HEXAGON_{k.upper()}", 2) for k in ("mm_select", "fa_select", "gdn_select")}
+        for k, v in selects.items():
+            if v not in (0, 1, 2):
+                raise KazeiaError(f"GGML_HEXAGON_{k.upper()}={v} must be 0 (CPU), 1 (HVX) or 2 (HMX, then HVX)")
+        nhmx = _int(merged, "GGML_HEXAGON_NHMX", 1)
+        if nhmx < 0 or nhmx > 16:
+            raise KazeiaError(f"GGML_HEXAGON_NHMX={nhmx} must be 0 (HVX only) or a count of HMX units (1..16)")
+        opfusion = _int(merged, "GGML_HEXAGON_OPFUSION", 1)
+        if not 0 <= opfusion <= 127:
+            raise KazeiaError(f"GGML_HEXAGON_OPFUSION={opfusion} must be 0 (off), 1 (all) or a bitmask of "
+                              f"{', '.join(f'{v} {k}' for k, v in FUSION_FLAGS.items())}")
+        grant = merged.get("KAZEIA_HTP_VTCM_GRANT")
+        vtcm_grant = _int(merged, "KAZEIA_HTP_VTCM_GRANT", 0) if grant else None
+        if vtcm_grant is not None and not 4096 <= vtcm_grant <= vtcm:
+            raise KazeiaError(f"KAZEIA_HTP_VTCM_GRANT={vtcm_grant} must be between 4096 and the session's VTCM "
+                              f"({vtcm} B)")
+        ignored = tuple(n for n in GONE_IN_2026_10 if october and merged.get(n) not in (None, ""))
         return cls(
             opbatch=opbatch,
             opqueue=opqueue,
@@ -104,7 +173,7 @@ class HtpSettings:
             use_hmx=_int(merged, "GGML_HEXAGON_USE_HMX", 1) != 0,
             arch=arch,
             vtcm_bytes=vtcm,
-            profile=profile or merged.get("KAZEIA_HTP_PROFILE") or "robust",
+            profile=prof.name,
             faults=tuple(dict.fromkeys(fault_list)),
             farf=_int(merged, "GGML_HEXAGON_FARF", 0) != 0,
             race_seed=race_seed,
@@ -112,4 +181,42 @@ class HtpSettings:
             dump=dump_pattern,
             dump_dir=merged.get("KAZEIA_HTP_DUMP_DIR") or ".",
             dump_limit=dump_limit,
+            nhmx=nhmx,
+            opfusion=opfusion,
+            devices=_devices(merged),
+            vtcm_grant=vtcm_grant,
+            ignored=ignored,
+            **selects,
         )
+
+    def ignored_warning(self) -> str | None:
+        """One line for switches a user set that this profile's upstream no longer reads (their workaround stops
+        working without a word upstream)."""
+        if not self.ignored:
+            return None
+        return (f"kazeia: warning: {', '.join(self.ignored)} no longer exist{'s' if len(self.ignored) == 1 else ''} "
+                f"in ggml-hexagon {self.profile} (ignored upstream); use GGML_HEXAGON_NHMX=0 or MM_SELECT=1 to keep "
+                f"MUL_MAT off HMX")
+
+
+def _devices(env: Mapping[str, str]) -> int:
+    """GGML_HEXAGON_DEVICES (or the deprecated NDEV): a count (clamped to 1..16, as upstream) or a list of device
+    groups like "[0,1],2"; returns how many sessions it names."""
+    raw = env.get("GGML_HEXAGON_DEVICES") or env.get("GGML_HEXAGON_NDEV") or ""
+    raw = raw.strip()
+    if not raw:
+        return 1
+    if raw.isdigit():
+        return max(1, min(int(raw[:4]), MAX_SESSIONS))
+    if len(raw) > 256 or not re.fullmatch(r"[0-9\[\],\s]+", raw) or raw.count("[") != raw.count("]"):
+        raise KazeiaError(f"GGML_HEXAGON_DEVICES={raw[:40]!r} must be a count or a list like \"[0,1],2\"")
+    depth, items = 0, 1
+    for ch in raw:
+        depth += ch == "["
+        depth -= ch == "]"
+        if depth < 0 or depth > 1:
+            raise KazeiaError(f"GGML_HEXAGON_DEVICES={raw[:40]!r}: brackets must pair and not nest")
+        items += ch == "," and depth == 0
+    if items > MAX_SESSIONS:
+        raise KazeiaError(f"GGML_HEXAGON_DEVICES names {items} devices (at most {MAX_SESSIONS})")
+    return items

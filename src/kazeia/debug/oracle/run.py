@@ -106,6 +106,7 @@ def _run_side(built: BuiltCase, be: Backend) -> tuple[_Capture, float]:
     sched.add_hook(cap)
     t0 = time.perf_counter()
     sched.compute(built.graph)
+    sched.synchronize()
     return cap, (time.perf_counter() - t0) * 1e6
 
 

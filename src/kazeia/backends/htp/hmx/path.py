@@ -162,7 +162,7 @@ class HmxPath:
 
         def lazy(area, n0: int, n1: int) -> None:
             ar = plan.area(area)
-            if area.startswith("wt") or area == "weight":
+            if area.startswith("wt") or area == "weight" or area.startswith("scratch"):
                 nbytes, make = (n1 - n0) * K * 2, lambda: weight_to_tiles(rw.w16_rows(n0, n1))
             elif area.startswith("out"):
                 y_chunk = y[m0:, n0:n1] if y_kept else np.array(y[m0:, n0:n1])  # dst is reused by later ops
@@ -172,7 +172,12 @@ class HmxPath:
             vt.write_lazy(ar.offset, min(nbytes, ar.size), lambda: make()[: ar.size])
 
         n_chunks = -(-N // nc)
-        if "wt0" not in names:  # F16 kernel: [weight][activation][output][scratch0][scratch1][scales]
+        if "scratch0" in names:  # 2026-10: chunk j's dequantized tiles and outputs in buffer j % 2 (j % 1 unpipelined)
+            bufs = 2 if "scratch1" in names else 1
+            for j in range(max(0, n_chunks - bufs), n_chunks):
+                lazy(f"scratch{j % bufs}", j * nc, min(N, (j + 1) * nc))
+                lazy(f"out{j % bufs}", j * nc, min(N, (j + 1) * nc))
+        elif "wt0" not in names:  # F16 kernel: [weight][activation][output][scratch0][scratch1][scales]
             n0 = (n_chunks - 1) * nc
             lazy("weight", n0, N)
             lazy("output", n0, N)

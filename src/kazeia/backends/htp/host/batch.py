@@ -52,7 +52,7 @@ class BatchRecord:
         """The whole recorded batch again, numbered `seq` (its tables copied: the new batch is the one sent)."""
         b = self.batch
         return OpBatch(seq, list(b.ops), list(b.tensors), list(b.buffers), b.vmem, None,
-                       {a: v[:] for a, v in b._by_data.items()}, dict(b._by_tensor), dict(b._buf_index))
+                       {a: v[:] for a, v in b._by_data.items()}, dict(b._by_tensor), dict(b._buf_index), b.check_type)
 
     def prefix(self, k: int, seq: int) -> tuple[OpBatch, BatchRecord]:
         """The open batch after its first k ops, numbered `seq` (what add_op built), and the record of those k
@@ -64,7 +64,7 @@ class BatchRecord:
         for d in tensors:
             by_data.setdefault(d.addr, []).append(d.index)
         batch = OpBatch(seq, src.ops[:k], tensors, buffers, vmem, None, by_data,
-                        {d.tensor: d.index for d in tensors}, {b: i for i, b in enumerate(buffers)})
+                        {d.tensor: d.index for d in tensors}, {b: i for i, b in enumerate(buffers)}, src.check_type)
         rec = BatchRecord(self.placement)
         rec.nodes, rec.srcs, rec.graph_index, rec.sizes = (self.nodes[:k], self.srcs[:k], self.graph_index[:k],
                                                            self.sizes[:k])

@@ -55,6 +55,30 @@ def op_desc_line(node: Tensor, session: str, flags: int = 0) -> str:
             f"flags 0x{flags:x}")
 
 
+@dataclass(frozen=True)
+class StickyError:
+    """2026-10's `last_error`: the status of the last non-OK response, and (what the DSP knew, and a device only
+    shows in its FARF log) the op that set it: the first failing op of that batch."""
+
+    status: int
+    op_name: str
+    op_desc: str
+    batch_seq: int
+
+    @property
+    def status_name(self) -> str:
+        return STATUS_NAMES.get(self.status, "UNKNOWN")
+
+    def abort(self, session: str, where: str) -> DeviceOpError:
+        """The GGML_ABORT of ggml_backend_hexagon_synchronize / get-tensor: upstream's text, then kazeia's note."""
+        err = DeviceOpError(f"ggml-hex: {session} {where} failed : dsp-error {self.status_name} (set by op "
+                            f"{self.op_name} ({self.op_desc}) in batch {self.batch_seq})")
+        err.status = self.status_name
+        err.faulting = self.op_name
+        err.aborted_in = where
+        return err
+
+
 @dataclass
 class Response:
     batch: OpBatch
@@ -76,10 +100,11 @@ class HostSession:
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.max_tensors = settings.opbatch * (1 + MAX_INPUTS)
         self._seq = 1
-        self._batch = OpBatch(seq=1)  # the open batch (while a record is replayed: empty, its number only)
+        self._batch = OpBatch(seq=1, check_type=profile.descriptor_checks_type)  # the open batch (while a record is replayed: empty, its number only)
         self.in_flight: deque[OpBatch] = deque()
         self.last_enqueued: OpDesc | None = None
         self.dead: DeviceDeathError | None = None
+        self.last_error: StickyError | None = None  # 2026-10: the sticky status of a failed response
         self.timing = Timing(settings.race_seed)
         self.batch_seconds = batch_seconds or (lambda b: 120e-6)
         self.op_dump = (OpDump(settings.dump, settings.dump_dir, settings.dump_limit)
@@ -197,14 +222,19 @@ class HostSession:
             self._records.put(batch.ops[0].node, self._recording.close(batch))
             self._recording = None
         self._seq += 1
-        self._batch = OpBatch(seq=self._seq)
+        self._batch = OpBatch(seq=self._seq, check_type=self.profile.descriptor_checks_type)
 
     def flush_pending(self, all_: bool = False) -> None:
         while self.in_flight:
             batch = self.in_flight[0]
             rsp = self._dspqueue_read(batch)
             self.in_flight.popleft()
-            if rsp.status != STATUS_OK:
+            if rsp.status != STATUS_OK and self.profile.status_policy == "sticky":
+                # 2026-10 flush_pending: log, keep it (each non-OK response overwrites last_error), go on
+                self.log(f"ggml-hex: {self.name} dspcall : dsp-rsp {STATUS_NAMES.get(rsp.status, 'UNKNOWN')}")
+                bad = [(op, s) for op, s in zip(batch.ops, rsp.statuses) if s != STATUS_OK]
+                self.last_error = StickyError(rsp.status, bad[0][0].node.name, bad[0][0].node.desc(), batch.seq)
+            elif rsp.status != STATUS_OK:
                 self.log(f"ggml-hex: {self.name} dspcall : dsp-rsp: {STATUS_NAMES.get(rsp.status, 'UNKNOWN')}")
                 if self.profile.surface_status:
                     bad = [(op, s) for op, s in zip(batch.ops, rsp.statuses) if s != STATUS_OK]
@@ -220,16 +250,28 @@ class HostSession:
         self._check_alive()
         self._seq = seq
         self._replay = self._recording = None
-        self._batch = OpBatch(seq=seq)
+        self._batch = OpBatch(seq=seq, check_type=self.profile.descriptor_checks_type)
         for node, graph_index in ops:
             self.last_enqueued = self._batch.add_op(node, graph_index)
         return self._batch
 
     def flush(self) -> None:
-        """Graph end / synchronize: close the open batch and wait for every response."""
+        """Graph end (2026-05) / synchronize: close the open batch and wait for every response. Under 2026-10 a
+        sticky error then aborts (ggml_backend_hexagon_synchronize)."""
         self._check_alive()
         self.flush_batch()
         self.flush_pending(all_=True)
+        if self.last_error is not None:
+            raise self.last_error.abort(self.name, "synchronize")
+
+    def check_graph_compute(self) -> None:
+        """ggml_backend_hexagon_graph_compute (2026-10) returns GGML_STATUS_FAILED while an error is sticky."""
+        if self.last_error is not None:
+            e = self.last_error
+            err = DeviceOpError(f"ggml-hex: {self.name} graph_compute returned GGML_STATUS_FAILED: the session "
+                                f"holds dsp-error {e.status_name} (set by op {e.op_name} in batch {e.batch_seq})")
+            err.status, err.faulting, err.aborted_in = e.status_name, e.op_name, "graph_compute"
+            raise err
 
     # --- internals ---
     def _run(self, batch: OpBatch) -> None:

@@ -1,4 +1,5 @@
-"""supports_op: which ops the host hands to the HTP, with upstream's limits (ggml-hexagon.cpp, bb4dc86a).
+"""supports_op: which ops the host hands to the HTP, with upstream's limits (ggml-hexagon.cpp, bb4dc86a; for MUL_MAT
+under the `2026-10` profile, ggml_hexagon_supported_mul_mat of 0c1e57098bba: no row limits, the host's plan decides).
 
 Ops it refuses run on the CPU backend. GGML_HEXAGON_OPFILTER (a case-insensitive regex that must match the
 whole op description, e.g. "MUL_MAT" or "SWIGLU") refuses matching ops first. Weights count as living in
@@ -45,6 +46,41 @@ def _mul_mat(n: Tensor) -> bool:
     if w.type == T.F16:
         return w.nb[1] >= w.nb[0] and x.nrows <= MAX_SRC1_ROWS
     return False
+
+
+# what 2026-10's ggml_hexagon_supported_mul_mat takes as src0 (contiguous, not permuted; K-quants need K % 256)
+OCTOBER_QUANT_TYPES = (T.Q4_0, T.Q4_1, T.Q8_0, T.IQ4_NL, T.MXFP4, T.Q4_K, T.Q5_K, T.Q6_K)
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+# ... of which this model computes on the HTP the types its REPACK store holds, and F16. MXFP4, the K-quants and F32
+# weights, which October also takes, run on the CPU here: their tiled dequantization is not modelled yet.
+OCTOBER_MODELLED = (*QUANT_MATMUL_TYPES, T.F16)
+
+
+def _broadcasts(w: Tensor, x: Tensor) -> bool:
+    return all(x.ne[i] >= w.ne[i] and x.ne[i] % w.ne[i] == 0 for i in (2, 3))
+
+
+def mul_mat_2026_10(n: Tensor, settings: HtpSettings) -> bool:
+    """ggml_hexagon_supported_mul_mat (2026-10): the type and layout checks, then the host's plan: UNSUPPORTED
+    (neither the HMX nor the HVX solver fits, or MM_SELECT=0) leaves the op to the CPU. No row limits."""
+    from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
+
+    w, x = n.src[0], n.src[1]
+    if n.type != T.F32 or x.type not in (T.F32, T.F16):
+        return False
+    if w.type in OCTOBER_QUANT_TYPES:
+        if not w.is_contiguous() or _is_permuted(w) or w.ne[0] % (256 if w.type in K_QUANTS else 32):
+            return False
+        if not bool(w.flags & TFlag.WEIGHT):
+            return False
+    elif w.type == T.F16 or (w.type == T.F32 and x.type == T.F32):
+        if w.nb[1] < w.nb[0]:
+            return False
+    else:
+        return False
+    if not _broadcasts(w, x) or w.type not in OCTOBER_MODELLED:
+        return False
+    return plan_for_node(n, settings).path != "cpu"
 
 
 def _binary(n: Tensor) -> bool:
@@ -193,5 +229,7 @@ def supports_op(node: Tensor, settings: HtpSettings) -> bool:
         return bool(check and check(node))
     if node.op == "GLU":
         return node.params["glu_op"] == "SWIGLU" and _activation(node)
+    if node.op == "MUL_MAT" and settings.profile_generation == "2026-10":
+        return mul_mat_2026_10(node, settings)
     check = _CHECKS.get(node.op)
     return bool(check and check(node))

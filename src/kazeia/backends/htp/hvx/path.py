@@ -111,6 +111,26 @@ class HvxPath:
         return OpRecord("hvx", STATUS_OK, {"reason": reason, "src1_reused": reused, "vtcm_used": plan.used,
                                            "modeled_s": modeled_seconds(M, K, N, w.type)})
 
+    def _hvx_2026_10(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
+        """2026-10's HVX MUL_MAT (hvx_mm_matmul with the host's plan): quantized weights by the October numerics
+        (dot_2026_10.py), F16 weights by the F16 kernel. The VTCM image October's kernels leave is not modelled:
+        under 2026-10 nothing reads it back (the src1 shortcut dies with the op)."""
+        from kazeia.backends.htp.hvx.dot_2026_10 import hvx_matmul_2026_10
+
+        node = op.node
+        w, x = node.src[0], node.src[1]
+        M, K, N = x.ne[1], w.ne[0], w.ne[1]
+        xs = np.asarray(array(x), dtype=np.float32).reshape(-1, K)
+        if w.type == GGMLType.F16:
+            y = self._hvx_f16_ddr(node)
+        else:
+            y = hvx_matmul_2026_10(self.weights.get(w), xs)
+        out = array(node)
+        out[...] = y.reshape(out.shape)
+        return OpRecord("hvx", STATUS_OK, {"reason": plan.reason, "vtcm_used": plan.used,
+                                           "kernel": plan.info.get("kernel"),
+                                           "modeled_s": modeled_seconds(M, K, N, w.type)})
+
     def _hvx_vtcm(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> tuple[np.ndarray, bool]:
         node = op.node
         w, x = node.src[0], node.src[1]

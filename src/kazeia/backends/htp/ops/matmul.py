@@ -19,7 +19,15 @@ from kazeia.backends.htp.hmx.path import HmxPath
 from kazeia.backends.htp.host.repack import RepackedWeight
 from kazeia.backends.htp.hvx.bound import BoundHvx, bind_hvx, dot_scratch
 from kazeia.backends.htp.hvx.path import HvxPath, LeaveProgram, modeled_seconds
-from kazeia.backends.htp.msg import DspFault, OpBatch, OpContext, OpDesc, OpRecord
+from kazeia.backends.htp.msg import (
+    STATUS_INTERNAL_ERR,
+    STATUS_VTCM_TOO_SMALL,
+    DspFault,
+    OpBatch,
+    OpContext,
+    OpDesc,
+    OpRecord,
+)
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node, src_layout
@@ -70,7 +78,7 @@ class MatmulUnit(HmxPath, HvxPath):
     # --- op_matmul ---
     def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
         node, placement = op.node, op.placement
-        if placement is not None and binding():
+        if placement is not None and binding() and not self.profile.october:  # (bound: May's HVX kernels)
             b = self._bound.get(node, lambda: self._bind(dsp, node, placement),
                                 lambda b: b is None or b.matches(node, dsp, placement))
             if b is not None:
@@ -97,6 +105,8 @@ class MatmulUnit(HmxPath, HvxPath):
         return self._plans.get(key, lambda: plan_for_node(node, self.settings))
 
     def _op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
+        if self.profile.october:
+            return self._op_matmul_2026_10(dsp, octx, op, plan)
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
@@ -121,3 +131,30 @@ class MatmulUnit(HmxPath, HvxPath):
         rec = self._hvx(dsp, octx, op, "HMX failed, fell back to HVX", plan)
         rec.detail["hmx_fallback"] = True
         return rec
+
+    def _op_matmul_2026_10(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
+        """op_matmul of 2026-10 (matmul-ops.c): the host's kernel params say HMX or HVX; the kernel rebuilds the
+        plan's layout and checks it against the VTCM the DSP was granted (`ctx->vtcm_size`, main.c: vtcm_alloc)
+        before touching anything. A misfit is an op status (hmx_mm_2d_f32 returns -1 -> INTERNAL-ERROR; the HVX
+        kernels return VTCM-TOO-SMALL); dst keeps what it held; the batch goes on."""
+        node = op.node
+        w = node.src[0]
+        granted = self.settings.dsp_vtcm_bytes
+        if plan.path == "hmx":
+            octx.src1_spad_src = None  # the HMX kernel overwrites VTCM
+            octx.src1_spad_kind = None
+            if plan.used > granted:
+                x = node.src[1]
+                dsp.farf("ERROR", f"hmx-mm-2d-precomputed: VTCM overflow: used {plan.used} budget {granted}, "
+                                  f"m {x.ne[1]} k {w.ne[0]} n {w.ne[1]} mc {plan.mc} nc {plan.nc}")
+                dsp.farf("ERROR", "HMX matmul failed (ret=-1)")
+                return OpRecord("hmx", STATUS_INTERNAL_ERR, {"vtcm_used": plan.used, "vtcm_granted": granted,
+                                                              "mc": plan.mc, "nc": plan.nc})
+            batched, _ = src_layout(w, node.src[1])
+            rec = self._hmx(dsp, op, batched, plan)
+            return rec
+        if plan.used > granted:
+            dsp.farf("ERROR", f"matmul-{plan.qtype} : current VTCM reservation {granted} is too small, "
+                              f"needed {plan.used}")
+            return OpRecord("hvx", STATUS_VTCM_TOO_SMALL, {"vtcm_used": plan.used, "vtcm_granted": granted})
+        return self._hvx_2026_10(dsp, octx, op, plan)

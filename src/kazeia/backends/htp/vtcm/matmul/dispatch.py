@@ -18,6 +18,7 @@ from kazeia.backends.htp.vtcm.arena import (
 )
 from kazeia.backends.htp.vtcm.matmul.hmx_2026_05 import hmx_matmul_plan
 from kazeia.backends.htp.vtcm.matmul.hvx_2026_05 import hvx_matmul_plan
+from kazeia.backends.htp.vtcm.matmul.plan_2026_10 import plan_matmul_2026_10
 from kazeia.backends.htp.vtcm.matmul.record import HMX_TYPES, MatmulPlan, norm_qtype
 from kazeia.errors import KazeiaError
 from kazeia.graph import builder as gb
@@ -58,7 +59,10 @@ def plan_matmul(m: int, k: int, n: int, qtype: str = "q4_0", *, vtcm_size: int =
     """The MUL_MAT decision the backend executes: dispatch, then the HMX plan; if HMX fails, "2026-05" returns
     the failing HMX plan (outcome "reenter": op_matmul recurses forever) and "robust" the HVX plan it falls back
     to (with the failed attempt in `hmx_attempt`). Batched F16 HMX is planned per batch (the legacy loop)."""
-    check_profile(profile)
+    if get_profile(check_profile(profile)).october:
+        return plan_matmul_2026_10(m, k, n, norm_qtype(qtype), vtcm_size=vtcm_size, n_threads=n_threads,
+                                   hmx_enabled=hmx_enabled, hmx_built=hmx_built, batched=batched, permuted=permuted,
+                                   profile=profile)
     path, reason = matmul_dispatch(m, k, n, qtype, hmx_enabled=hmx_enabled, hmx_built=hmx_built,
                                    batched=batched, permuted=permuted)
     if path == "hvx":
@@ -96,14 +100,15 @@ def matmul_node(m: int, k: int, n: int, qtype: Any = "q4_0") -> Tensor:
     return gb.mul_mat(w, make_tensor(GGMLType.F32, (k, m), name="activations"), "matmul")
 
 
-def plan_for_node(node: Tensor, settings: HtpSettings, m: int | None = None) -> MatmulPlan:
+def plan_for_node(node: Tensor, settings: HtpSettings, m: int | None = None, src2: Tensor | None = None) -> MatmulPlan:
     """The plan of a MUL_MAT node on an HTP with `settings`: the one way the backend, the cost model, the routing
     gates and the forensic tools get it, so they can never disagree. It reads what op_matmul reads: the shapes
     (M = src1 rows, K, N), the weight type, src1's layout (batched, permuted, its row stride for the F16 kernel),
     the arch (HMX is built for some arches only), GGML_HEXAGON_USE_HMX, the profile, the VTCM size and NHVX.
     `m`: the plan the same node would get with another number of activation rows (a scan over prompt lengths).
     A routing rule's path on the node (`route_path` "hvx", engine/policy.py) turns HMX off for this node only,
-    as GGML_HEXAGON_USE_HMX=0 does for all."""
+    as GGML_HEXAGON_USE_HMX=0 does for all (NHMX=0 under 2026-10). `src2`: the residual of a fused MUL_MAT+ADD
+    (2026-10: its bytes join the plan's group A)."""
     if node.op != "MUL_MAT":
         raise KazeiaError(f"{node.name}: a MUL_MAT plan needs a MUL_MAT node, not {node.op}")
     w, x = node.src[0], node.src[1]
@@ -111,7 +116,19 @@ def plan_for_node(node: Tensor, settings: HtpSettings, m: int | None = None) -> 
     act_stride = None
     if w.type == GGMLType.F16 and x.type in (GGMLType.F32, GGMLType.F16):
         act_stride = x.nb[1] // (4 if x.type == GGMLType.F32 else 2)  # src1 row stride in elements
+    hmx_on = settings.hmx_enabled and node.route_path != "hvx"
+    if get_profile(settings.profile).october:
+        from kazeia.backends.htp.vtcm.arena import align_up
+
+        rows = x.ne[1] if m is None else m
+        return plan_matmul_2026_10(rows * x.ne[2] * x.ne[3] if not batched else rows, w.ne[0], w.ne[1],
+                                   norm_qtype(w.type), vtcm_size=settings.vtcm_bytes, n_threads=settings.nhvx,
+                                   hmx_enabled=hmx_on, hmx_built=settings.arch in HMX_ARCHS,
+                                   mm_select=settings.mm_select, batched=batched, permuted=permuted,
+                                   src1_f32=x.type == GGMLType.F32,
+                                   src2_bytes=align_up(src2.nbytes, 128) if src2 is not None else 0,
+                                   profile=settings.profile)
     return plan_matmul(x.ne[1] if m is None else m, w.ne[0], w.ne[1], w.type, vtcm_size=settings.vtcm_bytes,
                        profile=settings.profile, n_threads=settings.nhvx,
-                       hmx_enabled=settings.use_hmx and node.route_path != "hvx",
+                       hmx_enabled=hmx_on,
                        hmx_built=settings.arch in HMX_ARCHS, batched=batched, permuted=permuted, act_stride=act_stride)

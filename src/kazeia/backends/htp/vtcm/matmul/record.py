@@ -17,8 +17,8 @@ from kazeia.gguf.quants import bytes_per_32
 SUPER_BLOCK = 256  # x4x2 super-block: 8 ggml blocks of 32
 
 # ggml block bytes per 32 elements, i.e. the tensor descriptor's nb[1] per 32 columns (REPACK keeps ggml strides)
-QTYPES = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4", "f16")
-_BLOCK32_BYTES = {q: int(bytes_per_32(q)) for q in QTYPES}  # gguf/quants.py
+QTYPES = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4", "f16", "f32", "q4_k", "q5_k", "q6_k")
+_BLOCK32_BYTES = {q: bytes_per_32(q) for q in QTYPES}  # gguf/quants.py (Q6_K: 26.25 B per 32)
 HMX_TYPES = ("f16", "q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4")  # matmul-ops.c: op_matmul type gate
 
 
@@ -33,7 +33,7 @@ def norm_qtype(qtype: Any) -> str:
 
 def ggml_row_bytes(qtype: str, k: int) -> int:
     """The weight tensor's nb[1] (what the HVX path DMAs per row)."""
-    return _BLOCK32_BYTES[norm_qtype(qtype)] * ceil_div(k, 32)
+    return int(_BLOCK32_BYTES[norm_qtype(qtype)] * ceil_div(k, 32))
 
 
 def x4x2_row_stride(qtype: str, k: int) -> int:
