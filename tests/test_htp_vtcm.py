@@ -295,8 +295,14 @@ def test_cli_json_matches_plan(capsys, monkeypatch):
     p = plan_matmul(38, 9728, 2560, "q4_0", vtcm_size=VT, profile="2026-05")
     assert (d["path"], d["mc"], d["nc"], d["used"], d["vtcm"], d["overflow"]) == ("hmx", 64, 160, 8_388_864, VT, 256)
     assert [(a["name"], a["offset"], a["size"]) for a in d["areas"]] == [(a.name, a.offset, a.size) for a in p.areas]
-    d = _plan_json(capsys, "--m", "38", "--k", "9728", "--n", "2560")  # default profile: robust
-    assert d["profile"] == "robust" and d["overflow"] == 0
+    d = _plan_json(capsys, "--m", "38", "--k", "9728", "--n", "2560")  # default profile: 2026-10, the host's plan
+    assert d["profile"] == "2026-10" and d["overflow"] == 0
+    # htp-2026-10.md §4.1, re-derived from htp/matmul-ops.h (tests/test_htp_hmx_solver.py): 64 x 128, 7,817,216 B
+    assert (d["path"], d["mc"], d["nc"], d["used"], d["act_threads"]) == ("hmx", 64, 128, 7_817_216, 6)
+    d = _plan_json(capsys, "--m", "38", "--k", "9728", "--n", "2560", "--vtcm", "2097152", "--threads", "4")
+    assert d["path"] == "hvx" and d["mc"] == 1 and "HMX solver finds no chunking" in d["refusal"]
+    d = _plan_json(capsys, "--m", "38", "--k", "9728", "--n", "2560", "--vtcm", "2097152")  # 6 threads: no HVX fit
+    assert d["path"] == "cpu" and d["used"] == 0 and "HVX solver fits nothing" in d["refusal"]
     monkeypatch.setenv("KAZEIA_HTP_PROFILE", "2026-05")
     monkeypatch.setenv("KAZEIA_HTP_VTCM", str(16 * MiB))
     d = _plan_json(capsys, "--m", "38", "--k", "9728", "--n", "2560")

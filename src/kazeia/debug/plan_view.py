@@ -28,9 +28,18 @@ def plan_text(plan: MatmulPlan, crossings: list[DeepLoad] | None = None) -> str:
         h = plan.hmx_attempt
         tried = f"mc={h.mc} nc={h.nc} used {h.used:,} B, " if h.mc is not None else ""
         lines.append(f"hmx try   {tried}{h.status} ({h.reason})")
-    if plan.path == "hmx" and plan.mc is not None:
+    if plan.path == "hmx" and "act_threads" in plan.info:  # 2026-10: the host solver's answer
+        i = plan.info
+        lines.append(f"chunks    mc={plan.mc} nc={plan.nc}   act threads {i['act_threads']}, "
+                     f"{'pipelined' if i['pipeline'] else 'not pipelined'}; group A {i['group_a']:,} B, "
+                     f"then group B {i['group_b']:,} B over group C {i['group_c']:,} B (they overlap)")
+    elif plan.path == "hmx" and plan.mc is not None:
         lines.append(f"chunks    mc={plan.mc} nc={plan.nc}   ({plan.info.get('m_chunks')} M x "
                      f"{plan.info.get('n_chunks')} N chunks; search estimate {plan.estimate:,} B)")
+    elif plan.path == "hvx" and "n_prefetch" in plan.info:
+        i = plan.info
+        rows = f"M chunks of {i['m_chunk']}" if i["m_chunk"] else "all rows at once"
+        lines.append(f"threads   {plan.n_threads}   ({i['kernel']}, prefetch depth {i['n_prefetch']}, {rows})")
     elif plan.path == "hvx":
         lines.append(f"threads   {plan.n_threads}   ({plan.info.get('kernel')}, src1 row {plan.info.get('src1_row')} B,"
                      f" src0 ring row {plan.row_stride} B)")
@@ -59,6 +68,21 @@ _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#
 _W, _MARGIN, _BAR_Y, _BAR_H, _ROW_H = 960, 20, 56, 64, 18
 
 
+def _lanes(areas) -> list[int]:
+    """A lane per area: the first whose areas it does not overlap. 2026-10's layouts overlap on purpose (the fp32
+    activation staging reuses the weight/output group's bytes): they are drawn one above the other."""
+    placed: list[list] = []
+    lanes = []
+    for a in areas:
+        lane = next((i for i, row in enumerate(placed)
+                     if all(a.end <= b.offset or b.end <= a.offset for b in row)), len(placed))
+        if lane == len(placed):
+            placed.append([])
+        placed[lane].append(a)
+        lanes.append(lane)
+    return lanes
+
+
 def plan_svg(plan: MatmulPlan) -> str:
     """A self-contained SVG of the VTCM map: areas to scale and labelled, the part past VTCM in red, the 4 MiB
     bank boundaries dashed, and a table of every area underneath."""
@@ -79,14 +103,18 @@ def plan_svg(plan: MatmulPlan) -> str:
     out.append(f'<text x="{_MARGIN}" y="18" font-size="13">{escape(title)}</text>')
     out.append(f'<rect x="{x(0):.2f}" y="{_BAR_Y}" width="{plan.vtcm * scale:.2f}" height="{_BAR_H}" '
                f'fill="#f4f4f4" stroke="black"/>')
-    for i, a in enumerate(plan.areas):
+    lanes = _lanes(plan.areas)
+    lane_h = _BAR_H / (max(lanes) + 1 if lanes else 1)
+    for i, (a, lane) in enumerate(zip(plan.areas, lanes)):
         color = _PALETTE[i % len(_PALETTE)]
         w = max(a.size * scale, 0.5)
-        out.append(f'<rect x="{x(a.offset):.2f}" y="{_BAR_Y}" width="{w:.2f}" height="{_BAR_H}" fill="{color}" '
+        y0 = _BAR_Y + lane * lane_h
+        note = " (overlaps the areas above it: the same bytes, used at another time)" if lane else ""
+        out.append(f'<rect x="{x(a.offset):.2f}" y="{y0:.2f}" width="{w:.2f}" height="{lane_h:.2f}" fill="{color}" '
                    f'stroke="white" stroke-width="0.5"><title>{escape(a.name)} {a.offset:#x} +{a.size:,} B'
-                   f'</title></rect>')
+                   f'{note}</title></rect>')
         if w > 7 * len(a.name) + 4:
-            out.append(f'<text x="{x(a.offset) + w / 2:.2f}" y="{_BAR_Y + _BAR_H / 2 + 4}" text-anchor="middle" '
+            out.append(f'<text x="{x(a.offset) + w / 2:.2f}" y="{y0 + lane_h / 2 + 4:.2f}" text-anchor="middle" '
                        f'fill="white">{escape(a.name)}</text>')
     if plan.overflow:
         w = max(plan.overflow * scale, 3.0)  # a 256 B overflow would be invisible to scale

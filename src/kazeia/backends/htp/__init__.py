@@ -4,11 +4,12 @@ nothing outside htp/ imports past it. Names load lazily: `from kazeia.backends.h
 settings.py only, not the whole device model.
 
 The units, from the bottom up (each imports only those below it; tests/test_layering.py):
-- settings.py, profiles.py, fp16.py, msg.py (what host and DSP exchange: upstream htp-msg.h / htp-ops.h);
+- profiles.py, settings.py, fp16.py, msg.py (what host and DSP exchange: upstream htp-msg.h / htp-ops.h);
 - kernels/: the native kernels of the numerics (one family per file: IR, front, portable twin);
-- host/: the host side (op batches and their replay, the op queue and flush, supports_op, the x4x2 repack, the
-  team's op log and dumps, the host/DSP timing, crash records);
-- vtcm/: the VTCM arena, its areas, the MUL_MAT plan and every other op's scratch layout;
+- vtcm/: the VTCM arena, its areas, the MUL_MAT plan (May's on the DSP, October's on the host) and every other
+  op's scratch layout;
+- host/: the host side (op batches and their replay, the op queue and flush, supports_op, which under 2026-10
+  asks the host's MUL_MAT plan, the x4x2 repack, the team's op log and dumps, the host/DSP timing, crash records);
 - cost.py: modeled device time;
 - device.py: the DSP process (VTCM, registers, the batch loop, death);
 - hvx/, hmx/: each unit's numerics and its MUL_MAT path on the DSP;

@@ -26,6 +26,17 @@ from kazeia.graph.tensor import Tensor
 from kazeia.identity import IdentityCache
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_ignored(settings: HtpSettings) -> None:
+    """Once per process: switches the profile's upstream no longer reads (USE_HMX, OPSTAGE under 2026-10)."""
+    line = settings.ignored_warning()
+    if line is not None and line not in _WARNED:
+        _WARNED.add(line)
+        print(line, file=sys.stderr, flush=True)
+
+
 class HtpBackend(Backend):
     name = "HTP0"
     is_async = True
@@ -37,6 +48,7 @@ class HtpBackend(Backend):
         super().__init__()
         self.settings = settings or HtpSettings.from_env()
         self.profile = get_profile(self.settings.profile)
+        _warn_ignored(self.settings)
         check_faults(self.settings.faults)
         self.executor = Executor(self.settings, self.profile, weight_store)
         self.dsp = Dsp(self.settings, self.profile, self.executor)

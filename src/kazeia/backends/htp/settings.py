@@ -82,6 +82,14 @@ class HtpSettings:
         return self.use_hmx
 
     @property
+    def fa_hmx_enabled(self) -> bool:
+        """May be FLASH_ATTN_EXT use HMX? 2026-05: USE_HMX; 2026-10: NHMX != 0 and FA_SELECT >= 2
+        (ggml_hexagon_precompute_flash_attn_params' HMX gate)."""
+        if self.profile_generation == "2026-10":
+            return self.nhmx != 0 and self.fa_select >= 2
+        return self.use_hmx
+
+    @property
     def profile_generation(self) -> str:
         from kazeia.backends.htp.profiles import get_profile
 

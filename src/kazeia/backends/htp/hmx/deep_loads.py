@@ -43,7 +43,7 @@ def hmx_deep_loads(plan: MatmulPlan) -> list[DeepLoad]:
     """Every distinct activation/weight load run an HMX matmul plan issues (hmx-matmul-ops.c:
     core_dot_chunk_fp16: per output tile (r, c), K in runs of <= 32 tiles; activation runs start at row tile r,
     weight runs at column tile c of the chunk's weight buffer: wt0/wt1 alternate over N chunks for quantized
-    weights, one `weight` buffer for F16). Output stores are single 2048 B tiles at 2048-aligned offsets and
+    weights, one `weight` buffer for F16; 2026-10: the dequant scratch buffers, alternating when pipelined). Output stores are single 2048 B tiles at 2048-aligned offsets and
     cannot straddle a bank, so they are not listed."""
     if plan.path != "hmx" or plan.mc is None or plan.nc is None:
         return []
@@ -57,9 +57,14 @@ def hmx_deep_loads(plan: MatmulPlan) -> list[DeepLoad]:
         for k0, nt in runs:
             out.append(DeepLoad("activation", act.name, act.offset + (r * k_tiles + k0) * HMX_TILE_BYTES,
                                 nt * HMX_TILE_BYTES, r, k0))
+    names = {a.name for a in plan.areas}
+    if "scratch0" in names:  # 2026-10: HMX reads the dequantized tiles from scratch0 / scratch1 (pipelined)
+        bufs = ("scratch0", "scratch1") if "scratch1" in names else ("scratch0",)
+    else:
+        bufs = ("weight",) if plan.qtype == "f16" else ("wt0", "wt1")
     col_tiles: dict[str, int] = {}  # weight buffer -> most column tiles any chunk loads from it
     for i, nc0 in enumerate(range(0, plan.n, plan.nc)):
-        name = "weight" if plan.qtype == "f16" else ("wt0", "wt1")[i % 2]
+        name = bufs[i % len(bufs)]
         col_tiles[name] = max(col_tiles.get(name, 0), ceil_div(min(plan.nc, plan.n - nc0), HMX_TILE))
     for name, ct in col_tiles.items():
         wt = plan.area(name)

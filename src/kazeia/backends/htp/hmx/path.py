@@ -101,7 +101,8 @@ class HmxPath:
         changes run to run unless KAZEIA_HTP_RACE_SEED pins it. Returns the patch hmx_matmul_weight applies to
         the first tile of weight rows."""
         nc = plan.nc
-        wt0 = plan.area("wt0" if any(a.name == "wt0" for a in plan.areas) else "weight")
+        names = {a.name for a in plan.areas}
+        wt0 = plan.area(next(n for n in ("wt0", "scratch0", "weight") if n in names))  # (2026-10: dequant scratch)
         stale = weight_from_tiles(np.frombuffer(dsp.vtcm.read(wt0.offset, nc * K * 2), dtype=np.uint8), nc, K)
         k_tiles = K // 32
         n_late = int(dsp.race.integers(1, k_tiles + 1))  # K tiles of the first column tile still in flight

@@ -100,7 +100,8 @@ class HostSession:
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.max_tensors = settings.opbatch * (1 + MAX_INPUTS)
         self._seq = 1
-        self._batch = OpBatch(seq=1, check_type=profile.descriptor_checks_type)  # the open batch (while a record is replayed: empty, its number only)
+        # the open batch (while a record is replayed: empty, its number only)
+        self._batch = OpBatch(seq=1, check_type=profile.descriptor_checks_type)
         self.in_flight: deque[OpBatch] = deque()
         self.last_enqueued: OpDesc | None = None
         self.dead: DeviceDeathError | None = None

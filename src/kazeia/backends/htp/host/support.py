@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from kazeia.backends.htp.host.repack import REPACK_QTYPES
 from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
 from kazeia.graph.tensor import GGMLType as T
 from kazeia.graph.tensor import Tensor, TFlag
 
@@ -63,15 +64,13 @@ def _broadcasts(w: Tensor, x: Tensor) -> bool:
 def mul_mat_2026_10(n: Tensor, settings: HtpSettings) -> bool:
     """ggml_hexagon_supported_mul_mat (2026-10): the type and layout checks, then the host's plan: UNSUPPORTED
     (neither the HMX nor the HVX solver fits, or MM_SELECT=0) leaves the op to the CPU. No row limits."""
-    from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
-
     w, x = n.src[0], n.src[1]
     if n.type != T.F32 or x.type not in (T.F32, T.F16):
         return False
     if w.type in OCTOBER_QUANT_TYPES:
         if not w.is_contiguous() or _is_permuted(w) or w.ne[0] % (256 if w.type in K_QUANTS else 32):
             return False
-        if not bool(w.flags & TFlag.WEIGHT):
+        if not bool(w.flags & TFlag.WEIGHT) or w.ne[2] * w.ne[3] > 1:  # (3-D quantized weights: not modelled)
             return False
     elif w.type == T.F16 or (w.type == T.F32 and x.type == T.F32):
         if w.nb[1] < w.nb[0]:
@@ -229,7 +228,11 @@ def supports_op(node: Tensor, settings: HtpSettings) -> bool:
         return bool(check and check(node))
     if node.op == "GLU":
         return node.params["glu_op"] == "SWIGLU" and _activation(node)
-    if node.op == "MUL_MAT" and settings.profile_generation == "2026-10":
-        return mul_mat_2026_10(node, settings)
+    if settings.profile_generation == "2026-10":
+        if node.op == "MUL_MAT":
+            return mul_mat_2026_10(node, settings)
+        if (node.op == "FLASH_ATTN_EXT" and settings.fa_select == 0) or (
+                node.op == "GATED_DELTA_NET" and settings.gdn_select == 0):
+            return False  # FA_SELECT / GDN_SELECT = 0: unsupported, the CPU runs it
     check = _CHECKS.get(node.op)
     return bool(check and check(node))

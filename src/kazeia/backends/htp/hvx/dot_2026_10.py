@@ -9,10 +9,11 @@ May's at group 32 (hvx/quant.py `_quantize_rows`). Per output n and block b: ia 
 and activation quants; s = fp32(d_w) * fp32(d_x), exact (two fp16 values); acc = fp32(acc + fp32(ia * s)).
 
 The arithmetic is a numba kernel over the ggml blocks (the same pair readers as the May twin,
-kernels/hvx/portable.py), explicit IEEE float32, no fastmath. The adds are IEEE fp32 on v79/v81 and qf32 on v73/v75 (`hvx_vec_add_f32_f32`); qf32 is modelled as IEEE fp32 here,
-as hvx/dot.py models May's qf32 steps. Q4_1 (weights with an offset): the block's m_w * s_x term is added after the
-product, as May's kernel does (acc = fp32(acc + fp32(fp32(ia * s) + fp32(m_w * s_x)))), and the q8_1 block sum is
-fp16(d_x * sum of the block's quants): both are kazeia's assumptions, not read from the October source.
+kernels/hvx/portable.py), explicit IEEE float32, no fastmath. The adds are IEEE fp32 on v79/v81 and qf32 on
+v73/v75 (`hvx_vec_add_f32_f32`); qf32 is modelled as IEEE fp32 here, as hvx/dot.py models May's qf32 steps.
+Q4_1 (weights with an offset): the block's m_w * s_x term is added to the product, as May's kernel does
+(acc = fp32(acc + fp32(fp32(ia * s) + fp32(m_w * s_x)))), and the q8_1 block sum is fp16(d_x * sum of the block's
+quants): both are kazeia's assumptions, not read from the October source.
 """
 
 from __future__ import annotations

@@ -66,6 +66,7 @@ class BoundOp:
     effect: str
     ufunc: np.ufunc | None = None  # ADD / MUL of float32 rows numpy broadcasts: computed straight into dst
     fast: FastOp | None | bool = None  # the whole op bound to memory (None: not made yet, False: not possible)
+    granted_short: bool | None = None  # 2026-10: its layout exceeds the VTCM the DSP was granted (None: not asked)
 
 
 class FastOp:
@@ -146,6 +147,12 @@ class Executor:
         b = self._bound.get(node, lambda: self._bind(node),
                             lambda b: b.src is node.src and b.route_path == node.route_path)
         placement = op.placement
+        if b.granted_short is None:
+            b.granted_short = self.profile.october and b.sc.used > self.settings.dsp_vtcm_bytes
+        if b.granted_short:  # 2026-10: the kernel checks its host-sized layout against what the DSP was granted
+            dsp.farf("ERROR", f"{node.desc()}: VTCM reservation {self.settings.dsp_vtcm_bytes} is too small, "
+                              f"needed {b.sc.used}")
+            return OpRecord(path=b.path, status=STATUS_VTCM_TOO_SMALL)
         if b.fast is not False and placement is not None and binding():
             # the bound run; made (again) when missing or bound under another placement
             if b.fast is not None and b.fast.run(dsp, octx, placement):

@@ -121,7 +121,7 @@ def plan_for_node(node: Tensor, settings: HtpSettings, m: int | None = None, src
         from kazeia.backends.htp.vtcm.arena import align_up
 
         rows = x.ne[1] if m is None else m
-        return plan_matmul_2026_10(rows * x.ne[2] * x.ne[3] if not batched else rows, w.ne[0], w.ne[1],
+        return plan_matmul_2026_10(rows * x.ne[2] * x.ne[3], w.ne[0], w.ne[1],
                                    norm_qtype(w.type), vtcm_size=settings.vtcm_bytes, n_threads=settings.nhvx,
                                    hmx_enabled=hmx_on, hmx_built=settings.arch in HMX_ARCHS,
                                    mm_select=settings.mm_select, batched=batched, permuted=permuted,

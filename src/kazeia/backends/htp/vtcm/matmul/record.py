@@ -97,6 +97,9 @@ class MatmulPlan:
             "reason": self.reason, "estimate": self.estimate, "n_threads": self.n_threads,
             "row_stride": self.row_stride,
         }
+        d["act_threads"] = self.info.get("act_threads")  # 2026-10's HMX solver (None elsewhere)
+        if self.path != "hmx":
+            d["refusal"] = self.reason  # why HMX was not used (and, for "cpu", why HVX was not either)
         if self.info:
             d["info"] = dict(self.info)
         if self.hmx_attempt is not None:

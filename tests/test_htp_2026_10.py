@@ -1,0 +1,163 @@
+"""The `2026-10` profile's host and DSP rules, each against numbers derived from the October source
+(llama.cpp 0c1e57098bba, ggml/src/ggml-hexagon), not from kazeia's own output:
+
+- ggml-hexagon.cpp env parsing: OPBATCH 1280, OPQUEUE 32; NHMX / MM_SELECT / FA_SELECT / GDN_SELECT / OPFUSION;
+  USE_HMX and OPSTAGE are no longer read.
+- precompute_matmul_params_impl + supported_mul_mat: HMX when M > 4 and its solver fits, else HVX, else CPU; no
+  row limit (Qwen3's 151936-row lm_head runs on the HTP).
+- flush_pending / synchronize / graph_compute: a non-OK response is logged "dsp-rsp <NAME>", kept sticky, and
+  aborts the next synchronize with "synchronize failed : dsp-error <NAME>"; no 0x2e.
+- matmul-ops.c: hmx_mm_2d_f32 checks its layout against ctx->vtcm_size (main.c vtcm_alloc's grant) and returns -1
+  -> INTERNAL-ERROR; the HVX kernels return VTCM-TOO-SMALL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kazeia.backends.htp import HtpSettings, matmul_node, plan_for_node, supports_op
+from kazeia.backends.htp.host.session import HostSession
+from kazeia.errors import KazeiaError
+
+
+
+def kazeia(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_HEXAGON_", "KAZEIA_HTP_"))}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "kazeia", *args], capture_output=True, text=True, timeout=300,
+                          env=full)
+
+
+def test_october_switches_and_their_defaults():
+    s = HtpSettings.from_env({})
+    assert s.profile == "2026-10" and (s.opbatch, s.opqueue) == (1280, 32)  # opt_opbatch, opt_opqueue
+    may = HtpSettings.from_env({"KAZEIA_HTP_PROFILE": "2026-05"})
+    assert (may.opbatch, may.opqueue) == (1024, 16)
+    assert not HtpSettings.from_env({"GGML_HEXAGON_NHMX": "0"}).hmx_enabled
+    assert not HtpSettings.from_env({"GGML_HEXAGON_MM_SELECT": "1"}).hmx_enabled
+    assert HtpSettings.from_env({"GGML_HEXAGON_MM_SELECT": "1"}).fa_hmx_enabled  # FA has its own switch
+    assert not HtpSettings.from_env({"GGML_HEXAGON_FA_SELECT": "1"}).fa_hmx_enabled
+    # USE_HMX is gone in October: ignored (and reported), while 2026-05 still obeys it
+    s = HtpSettings.from_env({"GGML_HEXAGON_USE_HMX": "0", "GGML_HEXAGON_OPSTAGE": "3"})
+    assert s.hmx_enabled and s.ignored == ("GGML_HEXAGON_USE_HMX", "GGML_HEXAGON_OPSTAGE")
+    assert "no longer exist" in s.ignored_warning()
+    assert not HtpSettings.from_env({"GGML_HEXAGON_USE_HMX": "0", "KAZEIA_HTP_PROFILE": "2026-05"}).hmx_enabled
+    # ggml_hexagon_is_fusion_enabled: 0 none, 1 all, else the bit of each fusion
+    f = HtpSettings.from_env({"GGML_HEXAGON_OPFUSION": "12"})
+    assert f.fusion_enabled("RMS_NORM+MUL") and f.fusion_enabled("MUL_MAT+ADD") and not f.fusion_enabled("MUL_MAT_NX")
+    assert not HtpSettings.from_env({"GGML_HEXAGON_OPFUSION": "0"}).fusion_enabled("RMS_NORM+MUL")
+    assert HtpSettings.from_env({"GGML_HEXAGON_DEVICES": "[0,1],2"}).devices == 2
+    assert HtpSettings.from_env({"GGML_HEXAGON_DEVICES": "99"}).devices == 16  # clamped, as upstream
+
+
+@pytest.mark.parametrize("name,value", [
+    ("GGML_HEXAGON_OPFUSION", "-3"), ("GGML_HEXAGON_OPFUSION", "1e9"), ("GGML_HEXAGON_NHMX", "x"),
+    ("GGML_HEXAGON_NHMX", "-1"), ("GGML_HEXAGON_MM_SELECT", "3"), ("GGML_HEXAGON_FA_SELECT", "9" * 40),
+    ("GGML_HEXAGON_GDN_SELECT", "-1"), ("GGML_HEXAGON_DEVICES", "[[0]]"), ("GGML_HEXAGON_DEVICES", "a,b"),
+    ("KAZEIA_HTP_VTCM_GRANT", "1"), ("KAZEIA_HTP_VTCM_GRANT", str(1 << 40)),
+])
+def test_hostile_switch_values_are_refused_in_one_line(name, value):
+    with pytest.raises(KazeiaError) as e:
+        HtpSettings.from_env({name: value})
+    assert "\n" not in str(e.value) and name in str(e.value)
+
+
+def test_hostile_switch_value_exits_2_from_the_command_line(tmp_path):
+    r = kazeia("run", "-dev", "HTP0", "-p", "hi", "-n", "1", env={"GGML_HEXAGON_OPFUSION": "oops"})
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "GGML_HEXAGON_OPFUSION" in r.stderr
+
+
+def test_routing_hmx_from_m5_then_hvx_then_cpu():
+    """ffn_down of Qwen3-4B (K 9728, N 2560, Q4_0): M 4 -> HVX (quant-block, prefetch 4, 6,070,272 B), M 5 -> HMX
+    (32 x 288, 7,997,440 B); at 2 MiB the HMX solver finds nothing for M >= 33: HVX with 4 threads (one row per M
+    chunk), and nothing with 6 (the 6 weight prefetch rings alone need 6 x 389,120 B), so the CPU."""
+    node = matmul_node(38, 9728, 2560, "q4_0")
+    s = HtpSettings.from_env({})
+    got = {m: plan_for_node(node, s, m=m) for m in (4, 5, 38)}
+    assert (got[4].path, got[4].used, got[4].info["kernel"], got[4].info["n_prefetch"]) == (
+        "hvx", 6_070_272, "quant-block", 4)
+    assert (got[5].path, got[5].mc, got[5].nc, got[5].used) == ("hmx", 32, 288, 7_997_440)
+    small = HtpSettings.from_env({}, vtcm_bytes=2 * 1024 * 1024)
+    four = HtpSettings.from_env({"GGML_HEXAGON_NHVX": "4"}, vtcm_bytes=2 * 1024 * 1024)
+    p6, p4 = plan_for_node(node, small), plan_for_node(node, four)
+    assert p6.path == "cpu" and not supports_op(node, small)
+    assert (p4.path, p4.mc) == ("hvx", 1) and supports_op(node, four)
+    assert 6 * 2 * (9728 // 32) * 640 > 2 * 1024 * 1024 > 4 * 2 * (9728 // 32) * 640
+
+
+def test_no_row_limit_on_mul_mat():
+    """May refused quantized weights over 16384 rows (the lm_head); October has no row limit."""
+    lm_head = matmul_node(1, 2560, 151936, "q4_0")
+    assert supports_op(lm_head, HtpSettings.from_env({}))
+    assert not supports_op(lm_head, HtpSettings.from_env({"KAZEIA_HTP_PROFILE": "2026-05"}))
+    assert not supports_op(lm_head, HtpSettings.from_env({"GGML_HEXAGON_MM_SELECT": "0"}))
+
+
+def test_sticky_error_texts():
+    """flush_pending's log line and synchronize's abort, word for word as ggml-hexagon.cpp formats them."""
+    from kazeia.backends.htp.host.session import StickyError
+
+    e = StickyError(2, "ffn_out-0", "MUL_MAT", 3).abort("HTP0", "synchronize")
+    assert str(e).startswith("ggml-hex: HTP0 synchronize failed : dsp-error INTERNAL-ERROR ")
+    assert (e.status, e.faulting, e.aborted_in) == ("INTERNAL-ERROR", "ffn_out-0", "synchronize")
+    assert HostSession.check_graph_compute  # (graph_compute's refusal: exercised end to end below)
+
+
+def test_a_misfit_only_the_dsp_sees_is_a_status_abort_not_a_crash(tiny_qwen3_q4):
+    """The DSP granted less VTCM than the host planned for: a kernel returns a status, the rest of the batch runs,
+    the host logs dsp-rsp and aborts at synchronize with upstream's text; no dspqueue_read 0x2e."""
+    r = kazeia("run", "-m", tiny_qwen3_q4, "-dev", "HTP0", "-ngl", "99", "--n-prompt", "38", "-n", "1",
+               "--fault", "vtcm-grant-short", "--vtcm", str(1024 * 1024 + 256 * 1024))
+    assert r.returncode == 3, r.stderr[-1500:]
+    assert "ggml-hex: HTP0 dspcall : dsp-rsp " in r.stderr
+    assert "synchronize failed : dsp-error " in r.stderr and "0x0000002e" not in r.stderr
+    ok = kazeia("run", "-m", tiny_qwen3_q4, "-dev", "HTP0", "-ngl", "99", "--n-prompt", "38", "-n", "1",
+                "--vtcm", str(1024 * 1024 + 256 * 1024))
+    assert ok.returncode == 0, ok.stderr[-1500:]
+
+
+def test_same_inputs_same_bits(tiny_qwen3_q4):
+    outs = []
+    for _ in range(2):
+        r = kazeia("run", "-m", tiny_qwen3_q4, "-dev", "HTP0", "-ngl", "99", "--n-prompt", "38", "-n", "4",
+                   "--temp", "0")
+        assert r.returncode == 0, r.stderr[-1500:]
+        outs.append(r.stdout)
+    assert outs[0] == outs[1]
+
+
+def test_october_hvx_numerics_against_a_sequential_oracle():
+    """32-element activation groups and one fp32 accumulator per output, blocks in K order (hvx-mm-kernels-tiled.h),
+    restated here with Python integers and numpy float32 scalars, one block at a time."""
+    from gguf import GGMLQuantizationType as T
+    from gguf import quantize
+
+    from kazeia.backends.htp.host.repack import RepackedWeight
+    from kazeia.backends.htp.hvx.dot_2026_10 import hvx_matmul_2026_10, quantize_activations_2026_10
+
+    rng = np.random.default_rng(3)
+    K, N, M = 320, 9, 3
+    for qt in (T.Q4_0, T.Q8_0):
+        raw = quantize(rng.standard_normal((N, K)).astype(np.float32), qt).reshape(N, -1)
+        x = (rng.standard_normal((M, K)) * 3).astype(np.float32)
+        y = hvx_matmul_2026_10(RepackedWeight.from_ggml(raw, qt, K), x)
+        q, d = quantize_activations_2026_10(x)
+        ts = raw.shape[1] // (K // 32)
+        blk = raw.reshape(N, K // 32, ts)
+        dw = blk[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+        if qt == T.Q4_0:
+            codes = np.concatenate([blk[:, :, 2:] & 15, blk[:, :, 2:] >> 4], axis=2).astype(np.int64) - 8
+        else:
+            codes = blk[:, :, 2:].view(np.int8).astype(np.int64)
+        for m in range(M):
+            for n in range(N):
+                acc = np.float32(0)
+                for b in range(K // 32):
+                    ia = int((codes[n, b] * q[m, b * 32:(b + 1) * 32].astype(np.int64)).sum())
+                    acc = np.float32(acc + np.float32(np.float32(ia) * np.float32(d[m, b] * dw[n, b])))
+                assert y[m, n] == acc, (qt, m, n)
