@@ -25,7 +25,6 @@ from kazeia.backends.htp.host.session import HostSession
 from kazeia.errors import KazeiaError
 
 
-
 def kazeia(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_HEXAGON_", "KAZEIA_HTP_"))}
     full.update(env or {})

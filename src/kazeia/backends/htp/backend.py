@@ -25,7 +25,6 @@ from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Tensor
 from kazeia.identity import IdentityCache
 
-
 _WARNED: set[str] = set()
 
 

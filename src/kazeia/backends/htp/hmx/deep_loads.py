@@ -43,8 +43,9 @@ def hmx_deep_loads(plan: MatmulPlan) -> list[DeepLoad]:
     """Every distinct activation/weight load run an HMX matmul plan issues (hmx-matmul-ops.c:
     core_dot_chunk_fp16: per output tile (r, c), K in runs of <= 32 tiles; activation runs start at row tile r,
     weight runs at column tile c of the chunk's weight buffer: wt0/wt1 alternate over N chunks for quantized
-    weights, one `weight` buffer for F16; 2026-10: the dequant scratch buffers, alternating when pipelined). Output stores are single 2048 B tiles at 2048-aligned offsets and
-    cannot straddle a bank, so they are not listed."""
+    weights, one `weight` buffer for F16; 2026-10: the dequant scratch buffers, alternating when pipelined).
+    Output stores are single 2048 B tiles at 2048-aligned offsets and cannot straddle a bank, so they are not
+    listed."""
     if plan.path != "hmx" or plan.mc is None or plan.nc is None:
         return []
     k_tiles = plan.k // HMX_TILE

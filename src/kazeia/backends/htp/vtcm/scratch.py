@@ -85,7 +85,8 @@ def op_scratch(node: Tensor, settings: HtpSettings) -> OpScratch:
     if op == "FLASH_ATTN_EXT":
         q, k, v = node.src[0], node.src[1], node.src[2]
         return flash_attn_scratch(q.ne[0], v.ne[0], q.ne[1], k.ne[1], q.ne[2], k.ne[2], nt, vt,
-                                  hmx_enabled=s.fa_hmx_enabled and node.route_path != "hvx", hmx_built=s.arch in V.HMX_ARCHS,
+                                  hmx_enabled=s.fa_hmx_enabled and node.route_path != "hvx",
+                                  hmx_built=s.arch in V.HMX_ARCHS,
                                   q_f32=q.type.name == "F32", has_mask=len(node.src) > 3)
     return no_scratch(shortcut_name(node), vt)
 
