@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -160,3 +161,23 @@ def test_october_hvx_numerics_against_a_sequential_oracle():
                     ia = int((codes[n, b] * q[m, b * 32:(b + 1) * 32].astype(np.int64)).sum())
                     acc = np.float32(acc + np.float32(np.float32(ia) * np.float32(d[m, b] * dw[n, b])))
                 assert y[m, n] == acc, (qt, m, n)
+
+
+@pytest.mark.slow
+def test_upgrade_on_the_seed_scenario_says_fixed_with_both_plans(q4b2, tmp_path):
+    """The seed's crash (ffn_down at M = 38 overflows May's plan by 256 B and re-enters) is fixed in 2026-10: the
+    report names the op, both plans (May 64 x 160, 8,388,864 B; October 64 x 128, 7,817,216 B: htp-2026-10.md §4.1,
+    re-derived in test_htp_hmx_solver.py), and the logits of the October run against REF."""
+    out = tmp_path / "upg"
+    r = kazeia("upgrade", "-m", q4b2, "-ngl", "99", "--n-prompt", "38", "-o", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("# Upgrade 2026-05 -> 2026-10: fixed")
+    assert "ffn_out-0 under 2026-05: hmx mc=64 nc=160, 8,388,864 of 8,388,608 B" in r.stdout
+    assert "ffn_out-0 under 2026-10: hmx mc=64 nc=128, 7,817,216 of 8,388,608 B" in r.stdout
+    d = json.loads((out / "upgrade.json").read_text())
+    assert d["verdict"] == "fixed" and d["before"]["outcome"] == "dies" and d["after"]["outcome"] == "completes"
+    assert d["after"]["logits_nmse"] < 2e-3  # the whole-model threshold compare uses
+    assert (out / "upgrade.html").read_text().startswith("<!doctype html>")
+    left = kazeia("upgrade", "-m", q4b2, "-ngl", "99", "--n-prompt", "38", "-o", str(tmp_path / "left"), "--quiet",
+                  env={"KAZEIA_HTP_VTCM_GRANT": str(6 * 1024 * 1024)})
+    assert left.returncode == 1 and "status error" in left.stdout, left.stderr[-2000:]

@@ -36,6 +36,7 @@ class RunResult:
     tokens: list[int] = field(default_factory=list)
     death: dict | None = None  # DeviceDeathError fields: message, code, last_enqueued, faulting, cause, kind
     error: str | None = None  # any other error (op status, bad input)
+    error_detail: dict | None = None  # an op status: {status, faulting (the op that set it), aborted_in}
     placements: list[dict] = field(default_factory=list)
     dsp_log: list[str] = field(default_factory=list)
     killed: str | None = None  # the child died of something else than the run: 'killed by SIGKILL', 'out of memory'
@@ -80,6 +81,7 @@ def run(spec: RunSpec, hooks=(), all_logits: bool = False, ctx: Context | None =
         res.death = {**e.to_dict(), "batch": getattr(e, "batch_seq", None), "batch_ops": getattr(e, "batch_ops", None)}
     except DeviceOpError as e:
         res.error = str(e)
+        res.error_detail = {k: getattr(e, k, None) for k in ("status", "faulting", "aborted_in")}
     finally:
         res.seconds = time.perf_counter() - t0
         for h in hooks:

@@ -103,7 +103,11 @@ class HtpSettings:
 
     @property
     def dsp_vtcm_bytes(self) -> int:
-        """The VTCM the DSP works in (main.c: vtcm_alloc's grant); the host plans against `vtcm_bytes`."""
+        """The VTCM the DSP works in (main.c: vtcm_alloc's grant); the 2026-10 host plans against `vtcm_bytes`.
+        Under 2026-05 the DSP plans every op itself against what it has, so there the grant is simply the session's
+        VTCM (--vtcm) and this knob does not apply."""
+        if self.profile_generation != "2026-10":
+            return self.vtcm_bytes
         if self.vtcm_grant is not None:
             return self.vtcm_grant
         if "vtcm-grant-short" in self.faults:

@@ -1,0 +1,232 @@
+"""`kazeia upgrade`: the user's scenario under two upstream versions of ggml-hexagon (`--from`, `--to`), side by side.
+
+What it runs, all in this process: a CPU pass that plans every MUL_MAT the HTP would take under each version
+(investigate's PlanScan), the REF oracle (float64) for the logits, and the scenario on HTP0 under each version.
+What it says: each run's outcome and the op and mechanism behind it; the plans of the op that failed, in both
+versions (path, chunks, bytes against VTCM); the MUL_MATs whose path changed (HMX <-> HVX <-> CPU); the logits
+against REF; the modeled prefill and decode rates; the switches whose meaning changed between the versions.
+
+Verdict and exit status: "fixed" (0) the `--from` run failed and the `--to` run completes; "unchanged" (0) both
+complete; "left" (1) both fail; "new fault" (4) only the `--to` run fails.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kazeia.backends.htp import HtpSettings
+from kazeia.debug.investigate.facts import OpPlan, PlanScan
+from kazeia.debug.judge import nmse
+from kazeia.debug.runner import RunResult, run
+from kazeia.engine.session import RunSpec
+from kazeia.outputs import ensure_folder, write_text
+
+EXIT = {"fixed": 0, "unchanged": 0, "left": 1, "new fault": 4}
+
+# switches whose meaning changed from the May snapshot to October (ggml-hexagon.cpp env parsing of each)
+SWITCH_CHANGES = [
+    ("GGML_HEXAGON_USE_HMX", "turns MUL_MAT and FA HMX off", "no longer read (use GGML_HEXAGON_NHMX=0 or MM_SELECT=1)"),
+    ("GGML_HEXAGON_OPSTAGE", "stages ops (debug)", "no longer read"),
+    ("GGML_HEXAGON_OPBATCH", "default 1024 ops per batch", "default 1280"),
+    ("GGML_HEXAGON_OPQUEUE", "default 16 batches in flight", "default 32"),
+    ("GGML_HEXAGON_NHMX", "(did not exist)", "0: no HMX at all"),
+    ("GGML_HEXAGON_MM_SELECT", "(did not exist)", "2 HMX -> HVX -> CPU, 1 HVX -> CPU, 0 CPU"),
+    ("GGML_HEXAGON_FA_SELECT", "(did not exist)", "the same choice for FLASH_ATTN_EXT"),
+    ("GGML_HEXAGON_OPFUSION", "(did not exist; RMS_NORM+MUL only)", "0 off, 1 all, else a bitmask of fusions"),
+    ("GGML_HEXAGON_DEVICES", "(GGML_HEXAGON_NDEV)", "a count or a list of device groups; NDEV deprecated"),
+    ("route rule action hvx", "HMX off for the op (as USE_HMX=0)", "HMX off for the op (as NHMX=0)"),
+]
+
+
+@dataclass
+class Side:
+    profile: str
+    outcome: str  # "completes", "dies", "status error", "error"
+    message: str = ""
+    op: str | None = None  # the op behind a failure (the faulting op, or the one that set the status)
+    mechanism: str = ""
+    logits_nmse: float | None = None
+    prefill_tps: float | None = None
+    decode_tps: float | None = None
+    plans: dict[str, OpPlan] = field(default_factory=dict)  # by node name, first micro-batch
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "completes"
+
+
+@dataclass
+class Upgrade:
+    command: str
+    before: Side
+    after: Side
+    verdict: str
+    why: list[str]
+    changed_paths: list[dict[str, Any]]
+    switches: list[tuple[str, str, str, bool]]  # (name, before, after, set by the user)
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT[self.verdict]
+
+
+def _outcome(side: Side, r: RunResult) -> None:
+    if r.death:
+        d = r.death
+        side.outcome, side.message, side.op = "dies", d.get("message", ""), d.get("faulting")
+        side.mechanism = f"DSP death ({d.get('kind')}): {d.get('cause')}"
+    elif r.error:
+        det = r.error_detail or {}
+        side.outcome = "status error" if det.get("status") else "error"
+        side.message, side.op = r.error, det.get("faulting")
+        if det.get("status"):
+            side.mechanism = (f"the op returned {det['status']} on the DSP; the host kept it sticky and aborted in "
+                              f"{det.get('aborted_in')}")
+    else:
+        side.outcome = "completes"
+
+
+def _scan(spec: RunSpec, settings: dict[str, HtpSettings]) -> dict[str, PlanScan]:
+    """One CPU run planning every MUL_MAT under each version's settings."""
+    scans = {p: PlanScan(s) for p, s in settings.items()}
+    run(spec.with_(device="CPU", htp_profile=None, faults=[], gates=[]), hooks=tuple(scans.values()))
+    return scans
+
+
+def _rates(spec: RunSpec, settings: HtpSettings, n_prompt: int) -> tuple[float | None, float | None]:
+    """Modeled prefill t/s of the prompt and decode t/s of one token (the cost model; not a measurement)."""
+    from kazeia.engine.modeled import modeled_prefill_tps
+    from kazeia.gguf.reader import load_gguf
+    from kazeia.models.base import model_args
+
+    try:
+        args = model_args(load_gguf(spec.model_path))
+    except Exception:  # noqa: BLE001 (an architecture the shape builder does not know: no rates)
+        return None, None
+    try:
+        return (modeled_prefill_tps(args, n_prompt, settings, n_ubatch=spec.ubatch or 512),
+                modeled_prefill_tps(args, 1, settings))
+    except Exception:  # noqa: BLE001
+        return None, None
+
+
+def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> Upgrade:
+    base = spec.with_(device="HTP0")
+    settings = {p: base.with_(htp_profile=p).htp_settings() for p in (before, after)}
+    progress("planning every MUL_MAT under both versions (one CPU run)")
+    scans = _scan(base, settings)
+    progress("REF (float64) logits")
+    ref = run(base.with_(device="REF", htp_profile=None, faults=[], gates=[]))
+    sides = []
+    for p in (before, after):
+        progress(f"the scenario on HTP0 under {p}")
+        r = run(base.with_(htp_profile=p))
+        side = Side(p, "")
+        _outcome(side, r)
+        if r.logits is not None and ref.logits is not None:
+            side.logits_nmse = float(nmse(np.asarray(r.logits, np.float64), np.asarray(ref.logits, np.float64)))
+        side.prefill_tps, side.decode_tps = _rates(spec, settings[p], r.n_prompt)
+        side.plans = {op.name: op for op in scans[p].plans if op.ubatch == 0}
+        sides.append(side)
+    b, a = sides
+    verdict = ("fixed" if not b.ok and a.ok else "left" if not b.ok else "new fault" if not a.ok else "unchanged")
+    return Upgrade(base.command(), b, a, verdict, _why(b, a), _changed(b, a), _switches(spec))
+
+
+def _plan_line(op: OpPlan | None) -> str:
+    if op is None:
+        return "not on the HTP"
+    p = op.plan
+    chunks = f" mc={p.mc} nc={p.nc}" if p.mc is not None and p.path == "hmx" else ""
+    return f"{p.path}{chunks}, {p.used:,} of {p.vtcm:,} B ({p.status}: {p.outcome})"
+
+
+def _why(b: Side, a: Side) -> list[str]:
+    """The evidence for the change: each failing op's plan in both versions."""
+    out = []
+    for side in (b, a):
+        if side.ok or side.op is None:
+            continue
+        out.append(f"{side.profile}: {side.op} {side.outcome}: {side.mechanism}")
+        for s in (b, a):
+            out.append(f"  {side.op} under {s.profile}: {_plan_line(s.plans.get(side.op))}")
+    return out
+
+
+def _changed(b: Side, a: Side) -> list[dict[str, Any]]:
+    """MUL_MATs whose path differs (an op one version leaves to the CPU has no plan there: "cpu")."""
+    rows = []
+    for name in dict.fromkeys([*b.plans, *a.plans]):
+        old, new = b.plans.get(name), a.plans.get(name)
+        was, now = (old.plan.path if old else "cpu"), (new.plan.path if new else "cpu")
+        if was != now:
+            p = (old or new).plan
+            rows.append({"op": name, "weight": (old or new).weight, "m": p.m, "k": p.k, "n": p.n,
+                         "before": was, "after": now})
+    return rows
+
+
+def _switches(spec: RunSpec) -> list[tuple[str, str, str, bool]]:
+    env = {**os.environ, **spec.env}
+    return [(n, was, now, n in env) for n, was, now in SWITCH_CHANGES]
+
+
+def render_markdown(u: Upgrade) -> str:
+    b, a = u.before, u.after
+
+    def num(v, f="{:.3g}"):
+        return "-" if v is None else f.format(v)
+
+    lines = [f"# Upgrade {b.profile} -> {a.profile}: {u.verdict}", "", f"Scenario: `{u.command}`", "",
+             "| | " + b.profile + " | " + a.profile + " |", "| --- | --- | --- |",
+             f"| outcome | {b.outcome} | {a.outcome} |",
+             f"| op | {b.op or '-'} | {a.op or '-'} |",
+             f"| mechanism | {b.mechanism or '-'} | {a.mechanism or '-'} |",
+             f"| logits NMSE vs REF | {num(b.logits_nmse)} | {num(a.logits_nmse)} |",
+             f"| modeled prefill t/s | {num(b.prefill_tps, '{:.1f}')} | {num(a.prefill_tps, '{:.1f}')} |",
+             f"| modeled decode t/s | {num(b.decode_tps, '{:.1f}')} | {num(a.decode_tps, '{:.1f}')} |", ""]
+    if u.why:
+        lines += ["## Why", "", *[f"    {w}" for w in u.why], ""]
+    lines += ["## MUL_MATs whose path changed", ""]
+    if u.changed_paths:
+        lines += ["| op | weight | M | K | N | before | after |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['op']} | {r['weight'] or '-'} | {r['m']} | {r['k']} | {r['n']} | {r['before']} | "
+                  f"{r['after']} |" for r in u.changed_paths]
+    else:
+        lines.append("none")
+    lines += ["", "## Switches whose meaning changed", "", "| switch | before | after | set here |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {n} | {was} | {now} | {'yes' if s else ''} |" for n, was, now, s in u.switches]
+    return "\n".join(lines) + "\n"
+
+
+def render_html(u: Upgrade) -> str:
+    body = html.escape(render_markdown(u))
+    return (f"<!doctype html><meta charset='utf-8'><title>kazeia upgrade: {html.escape(u.verdict)}</title>"
+            f"<pre>{body}</pre>\n")
+
+
+def to_json(u: Upgrade) -> str:
+    def side(s: Side) -> dict:
+        return {"profile": s.profile, "outcome": s.outcome, "message": s.message, "op": s.op,
+                "mechanism": s.mechanism, "logits_nmse": s.logits_nmse, "prefill_tps": s.prefill_tps,
+                "decode_tps": s.decode_tps,
+                "plans": {n: op.plan.to_dict() for n, op in s.plans.items()}}
+    return json.dumps({"command": u.command, "verdict": u.verdict, "exit_status": u.exit_status,
+                       "before": side(u.before), "after": side(u.after), "why": u.why,
+                       "changed_paths": u.changed_paths,
+                       "switches": [{"name": n, "before": b, "after": a, "set": s} for n, b, a, s in u.switches]},
+                      indent=1)
+
+
+def write(u: Upgrade, out_dir: str) -> None:
+    ensure_folder(out_dir, "upgrade report")
+    write_text(os.path.join(out_dir, "upgrade.md"), render_markdown(u))
+    write_text(os.path.join(out_dir, "upgrade.html"), render_html(u))
+    write_text(os.path.join(out_dir, "upgrade.json"), to_json(u))
