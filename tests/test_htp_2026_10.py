@@ -181,3 +181,72 @@ def test_upgrade_on_the_seed_scenario_says_fixed_with_both_plans(q4b2, tmp_path)
     left = kazeia("upgrade", "-m", q4b2, "-ngl", "99", "--n-prompt", "38", "-o", str(tmp_path / "left"), "--quiet",
                   env={"KAZEIA_HTP_VTCM_GRANT": str(6 * 1024 * 1024)})
     assert left.returncode == 1 and "status error" in left.stdout, left.stderr[-2000:]
+
+
+def _ranges(xs: list[int]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for x in xs:
+        if out and out[-1][1] == x - 1:
+            out[-1][1] = x
+        else:
+            out.append([x, x])
+    return [tuple(r) for r in out]
+
+
+@pytest.mark.parametrize("threads", [6, 8])
+def test_mul_mat_add_fusion_keeps_the_plan_or_is_not_taken(threads):
+    """try_fuse_mul_mat_add's no-shrink rule on Qwen3-4B's ffn_down (K 9728) and o_proj (K 4096), N 2560: fused for
+    M = 5..54 and 65..96 (ffn_down), 5..15 (o_proj), nowhere else up to 256 (htp-2026-10.md §1.4, whose author
+    scanned the October formulas with threads 6 and 8)."""
+    from kazeia.backends.htp.host.fusion import mul_mat_add_plan_allows
+    from kazeia.graph.tensor import GGMLType, make_tensor
+
+    s = HtpSettings.from_env({"GGML_HEXAGON_NHVX": str(threads)})
+    got = {}
+    for name, k in (("ffn_down", 9728), ("o_proj", 4096)):
+        got[name] = _ranges([m for m in range(1, 257) if mul_mat_add_plan_allows(
+            matmul_node(m, k, 2560), make_tensor(GGMLType.F32, (2560, m), name="residual"), s)])
+    # M = 1..4: HVX with one activation row fuses too (can_fuse: n_hmx > 0 or src1_nrows == 1)
+    assert got == {"ffn_down": [(1, 1), (5, 54), (65, 96)], "o_proj": [(1, 1), (5, 15)]}
+
+
+def _greedy(model: str, env: dict[str, str]):
+    from kazeia.debug.runner import run
+    from kazeia.engine.session import RunSpec
+
+    spec = RunSpec(model=model, n_prompt=38, device="HTP0", n_predict=3, env=env)
+    r = run(spec)
+    assert r.ok, r.error or r.death
+    return r
+
+
+def test_fusion_changes_what_is_sent_not_the_values(tiny_qwen3_q4, monkeypatch):
+    """OPFUSION on (the default) and off give bitwise the same logits and tokens (the fused kernels compute what
+    the separate ops compute, in the same order), both within the whole-model bound against REF; with fusion on,
+    the host sends fewer ops and the trace names the fused ops."""
+    from kazeia.debug.judge import nmse
+    from kazeia.debug.runner import run
+    from kazeia.engine.session import RunSpec
+
+    on = _greedy(tiny_qwen3_q4, {})
+    off = _greedy(tiny_qwen3_q4, {"GGML_HEXAGON_OPFUSION": "0"})
+    assert on.tokens == off.tokens and np.array_equal(on.logits, off.logits)
+    ref = run(RunSpec(model=tiny_qwen3_q4, n_prompt=38, device="REF", n_predict=3))
+    for r in (on, off):
+        assert nmse(np.asarray(r.logits, np.float64), np.asarray(ref.logits, np.float64)) < 2e-3
+    only_rms = _greedy(tiny_qwen3_q4, {"GGML_HEXAGON_OPFUSION": "4"})
+    assert np.array_equal(only_rms.logits, on.logits)
+
+
+def test_fused_ops_are_logged_under_upstream_names(tiny_qwen3_q4):
+    args = ("run", "-m", tiny_qwen3_q4, "-dev", "HTP0", "-ngl", "99", "--n-prompt", "38", "-n", "1")
+    on = kazeia(*args, env={"GGML_HEXAGON_VERBOSE": "1"})
+    off = kazeia(*args, env={"GGML_HEXAGON_VERBOSE": "1", "GGML_HEXAGON_OPFUSION": "0"})
+    assert on.returncode == 0 and off.returncode == 0, on.stderr[-1500:]
+    names = {ln.split(" fused ")[1].split(" ")[0] for ln in on.stderr.splitlines() if " fused " in ln}
+    assert {"RMS_NORM+MUL", "MUL_MAT_NX"} <= names, names
+    assert " fused " not in off.stderr
+    # a fused node gets no execute-op line of its own: fewer lines with fusion on
+    count = [sum(" execute-op " in ln for ln in r.stderr.splitlines()) for r in (on, off)]
+    assert count[0] < count[1]
+    assert on.stdout == off.stdout

@@ -22,15 +22,18 @@ from kazeia.engine.scheduler import Router, Scheduler
 
 
 def _tables(b: OpBatch) -> tuple:
-    ops = [(o.index, o.node.name, tuple(o.src), o.dst, o.graph_index) for o in b.ops]
+    ops = [(o.index, o.node.name, tuple(o.src), o.dst, o.graph_index, o.name,
+            [(f.node.name, tuple(f.src), f.dst) for f in o.fused]) for o in b.ops]
     tens = [(d.index, id(d.tensor), d.addr, d.size, d.type, d.ne, d.nb, d.flags, d.buffer_index) for d in b.tensors]
     return (b.seq, ops, tens, [id(x) for x in b.buffers], b.vmem, b._by_data, b._by_tensor, b._buf_index)
 
 
 def _rebuilt(b: OpBatch) -> OpBatch:
-    ref = OpBatch(seq=b.seq)
+    ref = OpBatch(seq=b.seq, check_type=b.check_type)
     for o in b.ops:
-        ref.add_op(o.node, o.graph_index)
+        op = ref.add_op(o.node, o.graph_index)
+        for f in o.fused:  # 2026-10: the nodes the host merged into it (host/fusion.py), in order
+            ref.fuse(op, f.node, o.name)
     return ref
 
 
@@ -86,11 +89,15 @@ def test_replays_send_the_batches_the_op_by_op_build_sends(tiny_qwen3_q4, monkey
 def test_a_changed_node_is_built_op_by_op(tiny_qwen3_q4, monkeypatch):
     """The op whose sources changed and every op after it in its batch come from add_op (not the record)."""
     built: list[str] = []
-    original = OpBatch.add_op
+    original, original_fuse = OpBatch.add_op, OpBatch.fuse
 
     def add_op(self, node, *args):
         built.append(node.name)
         return original(self, node, *args)
+
+    def fuse(self, op, node, name):  # 2026-10: a node merged into the last op is built too, by try_fuse
+        built.append(node.name)
+        return original_fuse(self, op, node, name)
 
     m = Model.load(tiny_qwen3_q4)
     htp = HtpBackend(HtpSettings())
@@ -98,6 +105,7 @@ def test_a_changed_node_is_built_op_by_op(tiny_qwen3_q4, monkeypatch):
     ctx.decode([5])
     ctx.decode([6])  # recorded by now
     monkeypatch.setattr(OpBatch, "add_op", add_op)
+    monkeypatch.setattr(OpBatch, "fuse", fuse)
     ctx.decode([7])
     assert built == []  # all replayed
     nodes = [x for x in ctx.last_graph.nodes if x.op == "MUL_MAT" and x.name in {p.node for p in

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from kazeia.backends.base import Backend
 from kazeia.backends.htp.device import Dsp
+from kazeia.backends.htp.host.fusion import fuseable_nodes
 from kazeia.backends.htp.host.repack import RepackedWeight
 from kazeia.backends.htp.host.session import HostSession
 from kazeia.backends.htp.host.support import supports_op
@@ -63,6 +64,7 @@ class HtpBackend(Backend):
         self._op_seconds: IdentityCache[float] = IdentityCache("htp.op_seconds", limit=8192, bind=True)
         self._supported: IdentityCache[tuple] = IdentityCache("htp.supports", limit=16384, bind=True)
         self._batched_settings: HtpSettings | None = None  # a synchronous session's settings before --sync
+        self._fuseable: IdentityCache[tuple] = IdentityCache("htp.fuseable", limit=16, bind=True)
 
     @classmethod
     def from_options(cls, opts) -> HtpBackend:
@@ -81,6 +83,10 @@ class HtpBackend(Backend):
         if self.profile.october:
             self.host.check_graph_compute()
         super().begin_graph(graph)
+        if self.host.fuser is not None:  # the FUSEABLE tags of graph_compute (fusion.py)
+            nodes = graph.nodes
+            self.host.fuser.fuseable = self._fuseable.get(
+                graph, lambda: (len(nodes), fuseable_nodes(nodes)), lambda h: h[0] == len(nodes))[1]
         self.records = []
         self.host.placement = graph.placement  # the stamp the ops of this graph are queued (and bound) under
         # costed lazily (bench_counters): planning every matmul of every graph is not the run's business
@@ -165,6 +171,8 @@ class HtpBackend(Backend):
 
     # --- DSP callbacks ---
     def _op_done(self, op: OpDesc, batch: OpBatch, rec: OpRecord) -> None:
+        if op.name is not None:
+            rec.detail.setdefault("fused", op.name)  # the op's name in upstream's logs and traces
         self.records.append((op.node.name, rec))
         if self.hooks:
             info = self._info(op.node, rec.path, batch.seq, status=rec.status, batch_index=op.index, **rec.detail)
@@ -184,8 +192,11 @@ class HtpBackend(Backend):
 
         total = DEFAULT.batch_overhead_s
         for op in batch.ops:
-            node = op.node
-            total += self._op_seconds.get(node, lambda: op_seconds(node, self.settings).seconds)  # noqa: B023
+            # a fused ADD or MUL is folded into its op's output pass (no time of its own); MUL_MAT_NX runs every
+            # weight's product (the shared activation conversion is not subtracted: an upper bound)
+            nodes = [op.node, *(s.node for s in op.fused if op.name == "MUL_MAT_NX")]
+            for node in nodes:
+                total += self._op_seconds.get(node, lambda: op_seconds(node, self.settings).seconds)  # noqa: B023
         return total
 
     def modeled_graph_seconds(self, graph: Graph) -> float:
@@ -215,9 +226,9 @@ class HtpBackend(Backend):
         """Call fn(backend, batch) when the DSP starts a batch, before its first op (device state as it found it)."""
         self.dsp.on_batch_start.append(lambda _dsp, batch: fn(self, batch))
 
-    def open_batch(self, seq: int, ops: list[tuple[Tensor, int]]) -> OpBatch:
-        """Queue (node, graph index) `ops` as one batch numbered `seq` (a recorded batch rebuilt); returns it with
-        its descriptors. `synchronize()` runs it."""
+    def open_batch(self, seq: int, ops: list[tuple]) -> OpBatch:
+        """Queue (node, graph index[, fused op name]) `ops` as one batch numbered `seq` (a recorded batch rebuilt);
+        returns it with its descriptors. `synchronize()` runs it."""
         return self.host.open_batch(seq, ops)
 
     def weights_for(self, node: Tensor) -> RepackedWeight:

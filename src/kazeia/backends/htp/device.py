@@ -15,7 +15,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kazeia.backends.htp.msg import Death, DeviceState, DspFault, OpBatch, OpContext, OpDesc, OpRecord
+from kazeia.backends.htp.msg import (
+    STATUS_OK,
+    Death,
+    DeviceState,
+    DspFault,
+    OpBatch,
+    OpContext,
+    OpDesc,
+    OpRecord,
+)
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
 
@@ -70,6 +79,23 @@ class Dsp:
 
             print(line, file=sys.stderr, flush=True)
 
+    def _run_fused(self, op: OpDesc, batch: OpBatch, rec: OpRecord) -> OpRecord:
+        """Run a fused op's other nodes after its first, each node reported done as soon as its output is in memory
+        (a later node may overwrite an earlier one's buffer: MUL_MAT+ADD in place). Returns the op's record with
+        its status: the first non-OK status of its nodes."""
+        status = rec.status
+        if self.on_op_done:
+            self.on_op_done(op, batch, rec)
+        for sub in op.fused:
+            if self.on_op_start:
+                self.on_op_start(sub, batch)
+            srec = self.executor.execute(self, self.octx, sub, batch)
+            if status == STATUS_OK:
+                status = srec.status
+            if self.on_op_done:
+                self.on_op_done(sub, batch, srec)
+        return OpRecord(rec.path, status, rec.detail)
+
     def process_batch(self, batch: OpBatch) -> list[int]:
         """Run every op of the batch; returns per-op statuses. Sets self.death and stops on a fault."""
         if self.death is not None:
@@ -86,6 +112,8 @@ class Dsp:
                 if injected:
                     raise DspFault("abort", injected)
                 rec = self.executor.execute(self, self.octx, op, batch)
+                if op.fused:  # a fused op's other nodes, in order (host/fusion.py); each reported when it is done
+                    rec = self._run_fused(op, batch, rec)
             except DspFault as f:
                 if f.kind == "stack-overflow":
                     f.detail.setdefault("stack_used", self.octx.stack_used)
@@ -98,6 +126,6 @@ class Dsp:
             if self.profile.shortcut_scope == "op":  # 2026-10 proc_op_req: every spad src pointer cleared
                 self.octx.src1_spad_src = None
                 self.octx.src1_spad_kind = None
-            if self.on_op_done:
+            if self.on_op_done and not op.fused:
                 self.on_op_done(op, batch, rec)
         return statuses

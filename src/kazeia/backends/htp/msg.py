@@ -48,6 +48,8 @@ class OpDesc:
     dst: int
     graph_index: int
     placement: object = None  # the graph's placement stamp when the host queued it (graph/alloc.py; None: no graph)
+    name: str | None = None  # a fused op's upstream name (RMS_NORM+MUL, MUL_MAT+ADD, MUL_MAT_NX); None: not fused
+    fused: list[OpDesc] = field(default_factory=list)  # the nodes merged into this op, run after `node`, in order
 
 
 @dataclass
@@ -110,6 +112,30 @@ class OpBatch:
         self._by_data.setdefault(addr, []).append(d.index)
         self._by_tensor[t] = d.index
         return d.index
+
+    def room_for(self, tensors: tuple[Tensor, ...], max_tensors: int) -> bool:
+        """try_fuse_common: the tensor table, the buffer table and VMEM can take these tensors too."""
+        extra_tens = extra_bufs = extra_vmem = 0
+        seen: set = set()
+        for t in tensors:
+            if t in self._by_tensor:
+                continue
+            extra_tens += 1
+            b = t.buffer
+            if b not in self._buf_index and b not in seen:
+                seen.add(b)
+                extra_bufs += 1
+                extra_vmem += b.size
+        return (len(self.buffers) + extra_bufs <= MAX_BUFS and len(self.tensors) + extra_tens <= max_tensors
+                and self.vmem + extra_vmem <= MAX_VMEM)
+
+    def fuse(self, op: OpDesc, node: Tensor, name: str) -> OpDesc:
+        """Merge `node` into `op` (the batch's last op) under the fused op's upstream `name`."""
+        src = [self.add_tensor(s) if s is not None else None for s in node.src]
+        sub = OpDesc(op.index, node, src, self.add_tensor(node), op.graph_index, op.placement, name)
+        op.name = name
+        op.fused.append(sub)
+        return sub
 
     def add_op(self, node: Tensor, graph_index: int, placement: object = None) -> OpDesc:
         src = [self.add_tensor(s) if s is not None else None for s in node.src]

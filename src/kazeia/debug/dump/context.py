@@ -27,13 +27,15 @@ class BatchContexts:
         self._snapshots = {k: v for k, v in self._snapshots.items() if k[0] is not backend}
         self._snapshots[(backend, batch.seq)] = snapshot(self.store, backend, batch, last)
 
-    def for_op(self, backend: Any, info: OpInfo) -> dict:
-        """The context of the op `info` describes: the ops of its batch up to it, and what they touch."""
+    def for_op(self, backend: Any, info: OpInfo, name: str | None = None) -> dict:
+        """The context of the op `info` describes (node `name`): the ops of its batch up to it, and what they
+        touch. A node fused into an op (2026-10) ends the list where it is, after the nodes run before it."""
         snap = self._snapshots.get((backend, info.batch))
         idx = info.extra.get("batch_index")
         if snap is None or idx is None:
             return {"unavailable": "no batch-start snapshot for this batch"}
-        ops = snap["ops"][: idx + 1]
+        ends = [i for i, o in enumerate(snap["ops"]) if o["index"] == idx and (name is None or o["name"] == name)]
+        ops = snap["ops"][: ends[-1 if name is None else 0] + 1] if ends else snap["ops"][: idx + 1]
         keys = {k for o in ops for k in o["tensors"]}
         tensors = [t for t in snap["tensors"] if t["key"] in keys]
         descs = sorted({d for o in ops for d in [*(x for x in o["src"] if x is not None), o["dst"]]})
@@ -67,14 +69,19 @@ def snapshot(store: BlobStore, backend: Any, batch: Any, last: int) -> dict:
 
     ops = []
     extents: list[tuple[Tensor, int]] = []  # (tensor, first op index that touches it)
+    # one entry per node, in the order the DSP runs them: an op, then the nodes fused into it (2026-10), marked
     for op in batch.ops[: last + 1]:
-        n = op.node
-        src_keys = [key_of(s) if s is not None else None for s in n.src]
-        ops.append({"index": op.index, "name": n.name, "op": n.op, "desc": n.desc(), "params": json_safe(n.params),
-                    "graph_index": op.graph_index, "src": list(op.src), "dst": op.dst,
-                    "src_keys": src_keys, "dst_key": key_of(n),
-                    "tensors": [k for k in [*src_keys, keys[id(n)]] if k is not None]})
-        extents += [(s, op.index) for s in n.src if s is not None] + [(n, op.index)]
+        for d in (op, *op.fused):
+            n = d.node
+            src_keys = [key_of(s) if s is not None else None for s in n.src]
+            entry = {"index": op.index, "name": n.name, "op": n.op, "desc": n.desc(), "params": json_safe(n.params),
+                     "graph_index": d.graph_index, "src": list(d.src), "dst": d.dst,
+                     "src_keys": src_keys, "dst_key": key_of(n),
+                     "tensors": [k for k in [*src_keys, keys[id(n)]] if k is not None]}
+            if d is not op:
+                entry["fused"] = op.name
+            ops.append(entry)
+            extents += [(s, op.index) for s in n.src if s is not None] + [(n, op.index)]
     return {"ops": ops, "tensors": tensors, "buffers": buf_meta, "descriptors": _descriptors(batch),
             "memory": memory_regions(store, extents, buffers), "vtcm": store.put(state.vtcm, compress=True),
             "dsp_state": json_safe(state.registers()), "batch_ops_total": len(batch.ops)}

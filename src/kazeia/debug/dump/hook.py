@@ -264,14 +264,14 @@ class DumpHook(Hook):
         if be is None:
             return {"unavailable": "the hook was not bound to the HTP backend (bind_backend), so the batch start "
                                    "state was not seen"}
-        return self.contexts.for_op(be, info)
+        return self.contexts.for_op(be, info, node.name)
 
     def _on_batch_start(self, be: Any, batch: Any) -> None:
         if self not in be.hooks or not self.context or self.at == "enqueue":
             return
         last = -1
         for op in batch.ops:
-            if self.pattern.search(op.node.name):
+            if any(self.pattern.search(d.node.name) for d in (op, *op.fused)):  # (a node fused into the op too)
                 last = op.index
         if last < 0 or (self.limit is not None and self.matches >= self.limit):
             return

@@ -236,7 +236,12 @@ def _settings(v: Any, where: str) -> None:
              "profile": one_of(*PROFILES), "faults": list_of(one_of(*FAULTS), limit=64),
              "farf": boolean, "fp32_quantize_group": integer(1, 1 << 16),
              "race_seed": optional(integer(0, (1 << 64) - 1)), "oplog": integer(0, 16), "dump": optional(_regex),
-             "dump_dir": text, "dump_limit": integer(0, 1 << 30)})(v, where)
+             "dump_dir": text, "dump_limit": integer(0, 1 << 30),
+             # 2026-10's switches (backends/htp/settings.py)
+             "nhmx": integer(0, 16), "mm_select": integer(0, 2), "fa_select": integer(0, 2),
+             "gdn_select": integer(0, 2), "opfusion": integer(0, 127), "devices": integer(1, 16),
+             "vtcm_grant": optional(integer(4096, MAX_VTCM)),
+             "ignored": list_of(one_of("GGML_HEXAGON_USE_HMX", "GGML_HEXAGON_OPSTAGE"), limit=2)})(v, where)
 
 
 def _regex(v: Any, where: str) -> None:
@@ -255,7 +260,7 @@ device = obj({"backend": one_of(*DEVICES)},
 _op = obj({"index": integer(0, MAX_LIST), "name": text, "op": text, "graph_index": integer(-1, MAX_LIST),
            "src": list_of(optional(integer(0, MAX_LIST)), limit=MAX_SRC), "dst": integer(0, MAX_LIST),
            "src_keys": list_of(optional(integer(0, MAX_LIST)), limit=MAX_SRC), "dst_key": integer(0, MAX_LIST)},
-          {"desc": text, "params": optional(obj({})), "tensors": list_of(integer(0, MAX_LIST))})
+          {"desc": text, "params": optional(obj({})), "tensors": list_of(integer(0, MAX_LIST)), "fused": text})
 
 _memory = obj({"buffer": integer(0, MAX_LIST), "offset": integer(0, MAX_TENSOR_BYTES), "first_op": integer(0)})
 

@@ -98,17 +98,28 @@ def device_model_digest() -> str:
     root = Path(kazeia.__file__).parent
     h = hashlib.sha256()
     for sub in ("backends/htp", "graph", "models"):
-        for f in sorted((root / sub).glob("*.py")):
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
+        for f in sorted((root / sub).rglob("*.py")):  # the units' folders too (host/, vtcm/, ...)
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _switches(settings: HtpSettings) -> dict[str, str]:
+    """The version's own switches a child must see (2026-05: USE_HMX; 2026-10: NHMX, the selects, OPFUSION and a
+    VTCM grant), by their env names."""
+    if settings.profile_generation != "2026-10":
+        return {"GGML_HEXAGON_USE_HMX": str(int(settings.use_hmx))}
+    env = {f"GGML_HEXAGON_{k.upper()}": str(getattr(settings, k))
+           for k in ("nhmx", "mm_select", "fa_select", "gdn_select", "opfusion")}
+    if settings.vtcm_grant is not None:
+        env["KAZEIA_HTP_VTCM_GRANT"] = str(settings.vtcm_grant)
+    return env
 
 
 def source_of(model_path: str, settings: HtpSettings, ubatch: int) -> dict:
     return {"model": os.path.basename(model_path), "model_sha256": model_hash(model_path),
             "profile": settings.profile, "vtcm": settings.vtcm_bytes, "faults": sorted(settings.faults),
-            "kazeia": __version__, "code": device_model_digest(), "ubatch": ubatch, "use_hmx": settings.use_hmx,
-            "arch": settings.arch,
-            "nhvx": settings.nhvx}
+            "kazeia": __version__, "code": device_model_digest(), "ubatch": ubatch, "arch": settings.arch,
+            "nhvx": settings.nhvx, **_switches(settings)}
 
 
 def cache_path_for(source: dict) -> str:
@@ -181,8 +192,7 @@ def _validate(model_path: str, classes: list[OpClass], settings: HtpSettings, pa
 
 def _run_child(model_path: str, weight: str, cases: list[tuple[int, str]], settings: HtpSettings,
                threads: int | None = None) -> list[dict]:
-    env = {"GGML_HEXAGON_USE_HMX": str(int(settings.use_hmx)), "GGML_HEXAGON_NHVX": str(settings.nhvx),
-           "GGML_HEXAGON_ARCH": str(settings.arch)}
+    env = {"GGML_HEXAGON_NHVX": str(settings.nhvx), "GGML_HEXAGON_ARCH": str(settings.arch), **_switches(settings)}
     job = {"model": model_path, "weight": weight, "cases": [[m, p] for m, p in cases],
            "settings": {"profile": settings.profile, "vtcm": settings.vtcm_bytes, "faults": list(settings.faults),
                         "env": env}, "threads": threads}

@@ -65,7 +65,8 @@ def _overridden(base: Any, profile: str | None, vtcm: int | None, faults: list[s
     if env:
         envd = HtpSettings.from_env(env=env)
         base = dataclasses.replace(base, **{k: getattr(envd, k) for k in ("opbatch", "opqueue", "nhvx", "use_hmx",
-                                                                            "arch")
+                                                                            "arch", "nhmx", "mm_select", "fa_select",
+                                                                            "gdn_select", "opfusion")
                                             if any(n.endswith(k.upper()) for n in env)})
     if profile is not None:
         base = dataclasses.replace(base, profile=profile)

@@ -67,8 +67,11 @@ def run_with_context(dump: Dump, settings: Any) -> Execution:
     backend = HtpBackend(settings)
     ex = Execution("with context", backend.name, settings.profile)
     ex.notes += backend.restore(recorded_state(dump, ctx))
-    batch = backend.open_batch(int(ctx["batch_seq"]), [(n, int(o["graph_index"])) for o, n in zip(ops, nodes)])
-    same = all(d.src == list(o["src"]) and d.dst == int(o["dst"]) for o, d in zip(ops, batch.ops))
+    batch = backend.open_batch(int(ctx["batch_seq"]), [(n, int(o["graph_index"]), o.get("fused"))
+                                                       for o, n in zip(ops, nodes)])
+    built = [d for op in batch.ops for d in (op, *op.fused)]  # one per node, as the context lists them
+    same = len(built) == len(ops) and all(d.src == list(o["src"]) and d.dst == int(o["dst"])
+                                          for o, d in zip(ops, built))
     ex.descriptors_reproduced = same
     if not same:
         ex.notes.append("the rebuilt batch did not reproduce the recorded descriptor indexes")

@@ -12,6 +12,8 @@ so the batch sent, its descriptors and the boundaries between batches are those 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kazeia.backends.htp.msg import OpBatch
 from kazeia.graph.tensor import Tensor
 
@@ -26,10 +28,14 @@ class BatchRecord:
         self.srcs: list[tuple] = []  # node.src, the tuple object itself
         self.graph_index: list[int] = []
         self.sizes: list[tuple[int, int, int]] = []  # (tensors, buffers, vmem) after op k
+        self.op_index: list[int] = []  # the batch op each node is in (2026-10 fusion merges nodes into one op)
+        self.has_fusion = False
         self.batch: OpBatch | None = None  # the batch built (once closed)
 
-    def add(self, node: Tensor, graph_index: int, batch: OpBatch) -> None:
-        """Op `node` was just added to `batch` (recording)."""
+    def add(self, node: Tensor, graph_index: int, batch: OpBatch, fused: bool = False) -> None:
+        """Op `node` was just added to `batch`, or merged into its last op (`fused`) (recording)."""
+        self.has_fusion |= fused
+        self.op_index.append(len(batch.ops) - 1)
         self.nodes.append(node)
         self.srcs.append(node.src)
         self.graph_index.append(graph_index)
@@ -56,16 +62,22 @@ class BatchRecord:
 
     def prefix(self, k: int, seq: int) -> tuple[OpBatch, BatchRecord]:
         """The open batch after its first k ops, numbered `seq` (what add_op built), and the record of those k
-        ops to go on recording in."""
+        ops to go on recording in (a cut inside a fused op keeps the nodes before the cut in it)."""
         src = self.batch
         nt, nb, vmem = self.sizes[k - 1] if k else (0, 0, 0)
         tensors, buffers = src.tensors[:nt], src.buffers[:nb]
         by_data: dict[int, list[int]] = {}
         for d in tensors:
             by_data.setdefault(d.addr, []).append(d.index)
-        batch = OpBatch(seq, src.ops[:k], tensors, buffers, vmem, None, by_data,
+        n_ops = self.op_index[k - 1] + 1 if k else 0
+        ops = src.ops[:n_ops]
+        if ops and ops[-1].fused:  # a cut inside a fused op: it holds only the nodes before the cut
+            j = sum(1 for i in self.op_index[:k] if i == n_ops - 1) - 1
+            ops[-1] = replace(ops[-1], fused=ops[-1].fused[:j], name=ops[-1].name if j else None)
+        batch = OpBatch(seq, ops, tensors, buffers, vmem, None, by_data,
                         {d.tensor: d.index for d in tensors}, {b: i for i, b in enumerate(buffers)}, src.check_type)
         rec = BatchRecord(self.placement)
         rec.nodes, rec.srcs, rec.graph_index, rec.sizes = (self.nodes[:k], self.srcs[:k], self.graph_index[:k],
                                                            self.sizes[:k])
+        rec.op_index = self.op_index[:k]
         return batch, rec

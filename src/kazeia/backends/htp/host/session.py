@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from kazeia.backends.htp.host.batch import BatchRecord
 from kazeia.backends.htp.host.crash_record import crash_record
+from kazeia.backends.htp.host.fusion import Fuser
 from kazeia.backends.htp.host.oplog import OpDump, kzop_line
 from kazeia.backends.htp.host.timing import Timing
 from kazeia.backends.htp.msg import AEE_EINTERRUPTED, MAX_INPUTS, STATUS_NAMES, STATUS_OK, OpBatch, OpDesc
@@ -52,6 +53,33 @@ def op_desc_line(node: Tensor, session: str, flags: int = 0) -> str:
 
     return (f"ggml-hex: {session} execute-op {node.desc()}: {join(lambda t: t.name)} : {join(dims)} : "
             f"{join(lambda t: type_name(t.type))} : {join(strides)} : {join(lambda t: t.buffer.name)} : "
+            f"flags 0x{flags:x}")
+
+
+def op_desc_line_2026_10(node: Tensor, session: str, settings: HtpSettings, flags: int = 0) -> str:
+    """2026-10's VERBOSE line (ggml_hexagon_dump_op_exec, logged by add_op): op|names|dims|types|strides|buffers|
+    kernel params|flags. The kernel params are printed for MUL_MAT (its host plan: "hmx-tiled" / "hvx-tiled" and
+    its VTCM bytes); the other ops' October params are not modelled, so that field is left empty for them."""
+    srcs = [s for s in node.src if s is not None]
+
+    def join(f: Callable[[Tensor], str]) -> str:
+        return (" x ".join(f(s) for s in srcs) + " -> " if srcs else "") + f(node)
+
+    def dims(t: Tensor) -> str:
+        return ":".join(str(x) for x in (t.ne[:2] if t.ne[2] == t.ne[3] == 1 else t.ne))
+
+    def strides(t: Tensor) -> str:
+        nb = t.nb[:2] if t.ne[2] == t.ne[3] == 1 else t.nb
+        return ":".join(str(x) for x in nb) + ("" if t.is_contiguous() else "!")
+
+    kparams = ""
+    if node.op == "MUL_MAT":
+        from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
+
+        p = plan_for_node(node, settings)
+        kparams = f"{'hmx' if p.path == 'hmx' else 'hvx'}-tiled vtcm {p.used}"
+    return (f"ggml-hex: {session} execute-op {node.desc()}|{join(lambda t: t.name)}|{join(dims)}|"
+            f"{join(lambda t: type_name(t.type))}|{join(strides)}|{join(lambda t: t.buffer.name)}|{kparams}|"
             f"flags 0x{flags:x}")
 
 
@@ -117,6 +145,8 @@ class HostSession:
         self._replay: BatchRecord | None = None
         self._replayed = 0
         self._recording: BatchRecord | None = None
+        # 2026-10 op fusion (fusion.py): None when the profile or GGML_HEXAGON_OPFUSION has none
+        self.fuser = Fuser(settings, self.max_tensors) if profile.october and settings.opfusion > 0 else None
 
     @property
     def batch(self) -> OpBatch:
@@ -128,7 +158,10 @@ class HostSession:
     @property
     def open_ops(self) -> int:
         """How many ops the open batch holds."""
-        return self._replayed if self._replay is not None else len(self._batch.ops)
+        rec, k = self._replay, self._replayed
+        if rec is not None:
+            return rec.op_index[k - 1] + 1 if k else 0  # (2026-10: fused nodes share an op)
+        return len(self._batch.ops)
 
     @property
     def open_seq(self) -> int:
@@ -143,9 +176,11 @@ class HostSession:
             k = self._replayed
             if rec.matches(k, node, graph_index):  # the op add_op would build, in the batch it would build
                 self._replayed = k + 1
-                self.last_enqueued = rec.batch.ops[k]
+                self.last_enqueued = rec.batch.ops[rec.op_index[k]]
                 return self._enqueued(node)
             self._diverge()
+        if self.fuser is not None and self._fuse(node, graph_index):
+            return self._enqueued(node, fused=True)
         if not self._batch.fits(node, self.settings.opbatch, self.max_tensors):
             self.flush_batch()
         batch = self._batch
@@ -164,10 +199,23 @@ class HostSession:
         self.last_enqueued = op
         self._enqueued(node)
 
-    def _enqueued(self, node: Tensor) -> None:
-        """What the host does once an op is in the open batch: the VERBOSE line, the team's instrumentation."""
+    def _fuse(self, node: Tensor, graph_index: int) -> bool:
+        """ggml_hexagon_opbatch::try_fuse on the open batch: `node` merged into its last op (and recorded)."""
+        name = self.fuser.try_fuse(self._batch, node)
+        if name is None:
+            return False
         if self.settings.verbose:
-            self.log(op_desc_line(node, self.name))
+            self.log(f"ggml-hex: {self.name} fused {name} (#{len(self._batch.ops) - 1})")
+        if self._recording is not None:
+            self._recording.add(node, graph_index, self._batch, fused=True)
+        return True
+
+    def _enqueued(self, node: Tensor, fused: bool = False) -> None:
+        """What the host does once an op is in the open batch: the VERBOSE line (not for a node merged into the
+        last op: upstream logs "fused ..." instead), the team's instrumentation."""
+        if self.settings.verbose and not fused:
+            self.log(op_desc_line_2026_10(node, self.name, self.settings) if self.profile.october
+                     else op_desc_line(node, self.name))
         if self.settings.oplog or self.op_dump is not None:
             # the host clock only decides what a host read sees (advance): without one, its per-op step is not drawn
             self.timing.host(self.timing.costs.enqueue_s)
@@ -245,15 +293,19 @@ class HostSession:
             if not all_:
                 break
 
-    def open_batch(self, seq: int, ops: list[tuple[Tensor, int]]) -> OpBatch:
-        """Make (node, graph index) `ops` the open batch, numbered `seq`, as the host would have built it: a replay
-        of a recorded batch. The next flush sends it."""
+    def open_batch(self, seq: int, ops: list[tuple]) -> OpBatch:
+        """Make (node, graph index[, fused op name]) `ops` the open batch, numbered `seq`, as the host built it: a
+        replay of a recorded batch (a node with a fused op name is merged into the op before it). The next flush
+        sends it."""
         self._check_alive()
         self._seq = seq
         self._replay = self._recording = None
         self._batch = OpBatch(seq=seq, check_type=self.profile.descriptor_checks_type)
-        for node, graph_index in ops:
-            self.last_enqueued = self._batch.add_op(node, graph_index)
+        for node, graph_index, *fused in ops:
+            if fused and fused[0] and self._batch.ops:  # merged into the last op, as the recorded host did
+                self.last_enqueued = self._batch.fuse(self._batch.ops[-1], node, fused[0])
+            else:
+                self.last_enqueued = self._batch.add_op(node, graph_index)
         return self._batch
 
     def flush(self) -> None:

@@ -133,3 +133,18 @@ def plan(wtype: str, k: int, n: int, m: int, n_threads: int, vtcm_budget: int, s
             break
     found = solve_rows(kernel, wtype, k, m, n_threads, dst_row, src0_row, depth, vtcm_budget, src2_row)
     return None if found is None else HvxPlan(kernel, depth, found[1] if found[1] < m else 0, found[0])
+
+
+def nx_layout_bytes(wtype: str, k: int, nrows: int, n_threads: int, vtcm_budget: int) -> int:
+    """The fused MUL_MAT_NX HVX layout (htp_mm_hvx_vtcm_layout_build with is_fused_nx, kernel QUANT_ROW, at the
+    prefetch depth ggml_hexagon_precompute_fused_mmnx_params picks: 16, 8, 4, 2 for M <= 4, else 2): group A the
+    quantized activations, then the per-thread weight prefetch over the raw fp32 staging."""
+    def total(depth: int) -> int:
+        tile_row = (align_up(k, 32) // 32) * ALIGNED_TILE[wtype]
+        src0 = align_up(depth * tile_row, 128) * n_threads
+        src1 = align_up(act_row_bytes(wtype, k) * nrows, 128)
+        act_raw = align_up(align_up(4 * k, 4 * QK_Q8_0_TILED) * nrows, 128)
+        return src1 + max(src0, act_raw)
+
+    depths = (MAX_PREFETCH, 8, 4, 2) if nrows <= MIN_ROWS else (2,)
+    return total(next((d for d in depths if total(d) <= vtcm_budget), 2))
