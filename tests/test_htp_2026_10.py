@@ -250,3 +250,20 @@ def test_fused_ops_are_logged_under_upstream_names(tiny_qwen3_q4):
     count = [sum(" execute-op " in ln for ln in r.stderr.splitlines()) for r in (on, off)]
     assert count[0] < count[1]
     assert on.stdout == off.stdout
+
+
+def test_investigate_names_the_status_the_op_and_the_mechanism(tiny_qwen3_q4, tmp_path):
+    """The DSP is granted less VTCM than the host planned for: investigate's verdict names the op that set the
+    status, the status, where the host aborted and the mechanism, and validates a workaround by a rerun."""
+    from kazeia.debug.investigate import investigate
+    from kazeia.engine.session import RunSpec
+
+    spec = RunSpec(model=tiny_qwen3_q4, n_prompt=38, device="HTP0", vtcm=1024 * 1024 + 256 * 1024,
+                   faults=["vtcm-grant-short"])
+    inv = investigate(spec, str(tmp_path / "inv"), progress=lambda s: None)
+    assert inv.fault_found
+    v = inv.verdict
+    assert "returned INTERNAL-ERROR on the DSP" in v and "aborted in synchronize" in v, v
+    assert "host/DSP VTCM disagreement" in v and "granted 262,144 B" in v, v
+    assert inv.gate and inv.gate["validated"], inv.gate
+    assert (tmp_path / "inv" / "report.md").is_file()

@@ -7,6 +7,8 @@ reproduce -> then one branch, a table of steps, each declaring the findings it n
   predicted by the plan and confirmed by runs, values or row count, a gate validated by a rerun;
 - wrong numbers: compare every op against float64, trace, determinism, dump and replay the first bad op, route it
   away, a gate;
+- an op status (2026-10: sticky, the host aborts at synchronize): the status, the op that set it and its plan
+  against the VTCM the DSP had, determinism, a workaround validated by a rerun;
 - nothing wrong: determinism.
 Then the branch's hypotheses, each judged from the findings, the verdict and the report (report.py). Every run
 is in process (a device death is an exception here) and reuses the loaded weights.
@@ -35,6 +37,7 @@ from kazeia.debug.investigate.report import Hypothesis, Investigation, Step, wri
 from kazeia.debug.investigate.reproduce import REPRODUCE
 from kazeia.debug.investigate.routing import ROUTE_CLASSES
 from kazeia.debug.investigate.rows import ROWS
+from kazeia.debug.investigate.status import STATUS, STATUS_GATE, status_verdict
 from kazeia.debug.investigate.table import Context, Progress, StepDef, run_table
 from kazeia.debug.investigate.trace import TRACE
 from kazeia.debug.investigate.verdicts import death_verdict, evaluate, healthy_verdict, numeric_verdict
@@ -58,6 +61,8 @@ DEATH = Branch("device death", (LOCALISE, MISATTRIBUTION, TRACE, determinism_ste
 NUMERIC = Branch("wrong numbers", (COMPARE, TRACE, determinism_step(3), DUMP_FIRST_BAD, SIGNATURE, STATE, RACE,
                                    MECHANISM_GATE), NUMERIC_HYPOTHESES, numeric_verdict)
 HEALTHY = Branch("no fault", (determinism_step(2),), (), healthy_verdict)
+# 2026-10: an op status the host kept sticky and aborted on (status.py)
+STATUS_ERROR = Branch("op status", (STATUS, determinism_step(2), STATUS_GATE), (), status_verdict)
 
 
 def branch(f: Findings) -> Branch:
@@ -65,6 +70,8 @@ def branch(f: Findings) -> Branch:
     r = f.first
     if r.death:
         return DEATH
+    if r.error_detail and r.error_detail.get("status"):
+        return STATUS_ERROR
     if r.error or f.logits is None or not f.logits.ok:
         return NUMERIC
     return HEALTHY
@@ -87,5 +94,5 @@ def investigate(spec: RunSpec, out_dir: str, progress: Callable[[str], None] | N
     return inv
 
 
-__all__ = ["DEATH", "HEALTHY", "NUMERIC", "Branch", "Context", "Findings", "Hypothesis", "Investigation",
-           "Progress", "RoutingTrial", "Step", "StepDef", "branch", "investigate"]
+__all__ = ["DEATH", "HEALTHY", "NUMERIC", "STATUS_ERROR", "Branch", "Context", "Findings", "Hypothesis",
+           "Investigation", "Progress", "RoutingTrial", "Step", "StepDef", "branch", "investigate"]

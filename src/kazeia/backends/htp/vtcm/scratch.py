@@ -64,7 +64,10 @@ def _rows2d(t: Tensor) -> np.ndarray:
 def op_scratch(node: Tensor, settings: HtpSettings) -> OpScratch:
     """The VTCM layout (and, for flash attention, the path) of a non-matmul op on an HTP with `settings`: what
     the executor runs and the cost model prices."""
-    s, nt, vt = settings, settings.nhvx, settings.vtcm_bytes
+    # the VTCM the DSP has: under 2026-10 these ops' layouts (host-solved, small row blocks upstream; kazeia lays
+    # them out as May did) are sized to what the DSP was granted, so only the MUL_MAT plans, which the host solves
+    # against the session's full size, can meet a smaller grant
+    s, nt, vt = settings, settings.nhvx, settings.dsp_vtcm_bytes
     hybrid = hybrid_scratch(node, nt, vt, get_profile(settings.profile).ssm_conv_padded_weight_stride)
     if hybrid is not None:
         return hybrid
