@@ -25,8 +25,10 @@ from kazeia.backends.htp.msg import (
     OpDesc,
     OpRecord,
 )
+from kazeia.backends.htp.l2 import L2State
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
+from kazeia.graph.tensor import TFlag
 
 
 class Dsp:
@@ -49,6 +51,8 @@ class Dsp:
         # timing races (fault injections only) come from here: run-dependent unless KAZEIA_HTP_RACE_SEED is set
         self.race = np.random.default_rng(settings.race_seed)
         self.injector = None  # test deaths (engine/recovery.py: DeathInjector): tick() before each op
+        # 2026-10's lazy L2 bookkeeping (l2.py): None under the May profiles
+        self.l2 = L2State(n_threads=settings.nhvx) if profile.october else None
 
     def snapshot(self) -> DeviceState:
         return DeviceState(self.vtcm.mem.copy(), self.hmx_scale, self.dma_stale_pop,
@@ -103,8 +107,13 @@ class Dsp:
         self.octx = OpContext()  # memset(octx, 0): the src1 shortcut never survives a batch
         for cb in self.on_batch_start:
             cb(self, batch)
+        if self.l2 is not None:
+            self.l2.batch_start()
         statuses: list[int] = []
         for op in batch.ops:
+            if self.l2 is not None:  # prep_op_bufs: flush the dirty inputs, then record the outputs dirty
+                self.l2.flush_inputs(_spans(batch, [i for d in (op, *op.fused) for i in d.src if i is not None]))
+                self.l2.mark_dirty(_spans(batch, [d.dst for d in (op, *op.fused)]))
             if self.on_op_start:
                 self.on_op_start(op, batch)
             try:
@@ -128,4 +137,19 @@ class Dsp:
                 self.octx.src1_spad_kind = None
             if self.on_op_done and not op.fused:
                 self.on_op_done(op, batch, rec)
+        if self.l2 is not None and self.death is None:
+            self.l2.batch_end()
         return statuses
+
+
+def _spans(batch: OpBatch, idxs: list[int]) -> list[tuple[int, int]]:
+    """(address, size) of the batch's descriptors `idxs`, once each, leaving out weights (never tracked in L2)."""
+    out, seen = [], set()
+    for i in idxs:
+        if i in seen:
+            continue
+        seen.add(i)
+        d = batch.tensors[i]
+        if not d.tensor.flags & TFlag.WEIGHT:
+            out.append((d.addr, d.size))
+    return out

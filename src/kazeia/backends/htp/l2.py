@@ -1,0 +1,135 @@
+"""The DSP's L2 bookkeeping of October 2026 (llama.cpp 0c1e57098bba, `htp/htp-tensor.c`, `htp/main.c`): lazy,
+dirty-range flushing, kept as a state the emulator updates exactly as the DSP does.
+
+- At batch start the whole data cache is cleaned and invalidated and the table emptied (main.c: process_opbatch,
+  QURT_MEM_CACHE_FLUSH_INVALIDATE_ALL); at batch end it is cleaned and invalidated again (the table is left).
+- Before an op (main.c: prep_op_bufs -> htp_tensor_flush_all): each input overlapping a tracked dirty range is
+  flushed (more than 4 MiB in all: a whole-cache flush instead; 4 KiB or more: spread over the worker threads) and
+  its bytes cleared from the table.
+- Then the op's outputs are recorded dirty (htp_tensor_dirty_all): merged into an overlapping range, else put in a
+  free slot of the 64-entry table; with no free slot the oldest ranges are flushed to make room (again whole-cache
+  past 4 MiB). Weights and fences are never tracked.
+
+Memory in this emulator is coherent (numpy arrays), so the table changes no value: it is what a fault of L2
+visibility (a stale line a consumer reads) needs to say which bytes were not written back, and what the counters
+(flushes, bytes, whole-cache flushes) report. Addresses are kazeia's (a buffer's base plus the tensor's offset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_DIRTY_RANGES = 64  # HTP_MAX_DIRTY_RANGES (htp-ctx.h)
+FLUSH_WQ_THRESHOLD = 4 * 1024  # HEX_L2_FLUSH_WQ_THRESHOLD (hex-utils.h): at or past it, the worker threads flush
+FLUSH_ALL_THRESHOLD = 4 * 1024 * 1024  # HEX_L2_FLUSH_ALL_THRESHOLD: past it, the whole cache is flushed
+
+
+@dataclass
+class L2Stats:
+    flush_all: int = 0  # whole-cache clean+invalidate (batch start and end, and past the 4 MiB threshold)
+    ranges_flushed: int = 0
+    bytes_flushed: int = 0
+    threaded_flushes: int = 0  # range flushes spread over the worker threads (>= 4 KiB)
+
+
+@dataclass
+class L2State:
+    """The 64-entry dirty-range table ([start, end) pairs; start 0 is a free slot) and its counters."""
+
+    ranges: list[list[int]] = field(default_factory=lambda: [[0, 0] for _ in range(MAX_DIRTY_RANGES)])
+    stats: L2Stats = field(default_factory=L2Stats)
+    n_threads: int = 6
+
+    def dirty(self) -> list[tuple[int, int]]:
+        return [(s, e) for s, e in self.ranges if s]
+
+    def _clear(self) -> None:
+        for r in self.ranges:
+            r[0] = r[1] = 0
+
+    def flush_all(self) -> None:
+        self.stats.flush_all += 1
+        self._clear()
+
+    def batch_start(self) -> None:
+        self.flush_all()
+
+    def batch_end(self) -> None:
+        self.stats.flush_all += 1  # (main.c cleans the cache; the table is emptied at the next start)
+
+    def _flush(self, spans: list[tuple[int, int]]) -> None:
+        total = sum(e - s for s, e in spans)
+        self.stats.ranges_flushed += len(spans)
+        self.stats.bytes_flushed += total
+        if total >= FLUSH_WQ_THRESHOLD and self.n_threads > 1:
+            self.stats.threaded_flushes += 1
+
+    def _merge(self) -> None:
+        """merge_dirty_ranges: overlapping or touching ranges become one (the other slot is freed)."""
+        rs = self.ranges
+        for i in range(MAX_DIRTY_RANGES):
+            r = rs[i]
+            if not r[0]:
+                continue
+            j = 0
+            while j < MAX_DIRTY_RANGES:
+                s = rs[j]
+                if i == j or not s[0] or r[1] < s[0] or s[1] < r[0]:
+                    j += 1
+                    continue
+                r[0], r[1] = min(r[0], s[0]), max(r[1], s[1])
+                s[0] = s[1] = 0
+                j = 0
+
+    def flush_inputs(self, tensors: list[tuple[int, int]]) -> None:
+        """htp_tensor_flush_all for an op's inputs, (address, size) of those not weights or fences."""
+        dirty = [(a, a + n) for a, n in tensors if n > 0 and any(s and s < a + n and a < e for s, e in self.ranges)]
+        if not dirty:
+            return
+        total = sum(e - s for s, e in dirty)
+        if total > FLUSH_ALL_THRESHOLD:
+            return self.flush_all()
+        self._flush(dirty)
+        for a, b in dirty:  # make_tensor_clean
+            for r in self.ranges:
+                if r[0] and r[0] < b and a < r[1]:
+                    if a <= r[0] and r[1] <= b:
+                        r[0] = r[1] = 0
+                    elif a <= r[0]:
+                        r[0] = b
+                    elif r[1] <= b:
+                        r[1] = a
+
+    def mark_dirty(self, tensors: list[tuple[int, int]]) -> None:
+        """htp_tensor_dirty_all for an op's outputs, (address, size) of those not weights or fences."""
+        pending = []
+        for a, n in tensors:
+            b, merged = a + n, False
+            for r in self.ranges:
+                if r[0] and r[0] <= b and a <= r[1]:
+                    r[0], r[1] = min(a, r[0]), max(b, r[1])
+                    merged = True
+            if not merged:
+                pending.append((a, b))
+        self._merge()
+        if not pending:
+            return
+        empty = [r for r in self.ranges if not r[0]]
+        active = [r for r in self.ranges if r[0]]
+        if len(pending) <= len(empty):
+            for r, (a, b) in zip(empty, pending):
+                r[0], r[1] = a, b
+            return self._merge()
+        n_evict = len(pending) - len(empty)
+        evicted = [(r[0], r[1]) for r in active[:n_evict]]
+        if sum(e - s for s, e in evicted) > FLUSH_ALL_THRESHOLD:
+            self.flush_all()
+            for r, (a, b) in zip(self.ranges, pending):
+                r[0], r[1] = a, b
+            return self._merge()
+        self._flush(evicted)
+        for r, (a, b) in zip(active[:n_evict], pending):
+            r[0], r[1] = a, b
+        for r, (a, b) in zip(empty, pending[n_evict:]):
+            r[0], r[1] = a, b
+        self._merge()

@@ -1,0 +1,78 @@
+"""2026-10's lazy L2 bookkeeping (backends/htp/l2.py) against cases worked out by hand from htp/htp-tensor.c
+(htp_tensor_flush_all, htp_tensor_dirty_all, merge_dirty_ranges, make_tensor_clean; thresholds of hex-utils.h:
+4 KiB for the threaded flush, 4 MiB for a whole-cache flush) and main.c (flush-invalidate-all at batch start and
+end; 64 ranges, htp-ctx.h)."""
+
+from __future__ import annotations
+
+from kazeia.backends.htp.l2 import MAX_DIRTY_RANGES, L2State
+
+KiB, MiB = 1024, 1024 * 1024
+
+
+def test_an_output_is_flushed_when_a_later_op_reads_it():
+    l2 = L2State()
+    l2.batch_start()
+    l2.mark_dirty([(0x10000, 8 * KiB)])
+    assert l2.dirty() == [(0x10000, 0x12000)]
+    l2.flush_inputs([(0x40000, 100)])  # not dirty: nothing flushed
+    assert l2.stats.ranges_flushed == 0
+    l2.flush_inputs([(0x10000, 8 * KiB)])
+    assert l2.dirty() == [] and l2.stats.bytes_flushed == 8 * KiB and l2.stats.threaded_flushes == 1
+    l2.mark_dirty([(0x20000, 1 * KiB)])
+    l2.flush_inputs([(0x20000, 1 * KiB)])  # under 4 KiB: the op's own thread flushes it
+    assert l2.stats.threaded_flushes == 1 and l2.stats.ranges_flushed == 2
+
+
+def test_touching_and_overlapping_outputs_merge():
+    l2 = L2State()
+    l2.mark_dirty([(0x1000, 0x1000), (0x2000, 0x1000)])  # [0x1000, 0x2000) touches [0x2000, 0x3000)
+    assert l2.dirty() == [(0x1000, 0x3000)]
+    l2.mark_dirty([(0x2800, 0x1000)])
+    assert l2.dirty() == [(0x1000, 0x3800)]
+
+
+def test_reading_part_of_a_range_cleans_only_what_was_read():
+    l2 = L2State()
+    l2.mark_dirty([(0x1000, 0x4000)])
+    l2.flush_inputs([(0x1000, 0x1000)])  # the input starts the range: the range keeps its tail
+    assert l2.dirty() == [(0x2000, 0x5000)]
+    l2.flush_inputs([(0x4000, 0x1000)])  # the input ends it: the range keeps its head
+    assert l2.dirty() == [(0x2000, 0x4000)]
+
+
+def test_a_full_table_evicts_its_oldest_ranges():
+    l2 = L2State()
+    base = [(0x100000 * (i + 1), 256) for i in range(MAX_DIRTY_RANGES)]
+    for span in base:
+        l2.mark_dirty([span])
+    assert len(l2.dirty()) == MAX_DIRTY_RANGES and l2.stats.ranges_flushed == 0
+    l2.mark_dirty([(0x9000000, 256)])  # no free slot: slot 0's range is flushed and replaced
+    assert l2.stats.ranges_flushed == 1 and l2.stats.bytes_flushed == 256
+    assert (0x100000, 0x100100) not in l2.dirty() and (0x9000000, 0x9000100) in l2.dirty()
+
+
+def test_past_4_mib_the_whole_cache_is_flushed():
+    l2 = L2State()
+    l2.mark_dirty([(0x100000, 3 * MiB), (0x1000000, 2 * MiB)])
+    before = l2.stats.flush_all
+    l2.flush_inputs([(0x100000, 3 * MiB), (0x1000000, 2 * MiB)])  # 5 MiB of dirty inputs
+    assert l2.stats.flush_all == before + 1 and l2.dirty() == [] and l2.stats.bytes_flushed == 0
+
+
+def test_every_batch_starts_and_ends_with_a_whole_cache_flush(tiny_qwen3_q4):
+    from kazeia.backends.cpu import CpuBackend
+    from kazeia.backends.htp import HtpBackend, HtpSettings
+    from kazeia.engine.context import Context, Model
+    from kazeia.engine.scheduler import Scheduler
+
+    htp = HtpBackend(HtpSettings())
+    ctx = Context(Model.load(tiny_qwen3_q4), Scheduler([htp, CpuBackend()]), n_ctx=64, n_ubatch=8)
+    batches = []
+    htp.add_batch_start_hook(lambda _be, b: batches.append(b.seq))
+    ctx.decode(list(range(5, 11)))
+    st = htp.dsp.l2.stats
+    assert batches and st.flush_all >= 2 * len(batches)
+    assert st.ranges_flushed > 0  # outputs read by later ops of the same batch were flushed before them
+    robust = HtpBackend(HtpSettings(profile="robust"))
+    assert robust.dsp.l2 is None  # May's code has no such table
