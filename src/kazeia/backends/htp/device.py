@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kazeia.backends.htp.l2 import L2State
 from kazeia.backends.htp.msg import (
     STATUS_OK,
     Death,
@@ -25,7 +26,6 @@ from kazeia.backends.htp.msg import (
     OpDesc,
     OpRecord,
 )
-from kazeia.backends.htp.l2 import L2State
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.graph.tensor import TFlag
