@@ -267,3 +267,30 @@ def test_investigate_names_the_status_the_op_and_the_mechanism(tiny_qwen3_q4, tm
     assert "host/DSP VTCM disagreement" in v and "granted 262,144 B" in v, v
     assert inv.gate and inv.gate["validated"], inv.gate
     assert (tmp_path / "inv" / "report.md").is_file()
+
+
+def test_the_cost_model_prices_october_paths_and_fusion():
+    """HMX from M = 5 and the fused ADD / MUL reach the modeled rates: an 8-token prefill of the 36-layer Qwen3-4B
+    shapes is priced on HMX under 2026-10 (HVX under robust, where HMX starts at 32), and fusion removes the folded
+    ops' time; the plans priced are the ones the backend runs (plan_for_node)."""
+    from kazeia.backends.htp import graph_seconds
+    from kazeia.engine.modeled import modeled_prefill_tps
+    from kazeia.graph.tensor import GGMLType
+    from kazeia.models.base import ModelArgs
+    from kazeia.models.shapes import prefill_graphs
+
+    qwen3_4b = ModelArgs(arch="qwen3", n_layer=36, n_embd=2560, n_ff=9728, n_head=32, n_head_kv=8, head_dim=128,
+                         n_rot=128, n_vocab=151936, n_ctx_train=40960, rope_freq_base=1e6, rope_freq_scale=1.0,
+                         rms_eps=1e-6, tied_embeddings=True)
+    october, robust = HtpSettings.from_env({}), HtpSettings.from_env({"KAZEIA_HTP_PROFILE": "robust"})
+    (g,) = prefill_graphs(qwen3_4b, 8, GGMLType.Q4_0, 512)
+    _, costs = graph_seconds(g.nodes, october)
+    mm = [c for c in costs if c.op == "MUL_MAT" and c.where.startswith("HTP0")]
+    # (the last layer's FFN and the lm_head see the one output row: HVX)
+    assert mm and all(c.where == "HTP0/hmx" for c in mm if c.name != "result_output" and not c.name.endswith("-35"))
+    _, costs_r = graph_seconds(g.nodes, robust)
+    assert all(c.where == "HTP0/hvx" for c in costs_r if c.op == "MUL_MAT" and c.where.startswith("HTP0"))
+    fused = [c for c in costs if c.where == "HTP0/fused"]
+    assert {c.op for c in fused} == {"ADD", "MUL"}
+    unfused = HtpSettings.from_env({"GGML_HEXAGON_OPFUSION": "0"})
+    assert modeled_prefill_tps(qwen3_4b, 8, october) > modeled_prefill_tps(qwen3_4b, 8, unfused)

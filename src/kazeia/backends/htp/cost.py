@@ -192,8 +192,36 @@ def op_seconds(node: Tensor, settings: HtpSettings, c: CostModel = DEFAULT) -> O
 
 
 def graph_seconds(nodes: list[Tensor], settings: HtpSettings, c: CostModel = DEFAULT) -> tuple[float, list[OpCost]]:
-    """Sum over the computed nodes, plus one batch round trip per OPBATCH ops sent to the HTP."""
-    costs = [op_seconds(n, settings, c) for n in nodes if n.is_computed]
-    n_htp = sum(1 for oc in costs if oc.where.startswith("HTP0"))
+    """Sum over the computed nodes, plus one batch round trip per OPBATCH ops sent to the HTP. Under 2026-10 with
+    fusion, an ADD the host would merge into its MUL_MAT, or a MUL into its RMS_NORM, costs nothing of its own (it
+    is folded into the op's output pass) and is not an op of the batch."""
+    computed = [n for n in nodes if n.is_computed]
+    folded = _folded(computed, settings)
+    costs = [OpCost(n.name, n.desc(), "HTP0/fused", 0.0) if n in folded else op_seconds(n, settings, c)
+             for n in computed]
+    n_htp = sum(1 for oc in costs if oc.where.startswith("HTP0") and oc.where != "HTP0/fused")
     batches = -(-n_htp // max(1, settings.opbatch)) if n_htp else 0
     return sum(oc.seconds for oc in costs) + batches * c.batch_overhead_s, costs
+
+
+def _folded(nodes: list[Tensor], settings: HtpSettings) -> set[Tensor]:
+    """The ADD and MUL nodes 2026-10's host would fuse into the op before them (host/fusion.py's rules on
+    consecutive HTP nodes; the batch table limits are not checked here)."""
+    from kazeia.backends.htp.host.fusion import fuseable_nodes, mul_mat_add_plan_allows
+
+    if settings.profile_generation != "2026-10" or settings.opfusion <= 0:
+        return set()
+    tags = fuseable_nodes(nodes)
+    out = set()
+    for prev, n in zip(nodes, nodes[1:]):
+        if prev not in tags or not any(s is prev for s in n.src):
+            continue
+        if not (supports_op(prev, settings) and supports_op(n, settings)):
+            continue
+        other = next((s for s in n.src if s is not prev), None)
+        if (n.op == "MUL" and prev.op == "RMS_NORM" and settings.fusion_enabled("RMS_NORM+MUL")) or (
+                n.op == "ADD" and prev.op == "MUL_MAT" and settings.fusion_enabled("MUL_MAT+ADD")
+                and other is not None and other.type == GGMLType.F32
+                and mul_mat_add_plan_allows(prev, other, settings)):
+            out.add(n)
+    return out
