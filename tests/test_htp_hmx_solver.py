@@ -56,3 +56,27 @@ def test_hmx_takes_m_above_4():
     assert not hmx_eligible("q4_0", 2560, 4096, 38, src1_f32=False)
     assert hmx_eligible("q4_0", 2560, 4090, 38)  # a repacked type's N is padded to 32
     assert not hmx_eligible("f16", 2560, 4090, 38) and not hmx_eligible("q4_0", 2560, 4096, 38, batched=True)
+
+
+def test_600_plans_computed_by_the_october_header_itself():
+    """tests/data/htp_2026_10_plans.json: answers of upstream's matmul-ops.h, compiled and run outside the repository
+    (tests/data/README.md), for random types, shapes, VTCM sizes, thread counts and fused residuals."""
+    import json
+    import os
+
+    from kazeia.backends.htp.vtcm.matmul.plan_2026_10 import plan_matmul_2026_10
+
+    path = os.path.join(os.path.dirname(__file__), "data", "htp_2026_10_plans.json")
+    rows = json.load(open(path, encoding="utf-8"))
+    assert len(rows) == 600 and {r["upstream"][0] for r in rows} == {"hmx", "hvx", "cpu"}
+    for r in rows:
+        p = plan_matmul_2026_10(r["m"], r["k"], r["n"], r["type"], vtcm_size=r["vtcm"], n_threads=r["threads"],
+                                src2_bytes=r["src2"])
+        want = tuple(r["upstream"])
+        if want[0] == "hmx":
+            got = (p.path, p.mc, p.nc, p.info.get("act_threads"), p.used)
+        elif want[0] == "hvx":
+            got = (p.path, p.info.get("n_prefetch"), p.info.get("m_chunk"), p.used, p.info.get("kernel"))
+        else:
+            got = (p.path,)
+        assert got == want, r
