@@ -1,10 +1,11 @@
 """`kazeia upgrade`: the user's scenario under two upstream versions of ggml-hexagon (`--from`, `--to`), side by side.
 
 What it runs, all in this process: a CPU pass that plans every MUL_MAT the HTP would take under each version
-(investigate's PlanScan), the REF oracle (float64) for the logits, and the scenario on HTP0 under each version.
+(investigate's PlanScan), the REF oracle (float64) once, for the logits and every op's output, the scenario on
+HTP0 under each version, and each version's ops alone on REF's inputs (compare's isolated mode).
 What it says: each run's outcome and the op and mechanism behind it; the plans of the op that failed, in both
-versions (path, chunks, bytes against VTCM); the MUL_MATs whose path changed (HMX <-> HVX <-> CPU); the logits
-against REF; the modeled prefill and decode rates; the switches whose meaning changed between the versions.
+versions (path, chunks, bytes against VTCM); the MUL_MATs whose path changed (HMX <-> HVX <-> CPU), with each
+version's NMSE against REF for them; the logits against REF; the modeled prefill and decode rates; the switches whose meaning changed between the versions.
 
 Verdict and exit status: "fixed" (0) the `--from` run failed and the `--to` run completes; "unchanged" (0) both
 complete; "left" (1) both fail; "new fault" (4) only the `--to` run fails.
@@ -21,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from kazeia.backends.htp import HtpSettings
+from kazeia.debug.compare import capture_reference, compare
+from kazeia.debug.compare.reference import fix_tokens
 from kazeia.debug.investigate.facts import OpPlan, PlanScan
 from kazeia.debug.judge import nmse
 from kazeia.debug.runner import RunResult, run
@@ -55,6 +58,7 @@ class Side:
     prefill_tps: float | None = None
     decode_tps: float | None = None
     plans: dict[str, OpPlan] = field(default_factory=dict)  # by node name, first micro-batch
+    per_op: dict[str, Any] = field(default_factory=dict)  # compare's isolated rows (OpRow) by node name
 
     @property
     def ok(self) -> bool:
@@ -121,22 +125,34 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
     settings = {p: base.with_(htp_profile=p).htp_settings() for p in (before, after)}
     progress("planning every MUL_MAT under both versions (one CPU run)")
     scans = _scan(base, settings)
-    progress("REF (float64) logits")
-    ref = run(base.with_(device="REF", htp_profile=None, faults=[], gates=[]))
+    progress("REF (float64): logits and every op's output")
+    ref_spec = fix_tokens(base.with_(n_predict=0))
+    reference = capture_reference(ref_spec, sources=True)
     sides = []
     for p in (before, after):
         progress(f"the scenario on HTP0 under {p}")
         r = run(base.with_(htp_profile=p))
         side = Side(p, "")
         _outcome(side, r)
-        if r.logits is not None and ref.logits is not None:
-            side.logits_nmse = float(nmse(np.asarray(r.logits, np.float64), np.asarray(ref.logits, np.float64)))
+        if r.logits is not None and reference.logits is not None:
+            side.logits_nmse = float(nmse(np.asarray(r.logits[-1:], np.float64),
+                                          np.asarray(reference.logits[-1:], np.float64)))
         side.prefill_tps, side.decode_tps = _rates(spec, settings[p], r.n_prompt)
         side.plans = {op.name: op for op in scans[p].plans if op.ubatch == 0}
+        progress(f"every op alone on REF's inputs under {p} (compare --mode isolated)")
+        rep = compare(ref_spec.with_(htp_profile=p), "isolated", reference=reference)
+        side.per_op = {row.name: row for row in rep.rows.get("isolated", []) if row.ubatch == 0}
         sides.append(side)
     b, a = sides
     verdict = ("fixed" if not b.ok and a.ok else "left" if not b.ok else "new fault" if not a.ok else "unchanged")
-    return Upgrade(base.command(), b, a, verdict, _why(b, a), _changed(b, a), _switches(spec))
+    changed = _changed(b, a)
+    for row in changed:
+        row["nmse_before"], row["nmse_after"] = (_nmse_of(s.per_op.get(row["op"])) for s in (b, a))
+    return Upgrade(base.command(), b, a, verdict, _why(b, a), changed, _switches(spec))
+
+
+def _nmse_of(row) -> float | None:
+    return None if row is None else row.nmse
 
 
 def _plan_line(op: OpPlan | None) -> str:
@@ -195,9 +211,12 @@ def render_markdown(u: Upgrade) -> str:
         lines += ["## Why", "", *[f"    {w}" for w in u.why], ""]
     lines += ["## MUL_MATs whose path changed", ""]
     if u.changed_paths:
-        lines += ["| op | weight | M | K | N | before | after |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["Per op: NMSE against REF of the op run alone on REF's inputs (`compare --mode isolated`).", "",
+                  "| op | weight | M | K | N | before | after | NMSE before | NMSE after |",
+                  "| --- | --- | --- | --- | --- | --- | --- | ---: | ---: |"]
         lines += [f"| {r['op']} | {r['weight'] or '-'} | {r['m']} | {r['k']} | {r['n']} | {r['before']} | "
-                  f"{r['after']} |" for r in u.changed_paths]
+                  f"{r['after']} | {num(r.get('nmse_before'), '{:.2e}')} | {num(r.get('nmse_after'), '{:.2e}')} |"
+                  for r in u.changed_paths]
     else:
         lines.append("none")
     lines += ["", "## Switches whose meaning changed", "", "| switch | before | after | set here |",
