@@ -5,7 +5,8 @@ What it runs, all in this process: a CPU pass that plans every MUL_MAT the HTP w
 HTP0 under each version, and each version's ops alone on REF's inputs (compare's isolated mode).
 What it says: each run's outcome and the op and mechanism behind it; the plans of the op that failed, in both
 versions (path, chunks, bytes against VTCM); the MUL_MATs whose path changed (HMX <-> HVX <-> CPU), with each
-version's NMSE against REF for them; the logits against REF; the modeled prefill and decode rates; the switches whose meaning changed between the versions.
+version's NMSE against REF for them; the logits against REF; the modeled prefill and decode rates; the switches
+whose meaning changed between the versions.
 
 Verdict and exit status: "fixed" (0) the `--from` run failed and the `--to` run completes; "unchanged" (0) both
 complete; "left" (1) both fail; "new fault" (4) only the `--to` run fails.
