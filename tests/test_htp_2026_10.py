@@ -294,3 +294,24 @@ def test_the_cost_model_prices_october_paths_and_fusion():
     assert {c.op for c in fused} == {"ADD", "MUL"}
     unfused = HtpSettings.from_env({"GGML_HEXAGON_OPFUSION": "0"})
     assert modeled_prefill_tps(qwen3_4b, 8, october) > modeled_prefill_tps(qwen3_4b, 8, unfused)
+
+
+def test_a_full_queue_reads_the_error_and_graph_compute_fails(tiny_qwen3_q4):
+    """With one batch in flight (OPQUEUE=1) the host reads responses while it enqueues: the error turns sticky in
+    the middle of the graph, and graph_compute's last check returns GGML_STATUS_FAILED (ggml-hexagon.cpp:
+    ggml_backend_hexagon_graph_compute) before any synchronize; the message keeps the session's first failing op."""
+    r = kazeia("run", "-m", tiny_qwen3_q4, "-dev", "HTP0", "-ngl", "99", "--n-prompt", "38", "-n", "1",
+               "--fault", "vtcm-grant-short", "--vtcm", str(1024 * 1024 + 256 * 1024),
+               env={"GGML_HEXAGON_OPQUEUE": "1", "GGML_HEXAGON_OPBATCH": "4"})
+    assert r.returncode == 3, r.stderr[-1500:]
+    assert "graph_compute returned GGML_STATUS_FAILED" in r.stderr and "synchronize failed" not in r.stderr
+    assert "first failing op: Qcur-0 (INTERNAL-ERROR" in r.stderr
+
+
+def test_a_dsp_death_still_reads_as_0x2e_now_at_synchronize(tiny_qwen3_q4):
+    """A DSP abort kills the process as in May; with no flush at graph end the host learns it at synchronize, after
+    the whole graph was enqueued (the failed batch holds every op of it)."""
+    r = kazeia("run", "-m", tiny_qwen3_q4, "-dev", "HTP0", "-ngl", "99", "--n-prompt", "38", "-n", "1",
+               "--inject-death-at", "5")
+    assert r.returncode == 3 and "ggml-hex: dspqueue_read failed: 0x0000002e" in r.stderr, r.stderr[-1500:]
+    assert "last op enqueued when the error was read: result_output" in r.stderr

@@ -112,6 +112,8 @@ class HtpBackend(Backend):
         the next synchronize, get-tensor, or when full)."""
         if not self.profile.october:
             self.synchronize()
+        else:  # graph_compute's last check: an error a full queue's flush read while the graph was enqueued
+            self.host.check_graph_compute()
 
     # --- sessions (engine/recovery.py) ---
     @property

@@ -92,17 +92,29 @@ class StickyError:
     op_name: str
     op_desc: str
     batch_seq: int
+    earlier: StickyError | None = None  # the first error of the session, when a later response overwrote it
 
     @property
     def status_name(self) -> str:
         return STATUS_NAMES.get(self.status, "UNKNOWN")
 
+    @property
+    def first(self) -> StickyError:
+        return self.earlier or self
+
+    def origin(self) -> str:
+        """Which op set the status kept (kazeia's note: the DSP knew it, the host does not say)."""
+        text = f"set by op {self.op_name} ({self.op_desc}) in batch {self.batch_seq}"
+        f = self.first
+        if f is not self:
+            text += f"; the session's first failing op: {f.op_name} ({f.status_name}, batch {f.batch_seq})"
+        return text
+
     def abort(self, session: str, where: str) -> DeviceOpError:
         """The GGML_ABORT of ggml_backend_hexagon_synchronize / get-tensor: upstream's text, then kazeia's note."""
-        err = DeviceOpError(f"ggml-hex: {session} {where} failed : dsp-error {self.status_name} (set by op "
-                            f"{self.op_name} ({self.op_desc}) in batch {self.batch_seq})")
+        err = DeviceOpError(f"ggml-hex: {session} {where} failed : dsp-error {self.status_name} ({self.origin()})")
         err.status = self.status_name
-        err.faulting = self.op_name
+        err.faulting = self.first.op_name
         err.aborted_in = where
         return err
 
@@ -282,7 +294,8 @@ class HostSession:
                 # 2026-10 flush_pending: log, keep it (each non-OK response overwrites last_error), go on
                 self.log(f"ggml-hex: {self.name} dspcall : dsp-rsp {STATUS_NAMES.get(rsp.status, 'UNKNOWN')}")
                 bad = [(op, s) for op, s in zip(batch.ops, rsp.statuses) if s != STATUS_OK]
-                self.last_error = StickyError(rsp.status, bad[0][0].node.name, bad[0][0].node.desc(), batch.seq)
+                self.last_error = StickyError(rsp.status, bad[0][0].node.name, bad[0][0].node.desc(), batch.seq,
+                                              self.last_error.first if self.last_error is not None else None)
             elif rsp.status != STATUS_OK:
                 self.log(f"ggml-hex: {self.name} dspcall : dsp-rsp: {STATUS_NAMES.get(rsp.status, 'UNKNOWN')}")
                 if self.profile.surface_status:
@@ -322,8 +335,8 @@ class HostSession:
         if self.last_error is not None:
             e = self.last_error
             err = DeviceOpError(f"ggml-hex: {self.name} graph_compute returned GGML_STATUS_FAILED: the session "
-                                f"holds dsp-error {e.status_name} (set by op {e.op_name} in batch {e.batch_seq})")
-            err.status, err.faulting, err.aborted_in = e.status_name, e.op_name, "graph_compute"
+                                f"holds dsp-error {e.status_name} ({e.origin()})")
+            err.status, err.faulting, err.aborted_in = e.status_name, e.first.op_name, "graph_compute"
             raise err
 
     # --- internals ---
