@@ -59,7 +59,7 @@ def hmx_deep_loads(plan: MatmulPlan) -> list[DeepLoad]:
             out.append(DeepLoad("activation", act.name, act.offset + (r * k_tiles + k0) * HMX_TILE_BYTES,
                                 nt * HMX_TILE_BYTES, r, k0))
     names = {a.name for a in plan.areas}
-    if "scratch0" in names:  # 2026-10: HMX reads the dequantized tiles from scratch0 / scratch1 (pipelined)
+    if "act_f32" in names:  # 2026-10: HMX reads the dequantized tiles from scratch0 / scratch1 (pipelined)
         bufs = ("scratch0", "scratch1") if "scratch1" in names else ("scratch0",)
     else:
         bufs = ("weight",) if plan.qtype == "f16" else ("wt0", "wt1")

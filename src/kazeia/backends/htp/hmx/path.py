@@ -102,7 +102,8 @@ class HmxPath:
         the first tile of weight rows."""
         nc = plan.nc
         names = {a.name for a in plan.areas}
-        wt0 = plan.area(next(n for n in ("wt0", "scratch0", "weight") if n in names))  # (2026-10: dequant scratch)
+        october = "act_f32" in names  # (2026-10: HMX reads the dequant scratch)
+        wt0 = plan.area(next(n for n in (("scratch0",) if october else ("wt0", "weight")) if n in names))
         stale = weight_from_tiles(np.frombuffer(dsp.vtcm.read(wt0.offset, nc * K * 2), dtype=np.uint8), nc, K)
         k_tiles = K // 32
         n_late = int(dsp.race.integers(1, k_tiles + 1))  # K tiles of the first column tile still in flight
@@ -173,7 +174,7 @@ class HmxPath:
             vt.write_lazy(ar.offset, min(nbytes, ar.size), lambda: make()[: ar.size])
 
         n_chunks = -(-N // nc)
-        if "scratch0" in names:  # 2026-10: chunk j's dequantized tiles and outputs in buffer j % 2 (j % 1 unpipelined)
+        if "act_f32" in names:  # 2026-10: chunk j's dequantized tiles and outputs in buffer j % 2 (j % 1 unpipelined)
             bufs = 2 if "scratch1" in names else 1
             for j in range(max(0, n_chunks - bufs), n_chunks):
                 lazy(f"scratch{j % bufs}", j * nc, min(N, (j + 1) * nc))
