@@ -115,3 +115,22 @@ def test_hvx_dot_on_threads(qtype, monkeypatch):
             assert same_bits(hvx.hvx_matmul(w, img, 2), want)
     finally:
         set_threads(2)
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("k", [32, 96, 800, 2560])
+def test_hvx_dot_in_october_order(qtype, k, monkeypatch):
+    """hvx_dot_seq (one accumulator per output, blocks in K order: October's tiled kernels) against its numba twin,
+    every weight type, whole and partial groups of 8 blocks, well-formed and garbage images, odd N."""
+    w = RepackedWeight.from_ggml(weight_rows(qtype, 7, k, seed=k, spread=False), qtype, k)
+    parse = hq.parse_q8_1x4x2 if qtype == T.Q4_1 else hq.parse_q8x4x2
+    b8, b16 = w.blocks()
+    for m in (1, 3, 38):
+        for garbage in (False, True):
+            img = image_for(qtype, m, k, seed=m, garbage=garbage)
+            args = (b8, b16, qtype, img, m, k, parse, hvx.IQ4_NL_VALUES, hvx.F16_LUT, True)
+            with np.errstate(all="ignore"):
+                got = hvx_kernels.hvx_dot(*args)
+                assert same_bits(got, portable(monkeypatch, hvx_kernels.hvx_dot, *args)), f"M={m} garbage={garbage}"
+            if k == 32 and not garbage:  # one block per output: May's lanes and tree add only zeros to it
+                assert same_bits(got, hvx_kernels.hvx_dot(*args[:-1]))

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from kazeia.backends.htp.kernels.hvx.ir import KINDS, emit_dot, emit_pairs
-from kazeia.backends.htp.kernels.hvx.portable import hvx_dot_portable
+from kazeia.backends.htp.kernels.hvx.ir import KINDS, emit_dot, emit_dot_seq, emit_pairs
+from kazeia.backends.htp.kernels.hvx.portable import hvx_dot_portable, hvx_dot_seq_portable
 from kazeia.native.buffers import ThreadScratch, kept_ptr
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library, available
@@ -37,6 +37,7 @@ DECODE_ROWS = 8                  # HVX dots of up to this many activation rows k
 LIB = Library(__name__, "kazeia_htp_hvx")
 PAIRS = LIB.kernel("hvx_pairs", emit_pairs)
 DOT = LIB.kernels("hvx_dot", emit_dot, KINDS, par=True)
+DOT_SEQ = LIB.kernels("hvx_dot_seq", emit_dot_seq, KINDS, par=True)  # October 2026's summation order
 
 
 # --- fronts ----------------------------------------------------------------------------------------------------
@@ -55,10 +56,11 @@ def _dot_scratch(m: int, n16: int, npad: int, k: int) -> tuple[np.ndarray, np.nd
 
 
 def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray, m: int, k: int,
-            parse, iq4: np.ndarray, lut: np.ndarray) -> np.ndarray:
+            parse, iq4: np.ndarray, lut: np.ndarray, sequential: bool = False) -> np.ndarray:
     """y (M, N) float32 = the HVX MUL_MAT of the ggml rows b8 (N, nb, type_size) with the M rows of the
     activation image (q8_1x4x2 for Q4_1, q8x4x2 else; `parse(image, k, m)` reads it for the portable
-    kernel)."""
+    kernel). `sequential`: October 2026's order (one accumulator per output, blocks in K order) instead of May's
+    32 lanes and tree."""
     n, nb = b8.shape[0], b8.shape[1]
     y = np.empty((m, n), dtype=np.float32)
     img = np.asarray(image, dtype=np.uint8)
@@ -66,8 +68,9 @@ def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray,
         parsed = parse(image, k, m)
         aq, ad = parsed[0], parsed[1]
         asum = parsed[2] if len(parsed) > 2 else ad
-        hvx_dot_portable(b8, b16, KIND_CODE[NAMES[qtype]], iq4, lut, np.ascontiguousarray(aq),
-                         np.ascontiguousarray(ad, dtype=np.float32), np.ascontiguousarray(asum, dtype=np.float32), y)
+        twin = hvx_dot_seq_portable if sequential else hvx_dot_portable
+        twin(b8, b16, KIND_CODE[NAMES[qtype]], iq4, lut, np.ascontiguousarray(aq),
+             np.ascontiguousarray(ad, dtype=np.float32), np.ascontiguousarray(asum, dtype=np.float32), y)
         return y
     npad, pimg = -(-nb // 8) * 8, addr(img)
     if qtype in NIBBLE_TYPES:  # the int8 quants in the kernel's pair order, and their sums per sub-block
@@ -79,7 +82,8 @@ def hvx_dot(b8: np.ndarray, b16: np.ndarray, qtype: GGMLType, image: np.ndarray,
     args = (kept_ptr(b8), b8.strides[0], nb, p16, ps, pimg, img.strides[0], k, m, addr(y), n, n)
     # a decode's HVX dots come one after another, a few hundred us of Python apart: the worker waits spinning
     # (as for the CPU decode GEMVs); after a batch of many rows it sleeps at once
-    run_rows(DOT[NAMES[qtype]], args, n, HVX_CHUNK, n * nb * 32 * m >= PARALLEL_MIN_ELEMS, linger=m <= DECODE_ROWS)
+    kernel = (DOT_SEQ if sequential else DOT)[NAMES[qtype]]
+    run_rows(kernel, args, n, HVX_CHUNK, n * nb * 32 * m >= PARALLEL_MIN_ELEMS, linger=m <= DECODE_ROWS)
     return y
 
 

@@ -232,3 +232,42 @@ def emit_dot(module: ir.Module, kind: str) -> str:
             k.store(b.load(res), a.y, b.add(b.mul(mi, a.ystride), n))
     k.ret()
     return name
+
+
+def emit_dot_seq(module: ir.Module, kind: str) -> str:
+    """hvx_dot_seq_<kind>: the same arguments and per-block products as `hvx_dot_<kind>` (fp32(ia * (d_x*d_w)), Q4_1
+    plus its rounded m_w*s_x), summed the way October 2026's tiled HVX kernels sum them (hvx-mm-kernels-tiled.h:
+    one fp32 accumulator per output, the blocks one after the other in K order): each group's 8 products are
+    folded into the scalar in lane order, the groups in order. Masked tail lanes add +0.0 (the accumulator starts
+    at +0.0 and a round-to-nearest sum is never -0.0 from there, so the adds change nothing)."""
+    name = f"hvx_dot_seq_{kind}"
+    k = Kernel(module, name, HVX_ARGS)
+    b, a = k.b, k.a
+    ngroups = b.sdiv(b.add(a.nb, i64(7)), i64(8))
+    npad = b.mul(ngroups, i64(8))
+    nfull = b.sdiv(a.nb, i64(8))  # groups whose 8 sub-blocks are all in the row
+    acc = k.var(F32, f32(0.0), name="acc")
+
+    def fold(v: ir.Value) -> None:
+        s = b.load(acc)
+        for j in range(8):
+            s = b.fadd(s, b.extract_element(v, ir.Constant(I32, j)))
+        b.store(s, acc)
+
+    with k.loop(a.r0, a.r1, name="row") as n:
+        rowp = k.gep(a.w, b.mul(n, a.wstride))
+        with k.loop(0, a.m, name="act") as mi:
+            xrow = k.gep(a.x16, b.mul(mi, b.mul(npad, i64(QK))))
+            xsrow = k.gep(a.xs, b.mul(mi, npad))
+            x8row = k.gep(b.bitcast(a.x16, ptr(I8)), b.mul(mi, b.mul(npad, i64(QK))))
+            irow = k.gep(a.img, b.add(b.mul(mi, a.imgstride), a.kq))
+            b.store(f32(0.0), acc)
+            with k.loop(0, nfull, name="group") as g:
+                if PREFETCH:
+                    k.prefetch(k.gep(rowp, b.add(b.mul(g, i64(8 * BLOCK_BYTES[kind])), i64(PREFETCH))))
+                fold(_group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False))
+            with k.if_(b.icmp_signed(">", ngroups, nfull)):
+                fold(_group(k, kind, rowp, xrow, xsrow, x8row, irow, nfull, True))
+            k.store(b.load(acc), a.y, b.add(b.mul(mi, a.ystride), n))
+    k.ret()
+    return name

@@ -164,3 +164,39 @@ def _hvx_dot_decoded_portable(blocks, dbits, kind, iq4, lut, aq, ad, asum, y):
                         v = v + asum[m, b] * mw[b]
                     acc[b % 32] = acc[b % 32] + v
                 y[m, n] = _reduce(acc, tmp, adjacent)
+
+
+@jit(parallel=True, cache=True)
+def hvx_dot_seq_portable(blocks, dbits, kind, iq4, lut, aq, ad, asum, y):
+    """hvx_dot_seq's twin (October 2026's order): per output, one fp32 accumulator over the blocks in K order:
+    acc = fp32(acc + fp32(fp32(ia) * fp32(d_x * d_w))) [Q4_1: the block's term is fp32(that product +
+    fp32(s_x * m_w))], ia the exact int32 dot of the block."""
+    n_rows, nb = blocks.shape[0], blocks.shape[1]
+    m_rows = aq.shape[0]
+    for c in prange((n_rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        t0 = np.empty(16, np.int32)
+        t1 = np.empty(16, np.int32)
+        for n in range(c * ROW_CHUNK, min(n_rows, c * ROW_CHUNK + ROW_CHUNK), 2):
+            n1 = min(n + 1, n_rows - 1)
+            for m in range(m_rows):
+                acc0 = _f32(0)
+                acc1 = _f32(0)
+                for b in range(nb):
+                    if kind == KIND_Q4_0:
+                        ia0, ia1 = _q4_pair(blocks, n, n1, b, aq, m, 2, _i32(8), t0, t1)
+                    elif kind == KIND_Q4_1:
+                        ia0, ia1 = _q4_pair(blocks, n, n1, b, aq, m, 4, _i32(0), t0, t1)
+                    elif kind == KIND_Q8_0:
+                        ia0, ia1 = _q8_pair(blocks, n, n1, b, aq, m, t0, t1)
+                    else:
+                        ia0, ia1 = _table_pair(blocks, n, n1, b, aq, m, iq4)
+                    v0 = _f32(ia0) * (ad[m, b] * lut[dbits[n, b, 0]])
+                    v1 = _f32(ia1) * (ad[m, b] * lut[dbits[n1, b, 0]])
+                    if kind == KIND_Q4_1:
+                        v0 = v0 + asum[m, b] * lut[dbits[n, b, 1]]
+                        v1 = v1 + asum[m, b] * lut[dbits[n1, b, 1]]
+                    acc0 = _f32(acc0 + v0)
+                    acc1 = _f32(acc1 + v1)
+                y[m, n] = acc0
+                if n1 != n:
+                    y[m, n1] = acc1
