@@ -112,8 +112,13 @@ class Dsp:
         statuses: list[int] = []
         for op in batch.ops:
             if self.l2 is not None:  # prep_op_bufs: flush the dirty inputs, then record the outputs dirty
-                self.l2.flush_inputs(_spans(batch, [i for d in (op, *op.fused) for i in d.src if i is not None]))
-                self.l2.mark_dirty(_spans(batch, [d.dst for d in (op, *op.fused)]))
+                spans = op.l2_spans
+                if spans is None:  # (an op desc keeps its descriptor indexes: a replayed batch reuses it)
+                    spans = op.l2_spans = (
+                        _spans(batch, [i for d in (op, *op.fused) for i in d.src if i is not None]),
+                        _spans(batch, [d.dst for d in (op, *op.fused)]))
+                self.l2.flush_inputs(spans[0])
+                self.l2.mark_dirty(spans[1])
             if self.on_op_start:
                 self.on_op_start(op, batch)
             try:

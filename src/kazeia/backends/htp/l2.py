@@ -34,18 +34,35 @@ class L2Stats:
 
 @dataclass
 class L2State:
-    """The 64-entry dirty-range table ([start, end) pairs; start 0 is a free slot) and its counters."""
+    """The 64-entry dirty-range table ([start, end) pairs; start 0 is a free slot) and its counters. `_live` holds
+    the occupied slots' indexes, so that the scans upstream makes over all 64 slots visit only those (a decode
+    keeps a handful live): the same slots, in the same order, with the same results."""
 
     ranges: list[list[int]] = field(default_factory=lambda: [[0, 0] for _ in range(MAX_DIRTY_RANGES)])
     stats: L2Stats = field(default_factory=L2Stats)
     n_threads: int = 6
+    _live: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._live = [i for i, r in enumerate(self.ranges) if r[0]]
+
+    def _set(self, i: int, a: int, b: int) -> None:
+        r = self.ranges[i]
+        was = bool(r[0])
+        r[0], r[1] = a, b
+        if a and not was:
+            self._live.append(i)
+            self._live.sort()
+        elif was and not a:
+            self._live.remove(i)
 
     def dirty(self) -> list[tuple[int, int]]:
-        return [(s, e) for s, e in self.ranges if s]
+        return [tuple(self.ranges[i]) for i in self._live]
 
     def _clear(self) -> None:
-        for r in self.ranges:
-            r[0] = r[1] = 0
+        for i in self._live:
+            self.ranges[i][0] = self.ranges[i][1] = 0
+        self._live = []
 
     def flush_all(self) -> None:
         self.stats.flush_all += 1
@@ -65,25 +82,40 @@ class L2State:
             self.stats.threaded_flushes += 1
 
     def _merge(self) -> None:
-        """merge_dirty_ranges: overlapping or touching ranges become one (the other slot is freed)."""
+        """merge_dirty_ranges: ranges that overlap or touch, transitively, become one, kept in the lowest slot of
+        their group (the slot upstream's double loop keeps: the first of the group it meets absorbs the others);
+        the other slots are freed. Done as a sweep over the live ranges sorted by start: the same groups."""
+        if len(self._live) < 2:
+            return
         rs = self.ranges
-        for i in range(MAX_DIRTY_RANGES):
-            r = rs[i]
-            if not r[0]:
+        active = sorted((rs[i][0], rs[i][1], i) for i in self._live)
+        group, hi = [active[0]], active[0][1]
+        for item in active[1:]:
+            if item[0] <= hi:
+                group.append(item)
+                hi = max(hi, item[1])
                 continue
-            j = 0
-            while j < MAX_DIRTY_RANGES:
-                s = rs[j]
-                if i == j or not s[0] or r[1] < s[0] or s[1] < r[0]:
-                    j += 1
-                    continue
-                r[0], r[1] = min(r[0], s[0]), max(r[1], s[1])
-                s[0] = s[1] = 0
-                j = 0
+            self._fold(group)
+            group, hi = [item], item[1]
+        self._fold(group)
+
+    def _fold(self, group: list[tuple[int, int, int]]) -> None:
+        if len(group) == 1:
+            return
+        keep = min(g[2] for g in group)
+        lo, hi = min(g[0] for g in group), max(g[1] for g in group)
+        for _, _, i in group:
+            if i != keep:
+                self._set(i, 0, 0)
+        self._set(keep, lo, hi)
 
     def flush_inputs(self, tensors: list[tuple[int, int]]) -> None:
         """htp_tensor_flush_all for an op's inputs, (address, size) of those not weights or fences."""
-        dirty = [(a, a + n) for a, n in tensors if n > 0 and any(s and s < a + n and a < e for s, e in self.ranges)]
+        if not self._live:
+            return
+        rs = self.ranges
+        live = [rs[i] for i in self._live]
+        dirty = [(a, a + n) for a, n in tensors if n > 0 and any(r[0] < a + n and a < r[1] for r in live)]
         if not dirty:
             return
         total = sum(e - s for s, e in dirty)
@@ -91,10 +123,11 @@ class L2State:
             return self.flush_all()
         self._flush(dirty)
         for a, b in dirty:  # make_tensor_clean
-            for r in self.ranges:
-                if r[0] and r[0] < b and a < r[1]:
+            for i in list(self._live):
+                r = rs[i]
+                if r[0] < b and a < r[1]:
                     if a <= r[0] and r[1] <= b:
-                        r[0] = r[1] = 0
+                        self._set(i, 0, 0)
                     elif a <= r[0]:
                         r[0] = b
                     elif r[1] <= b:
@@ -102,11 +135,13 @@ class L2State:
 
     def mark_dirty(self, tensors: list[tuple[int, int]]) -> None:
         """htp_tensor_dirty_all for an op's outputs, (address, size) of those not weights or fences."""
+        rs = self.ranges
         pending = []
         for a, n in tensors:
             b, merged = a + n, False
-            for r in self.ranges:
-                if r[0] and r[0] <= b and a <= r[1]:
+            for i in self._live:
+                r = rs[i]
+                if r[0] <= b and a <= r[1]:
                     r[0], r[1] = min(a, r[0]), max(b, r[1])
                     merged = True
             if not merged:
@@ -114,22 +149,23 @@ class L2State:
         self._merge()
         if not pending:
             return
-        empty = [r for r in self.ranges if not r[0]]
-        active = [r for r in self.ranges if r[0]]
+        live = set(self._live)
+        empty = [i for i in range(MAX_DIRTY_RANGES) if i not in live]
+        active = list(self._live)
         if len(pending) <= len(empty):
-            for r, (a, b) in zip(empty, pending):
-                r[0], r[1] = a, b
+            for i, (a, b) in zip(empty, pending):
+                self._set(i, a, b)
             return self._merge()
         n_evict = len(pending) - len(empty)
-        evicted = [(r[0], r[1]) for r in active[:n_evict]]
+        evicted = [tuple(rs[i]) for i in active[:n_evict]]
         if sum(e - s for s, e in evicted) > FLUSH_ALL_THRESHOLD:
             self.flush_all()
-            for r, (a, b) in zip(self.ranges, pending):
-                r[0], r[1] = a, b
+            for i, (a, b) in enumerate(pending):
+                self._set(i, a, b)
             return self._merge()
         self._flush(evicted)
-        for r, (a, b) in zip(active[:n_evict], pending):
-            r[0], r[1] = a, b
-        for r, (a, b) in zip(empty, pending[n_evict:]):
-            r[0], r[1] = a, b
+        for i, (a, b) in zip(active[:n_evict], pending):
+            self._set(i, a, b)
+        for i, (a, b) in zip(empty, pending[n_evict:]):
+            self._set(i, a, b)
         self._merge()

@@ -50,6 +50,7 @@ class OpDesc:
     placement: object = None  # the graph's placement stamp when the host queued it (graph/alloc.py; None: no graph)
     name: str | None = None  # a fused op's upstream name (RMS_NORM+MUL, MUL_MAT+ADD, MUL_MAT_NX); None: not fused
     fused: list[OpDesc] = field(default_factory=list)  # the nodes merged into this op, run after `node`, in order
+    l2_spans: tuple | None = None  # (inputs, outputs) as (address, size) for the L2 table (device.py), once made
 
 
 @dataclass
@@ -135,6 +136,7 @@ class OpBatch:
         sub = OpDesc(op.index, node, src, self.add_tensor(node), op.graph_index, op.placement, name)
         op.name = name
         op.fused.append(sub)
+        op.l2_spans = None
         return sub
 
     def add_op(self, node: Tensor, graph_index: int, placement: object = None) -> OpDesc:

@@ -73,7 +73,7 @@ class BatchRecord:
         ops = src.ops[:n_ops]
         if ops and ops[-1].fused:  # a cut inside a fused op: it holds only the nodes before the cut
             j = sum(1 for i in self.op_index[:k] if i == n_ops - 1) - 1
-            ops[-1] = replace(ops[-1], fused=ops[-1].fused[:j], name=ops[-1].name if j else None)
+            ops[-1] = replace(ops[-1], fused=ops[-1].fused[:j], name=ops[-1].name if j else None, l2_spans=None)
         batch = OpBatch(seq, ops, tensors, buffers, vmem, None, by_data,
                         {d.tensor: d.index for d in tensors}, {b: i for i, b in enumerate(buffers)}, src.check_type)
         rec = BatchRecord(self.placement)

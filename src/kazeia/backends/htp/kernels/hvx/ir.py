@@ -31,6 +31,7 @@ from kazeia.native.irkit import (
 KINDS = ("q4_0", "q4_1", "q8_0", "iq4_nl")
 BLOCK_BYTES = block_bytes(KINDS)
 PREFETCH = 4096  # bytes of the weight stream the chunk loop prefetches ahead (the hw prefetchers stop at pages)
+ROWS_SEQ = 2  # weight rows hvx_dot_seq works on at once (independent accumulator chains)
 NIBBLES = ("q4_0", "q4_1")  # kinds whose dot reads the image's int8 quants (the others: their int16 widening)
 V8I16 = vec(I16, 8)
 
@@ -239,35 +240,47 @@ def emit_dot_seq(module: ir.Module, kind: str) -> str:
     plus its rounded m_w*s_x), summed the way October 2026's tiled HVX kernels sum them (hvx-mm-kernels-tiled.h:
     one fp32 accumulator per output, the blocks one after the other in K order): each group's 8 products are
     folded into the scalar in lane order, the groups in order. Masked tail lanes add +0.0 (the accumulator starts
-    at +0.0 and a round-to-nearest sum is never -0.0 from there, so the adds change nothing)."""
+    at +0.0 and a round-to-nearest sum is never -0.0 from there, so the adds change nothing). Weight rows go
+    ROWS_SEQ at a time (rows past the range are the range's last row again, computed and stored again), so the
+    accumulators' dependent adds overlap."""
     name = f"hvx_dot_seq_{kind}"
     k = Kernel(module, name, HVX_ARGS)
     b, a = k.b, k.a
     ngroups = b.sdiv(b.add(a.nb, i64(7)), i64(8))
     npad = b.mul(ngroups, i64(8))
     nfull = b.sdiv(a.nb, i64(8))  # groups whose 8 sub-blocks are all in the row
-    acc = k.var(F32, f32(0.0), name="acc")
+    accs = [k.var(F32, f32(0.0), name=f"acc{j}") for j in range(ROWS_SEQ)]
 
-    def fold(v: ir.Value) -> None:
+    def fold(acc, v: ir.Value) -> None:
         s = b.load(acc)
         for j in range(8):
             s = b.fadd(s, b.extract_element(v, ir.Constant(I32, j)))
         b.store(s, acc)
 
-    with k.loop(a.r0, a.r1, name="row") as n:
-        rowp = k.gep(a.w, b.mul(n, a.wstride))
+    with k.loop(a.r0, a.r1, step=ROWS_SEQ, name="row") as n:
+        last = b.sub(a.r1, i64(1))
+        ns = [n] + [b.select(b.icmp_signed("<", b.add(n, i64(j)), a.r1), b.add(n, i64(j)), last)
+                    for j in range(1, ROWS_SEQ)]
+        rows = [k.gep(a.w, b.mul(x, a.wstride)) for x in ns]
         with k.loop(0, a.m, name="act") as mi:
             xrow = k.gep(a.x16, b.mul(mi, b.mul(npad, i64(QK))))
             xsrow = k.gep(a.xs, b.mul(mi, npad))
             x8row = k.gep(b.bitcast(a.x16, ptr(I8)), b.mul(mi, b.mul(npad, i64(QK))))
             irow = k.gep(a.img, b.add(b.mul(mi, a.imgstride), a.kq))
-            b.store(f32(0.0), acc)
+            for acc in accs:
+                b.store(f32(0.0), acc)
             with k.loop(0, nfull, name="group") as g:
-                if PREFETCH:
-                    k.prefetch(k.gep(rowp, b.add(b.mul(g, i64(8 * BLOCK_BYTES[kind])), i64(PREFETCH))))
-                fold(_group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False))
+                for acc, rowp in zip(accs, rows):
+                    if PREFETCH:  # every line of the group PREFETCH bytes ahead (a group is 2.25+ lines)
+                        pf = k.gep(rowp, b.add(b.mul(g, i64(8 * BLOCK_BYTES[kind])), i64(PREFETCH)))
+                        for j in range(-(-8 * BLOCK_BYTES[kind] // 64)):
+                            k.prefetch(k.gep(pf, 64 * j))
+                    fold(acc, _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False))
             with k.if_(b.icmp_signed(">", ngroups, nfull)):
-                fold(_group(k, kind, rowp, xrow, xsrow, x8row, irow, nfull, True))
-            k.store(b.load(acc), a.y, b.add(b.mul(mi, a.ystride), n))
+                for acc, rowp in zip(accs, rows):
+                    fold(acc, _group(k, kind, rowp, xrow, xsrow, x8row, irow, nfull, True))
+            out = b.mul(mi, a.ystride)
+            for acc, x in zip(accs, ns):  # (past the range: the last row's value again, at its own place)
+                k.store(b.load(acc), a.y, b.add(out, x))
     k.ret()
     return name
