@@ -60,8 +60,7 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-dev", "--device", type=V.device, default="CPU",
                    help="CPU, HTP0 (emulated Hexagon NPU) or REF (float64)")
     g.add_argument("--htp-profile", type=V.htp_profile, default=None,
-                   help="HTP version profile: robust (default) or 2026-05; "
-                                                       "env KAZEIA_HTP_PROFILE")
+                   help="HTP version profile: 2026-10 (default), robust or 2026-05; env KAZEIA_HTP_PROFILE")
     g.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES",
                    help="HTP VTCM size in bytes (default 8388608); env KAZEIA_HTP_VTCM")
     g.add_argument("--fault", type=V.fault(), action="append", default=[], metavar="NAME",

@@ -42,7 +42,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--n-prompt", type=V.positive(), default=None, metavar="N", help="prompt length in tokens")
     p.add_argument("-ub", "--ubatch-size", type=V.positive(), default=512, help="micro-batch size (default 512)")
     p.add_argument("--htp-profile", type=V.htp_profile, default=None,
-                   help="HTP profile whose plans to use (default robust)")
+                   help="HTP profile whose plans to use (default 2026-10)")
     p.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES", help="VTCM size (default 8388608)")
     p.add_argument("--vtcm-base", type=_hex, default=None, metavar="HEX",
                    help="virtual address VTCM is mapped at on the device (default: the emulator's)")

@@ -18,7 +18,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("gate", help="validated gate policies: --auto builds one for a model, --explain prints one")
     p.add_argument("-m", "--model", type=V.regular_file, help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("-dev", "--device", type=V.device, default="HTP0", help="the device to validate (HTP0)")
-    p.add_argument("--htp-profile", type=V.htp_profile, default=None, help="HTP version profile (robust, 2026-05)")
+    p.add_argument("--htp-profile", type=V.htp_profile, default=None,
+                   help="HTP version profile (2026-10, the default; robust; 2026-05)")
     p.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES", help="HTP VTCM size in bytes")
     p.add_argument("--fault", type=V.fault(), action="append", default=[], metavar="NAME",
                    help="HTP fault injection (repeatable)")

@@ -65,7 +65,7 @@ def add_plan_parser(hsub) -> argparse.ArgumentParser:
     p.add_argument("--vtcm", type=validate.vtcm_bytes, default=None, metavar="BYTES",
                    help=f"VTCM size (default {DEFAULT_VTCM}; env KAZEIA_HTP_VTCM)")
     p.add_argument("--htp-profile", choices=list(PROFILES), default=None,
-                   help="2026-05 (the upstream snapshot) or robust (default; env KAZEIA_HTP_PROFILE)")
+                   help="2026-10 (default), robust or 2026-05 (env KAZEIA_HTP_PROFILE)")
     p.add_argument("--threads", type=validate.integer(1, MAX_HVX_THREADS), default=None, metavar="N",
                    help=f"HVX threads (default GGML_HEXAGON_NHVX or {DEFAULT_HVX_THREADS}, at most "
                         f"{MAX_HVX_THREADS})")

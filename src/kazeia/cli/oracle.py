@@ -57,7 +57,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "with ',M')")
     g = p.add_argument_group("HTP0")
     g.add_argument("--htp-profile", type=V.htp_profile, default=None,
-                   help="robust (default) or 2026-05; env KAZEIA_HTP_PROFILE")
+                   help="2026-10 (default), robust or 2026-05; env KAZEIA_HTP_PROFILE")
     g.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES", help="VTCM size (default 8388608)")
     g.add_argument("--fault", type=V.fault(), action="append", default=[], metavar="NAME",
                    help="fault injection (repeatable)")

@@ -95,9 +95,11 @@ PROFILES: dict[str, Profile] = {
         name="2026-10",
         description="ggml-hexagon as users build it in October 2026 (llama.cpp 0c1e57098bba): the host solves "
                     "every MUL_MAT plan against the session's VTCM (HMX from M = 5, else HVX, else the CPU) and "
-                    "ships it in the op's kernel params; a DSP-side misfit returns an op status, the host keeps "
-                    "the first one sticky and aborts at the next synchronize; graph_compute returns without "
-                    "flushing; the src1 shortcut is cleared after every op; descriptors match on type too",
+                    "ships it in the op's kernel params; a DSP-side misfit returns an op status (the first of its "
+                    "batch), the host keeps it sticky and aborts at the next synchronize; graph_compute returns "
+                    "without flushing; RMS_NORM+MUL, MUL_MAT+ADD and MUL_MAT_NX are fused (OPFUSION); the DSP "
+                    "tracks dirty L2 ranges lazily; the src1 shortcut is cleared after every op; descriptors "
+                    "match on type too; HVX activations are quantized per 32 elements and summed in K order",
         plan_counts_rounding=True,
         hmx_failure="status",
         surface_status=True,
