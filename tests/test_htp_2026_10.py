@@ -315,3 +315,19 @@ def test_a_dsp_death_still_reads_as_0x2e_now_at_synchronize(tiny_qwen3_q4):
                "--inject-death-at", "5")
     assert r.returncode == 3 and "ggml-hex: dspqueue_read failed: 0x0000002e" in r.stderr, r.stderr[-1500:]
     assert "last op enqueued when the error was read: result_output" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_budget_the_host_refuses(q4b2):
+    """--vtcm 2097152: the host's HMX solver finds nothing for Qwen3-4B's ffn_down at M = 38, so the op is not sent
+    to HMX and nothing fails. With 4 HVX threads the HVX solver fits (M chunks of one row): HTP0/hvx. With the default
+    6 threads even HVX does not fit (6 weight prefetch rings of 389,120 B), so October's supports_op leaves the op to
+    the CPU: the source says so, where htp-2026-10.md §1.4 expected HVX."""
+    from kazeia.debug.runner import run
+    from kazeia.engine.session import RunSpec
+
+    for env, where in (({"GGML_HEXAGON_NHVX": "4"}, ("HTP0", "hvx")), ({}, ("CPU", "cpu"))):
+        r = run(RunSpec(model=q4b2, n_prompt=38, device="HTP0", vtcm=2 * 1024 * 1024, env=env))
+        assert r.ok, r.error or r.death
+        got = {p["node"]: (p["backend"], p["reason"]) for p in r.placements}
+        assert got["ffn_out-0"][0] == where[0], got["ffn_out-0"]
