@@ -331,3 +331,13 @@ def test_a_budget_the_host_refuses(q4b2):
         assert r.ok, r.error or r.death
         got = {p["node"]: (p["backend"], p["reason"]) for p in r.placements}
         assert got["ffn_out-0"][0] == where[0], got["ffn_out-0"]
+
+
+def test_traces_name_the_fused_op(tiny_qwen3_q4, tmp_path):
+    out = tmp_path / "t.jsonl"
+    r = kazeia("trace", "-m", tiny_qwen3_q4, "--n-prompt", "38", "-dev", "HTP0", "--quiet", "-o", str(out))
+    assert r.returncode == 0, r.stderr[-1500:]
+    recs = [json.loads(ln) for ln in out.read_text().splitlines()]
+    fused = {(x["name"], x["fused"]) for x in recs if x.get("fused")}
+    assert ("norm-0", "RMS_NORM+MUL") in fused and ("attn_norm-0", "RMS_NORM+MUL") in fused
+    assert any(name == "MUL_MAT_NX" for _, name in fused)

@@ -71,7 +71,7 @@ class TraceHook(Hook):
             "src_stats": [s.to_dict() if s else None for s in ins],
             "dst_stats": out.to_dict() if out else None,
         }
-        for k in ("status", "hmx_fallback", "src1_reused", "mc", "nc"):
+        for k in ("status", "hmx_fallback", "src1_reused", "mc", "nc", "fused"):  # fused: 2026-10's op name
             if k in info.extra:
                 rec[k] = info.extra[k]
         if node.route_rule:  # the gate-policy rule that routed it (engine/policy.py)
@@ -102,6 +102,7 @@ class TraceHook(Hook):
         srcs = " ".join(f"src{i}={s}" for i, s in enumerate(rec["src"]) if s)
         parts = [f"KZOP #{rec['index']} {rec['name']} {rec['op']} {rec['backend']}/{rec['path']}",
                  f"batch={rec['batch']}" if rec["batch"] is not None else "",
+                 f"fused={rec['fused']}" if rec.get("fused") else "",
                  f"rule={rec['rule']}" if rec.get("rule") else "", f"dst={rec['dst']} {srcs}"]
         for i, s in enumerate(ins):
             if s is not None:
