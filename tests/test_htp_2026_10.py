@@ -341,3 +341,14 @@ def test_traces_name_the_fused_op(tiny_qwen3_q4, tmp_path):
     fused = {(x["name"], x["fused"]) for x in recs if x.get("fused")}
     assert ("norm-0", "RMS_NORM+MUL") in fused and ("attn_norm-0", "RMS_NORM+MUL") in fused
     assert any(name == "MUL_MAT_NX" for _, name in fused)
+
+
+@pytest.mark.parametrize("m,path", [(1, "default"), (38, "default"), (38, "hvx")])
+def test_gate_validation_cases_read_finished_outputs(tiny_qwen3_q4, m, path):
+    """gate --auto's child runs a MUL_MAT twice in one batch and reads both outputs: under 2026-10 the batch is
+    only sent at synchronize, so the child synchronizes first (an unsynchronized read saw zeros)."""
+    from kazeia.debug.gate.child import _case
+    from kazeia.engine.context import Model
+
+    got = _case(Model.load(tiny_qwen3_q4), "blk.0.ffn_down.weight", m, path, HtpSettings.from_env({}), 0)
+    assert got["ok"], got

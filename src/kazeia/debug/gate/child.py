@@ -50,6 +50,7 @@ def _case(model: Model, weight: str, m: int, path: str, settings: HtpSettings, s
         for node in nodes:
             backend.compute(node)
         backend.end_graph()
+        backend.synchronize()  # the outputs are read next (2026-10's graph_compute returns without a flush)
     except DeviceDeathError as e:
         return {**out, "ok": False, "evidence": f"device died: {getattr(e, 'kind', '') or ''} {e.cause}"}
     except DeviceOpError as e:
