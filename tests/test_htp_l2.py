@@ -71,7 +71,7 @@ def test_every_batch_starts_and_ends_with_a_whole_cache_flush(tiny_qwen3_q4):
     batches = []
     htp.add_batch_start_hook(lambda _be, b: batches.append(b.seq))
     ctx.decode(list(range(5, 11)))
-    st = htp.dsp.l2.stats
+    st = htp.dsp.l2.state.stats
     assert batches and st.flush_all >= 2 * len(batches)
     assert st.ranges_flushed > 0  # outputs read by later ops of the same batch were flushed before them
     robust = HtpBackend(HtpSettings(profile="robust"))

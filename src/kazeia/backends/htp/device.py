@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kazeia.backends.htp.l2 import L2State
+from kazeia.backends.htp.l2 import L2Recorder
 from kazeia.backends.htp.msg import (
     STATUS_OK,
     Death,
@@ -52,7 +52,7 @@ class Dsp:
         self.race = np.random.default_rng(settings.race_seed)
         self.injector = None  # test deaths (engine/recovery.py: DeathInjector): tick() before each op
         # 2026-10's lazy L2 bookkeeping (l2.py): None under the May profiles
-        self.l2 = L2State(n_threads=settings.nhvx) if profile.october else None
+        self.l2 = L2Recorder(n_threads=settings.nhvx) if profile.october else None
 
     def snapshot(self) -> DeviceState:
         return DeviceState(self.vtcm.mem.copy(), self.hmx_scale, self.dma_stale_pop,
@@ -117,8 +117,7 @@ class Dsp:
                     spans = op.l2_spans = (
                         _spans(batch, [i for d in (op, *op.fused) for i in d.src if i is not None]),
                         _spans(batch, [d.dst for d in (op, *op.fused)]))
-                self.l2.flush_inputs(spans[0])
-                self.l2.mark_dirty(spans[1])
+                self.l2.op(*spans)
             if self.on_op_start:
                 self.on_op_start(op, batch)
             try:

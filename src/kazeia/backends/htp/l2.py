@@ -12,7 +12,8 @@ dirty-range flushing, kept as a state the emulator updates exactly as the DSP do
 
 Memory in this emulator is coherent (numpy arrays), so the table changes no value: it is what a fault of L2
 visibility (a stale line a consumer reads) needs to say which bytes were not written back, and what the counters
-(flushes, bytes, whole-cache flushes) report. Addresses are kazeia's (a buffer's base plus the tensor's offset).
+(flushes, bytes, whole-cache flushes) report. The DSP records its calls (`L2Recorder`) and the table is brought up
+to date when read. Addresses are kazeia's (a buffer's base plus the tensor's offset).
 """
 
 from __future__ import annotations
@@ -169,3 +170,47 @@ class L2State:
         for i, (a, b) in zip(empty, pending[n_evict:]):
             self._set(i, a, b)
         self._merge()
+
+
+class L2Recorder:
+    """The DSP's L2 calls, kept in order and applied to its `L2State` when someone reads it (`state`), or when many
+    wait: the table is a function of the calls alone (nothing in it feeds back into what the ops compute), so the
+    state read is the one the DSP would hold, at a fraction of the per-op cost on a decode's hundreds of ops."""
+
+    LIMIT = 1 << 16  # calls kept before they are applied (bounded memory)
+
+    def __init__(self, n_threads: int = 6) -> None:
+        self._state = L2State(n_threads=n_threads)
+        self._log: list[tuple] = []
+
+    def batch_start(self) -> None:
+        self._push(("start",))
+
+    def batch_end(self) -> None:
+        self._push(("end",))
+
+    def op(self, inputs: list[tuple[int, int]], outputs: list[tuple[int, int]]) -> None:
+        """prep_op_bufs: the op's dirty inputs flushed, then its outputs recorded dirty."""
+        self._push(("op", inputs, outputs))
+
+    def _push(self, call: tuple) -> None:
+        self._log.append(call)
+        if len(self._log) >= self.LIMIT:
+            self._apply()
+
+    def _apply(self) -> None:
+        st = self._state
+        for call in self._log:
+            if call[0] == "op":
+                st.flush_inputs(call[1])
+                st.mark_dirty(call[2])
+            elif call[0] == "start":
+                st.batch_start()
+            else:
+                st.batch_end()
+        self._log = []
+
+    @property
+    def state(self) -> L2State:
+        self._apply()
+        return self._state
