@@ -5,8 +5,9 @@
   USE_HMX and OPSTAGE are no longer read.
 - precompute_matmul_params_impl + supported_mul_mat: HMX when M > 4 and its solver fits, else HVX, else CPU; no
   row limit (Qwen3's 151936-row lm_head runs on the HTP).
-- flush_pending / synchronize / graph_compute: a non-OK response is logged "dsp-rsp <NAME>", kept sticky, and
-  aborts the next synchronize with "synchronize failed : dsp-error <NAME>"; no 0x2e.
+- flush_pending / synchronize / get_tensor_async / graph_compute: a non-OK response is logged "dsp-rsp <NAME>",
+  kept sticky, and aborts the next synchronize or output read ("<where> failed : dsp-error <NAME>"; llama_decode
+  reads the logits with ggml_backend_tensor_get_async on the backend that computed them); no 0x2e.
 - matmul-ops.c: hmx_mm_2d_f32 checks its layout against ctx->vtcm_size (main.c vtcm_alloc's grant) and returns -1
   -> INTERNAL-ERROR; the HVX kernels return VTCM-TOO-SMALL.
 """
@@ -110,12 +111,13 @@ def test_sticky_error_texts():
 
 def test_a_misfit_only_the_dsp_sees_is_a_status_abort_not_a_crash(tiny_qwen3_q4):
     """The DSP granted less VTCM than the host planned for: a kernel returns a status, the rest of the batch runs,
-    the host logs dsp-rsp and aborts at synchronize with upstream's text; no dspqueue_read 0x2e."""
+    the host logs dsp-rsp and aborts when llama_decode reads the logits the HTP computed (the lm_head runs there:
+    get-tensor-async), with upstream's text; no dspqueue_read 0x2e."""
     r = kazeia("run", "-m", tiny_qwen3_q4, "-dev", "HTP0", "-ngl", "99", "--n-prompt", "38", "-n", "1",
                "--fault", "vtcm-grant-short", "--vtcm", str(1024 * 1024 + 256 * 1024))
     assert r.returncode == 3, r.stderr[-1500:]
     assert "ggml-hex: HTP0 dspcall : dsp-rsp " in r.stderr
-    assert "synchronize failed : dsp-error " in r.stderr and "0x0000002e" not in r.stderr
+    assert "get-tensor-async failed : dsp-error " in r.stderr and "0x0000002e" not in r.stderr
     ok = kazeia("run", "-m", tiny_qwen3_q4, "-dev", "HTP0", "-ngl", "99", "--n-prompt", "38", "-n", "1",
                 "--vtcm", str(1024 * 1024 + 256 * 1024))
     assert ok.returncode == 0, ok.stderr[-1500:]
@@ -263,7 +265,7 @@ def test_investigate_names_the_status_the_op_and_the_mechanism(tiny_qwen3_q4, tm
     inv = investigate(spec, str(tmp_path / "inv"), progress=lambda s: None)
     assert inv.fault_found
     v = inv.verdict
-    assert "returned INTERNAL-ERROR on the DSP" in v and "aborted in synchronize" in v, v
+    assert "returned INTERNAL-ERROR on the DSP" in v and "aborted in get-tensor-async" in v, v
     assert "host/DSP VTCM disagreement" in v and "granted 262,144 B" in v, v
     assert inv.gate and inv.gate["validated"], inv.gate
     assert (tmp_path / "inv" / "report.md").is_file()
@@ -304,7 +306,7 @@ def test_a_full_queue_reads_the_error_and_graph_compute_fails(tiny_qwen3_q4):
                "--fault", "vtcm-grant-short", "--vtcm", str(1024 * 1024 + 256 * 1024),
                env={"GGML_HEXAGON_OPQUEUE": "1", "GGML_HEXAGON_OPBATCH": "4"})
     assert r.returncode == 3, r.stderr[-1500:]
-    assert "graph_compute returned GGML_STATUS_FAILED" in r.stderr and "synchronize failed" not in r.stderr
+    assert "graph_compute returned GGML_STATUS_FAILED" in r.stderr and "failed : dsp-error" not in r.stderr
     assert "first failing op: Qcur-0 (INTERNAL-ERROR" in r.stderr
 
 
@@ -352,3 +354,15 @@ def test_gate_validation_cases_read_finished_outputs(tiny_qwen3_q4, m, path):
 
     got = _case(Model.load(tiny_qwen3_q4), "blk.0.ffn_down.weight", m, path, HtpSettings.from_env({}), 0)
     assert got["ok"], got
+
+
+def test_an_abort_says_where_the_host_waited(tiny_qwen3_q4):
+    """The lm_head on the CPU: the CPU waits for the HTP's result_norm (a split boundary: synchronize), so the abort
+    is synchronize's; with the lm_head on the HTP it is the logits read (get-tensor-async)."""
+    base = ("run", "-m", tiny_qwen3_q4, "-dev", "HTP0", "-ngl", "99", "--n-prompt", "38", "-n", "1",
+            "--fault", "vtcm-grant-short", "--vtcm", str(1024 * 1024 + 256 * 1024))
+    cpu_head = kazeia(*base, "--cpu-nodes", "^result_output$")
+    htp_head = kazeia(*base)
+    assert cpu_head.returncode == htp_head.returncode == 3
+    assert "HTP0 synchronize failed : dsp-error INTERNAL-ERROR" in cpu_head.stderr, cpu_head.stderr[-800:]
+    assert "HTP0 get-tensor-async failed : dsp-error INTERNAL-ERROR" in htp_head.stderr, htp_head.stderr[-800:]

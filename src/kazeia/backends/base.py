@@ -83,6 +83,11 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for everything queued so far (no-op for synchronous backends)."""
 
+    def get_tensor_async(self, t: Tensor) -> None:
+        """ggml_backend_tensor_get_async of an output this backend wrote (llama_decode reads its logits so): an
+        asynchronous backend finishes what it queued first. Memory is shared here: nothing is copied."""
+        self.synchronize()
+
     def begin_graph(self, graph: Graph) -> None:
         if getattr(self, "_indexed", None) is not graph or len(self.node_index) != len(graph.nodes):
             self.node_index = {n: i for i, n in enumerate(graph.nodes)}

@@ -197,7 +197,7 @@ class Context:
         self.last_graph = bg.graph
         if self.recovery is None:
             self.scheduler.compute(bg.graph)
-            self.scheduler.synchronize()  # llama_decode reads the outputs: an asynchronous device finishes here
+            self.scheduler.read_output(bg.logits)  # llama_decode reads the logits: an asynchronous device finishes
         else:  # a re-run after a device death starts from the same inputs and recurrent state
             state = self.rs.buffer.data.copy() if self.rs is not None else None
 
@@ -207,7 +207,7 @@ class Context:
                     self.rs.buffer.version += 1
                 self._write_inputs(bg.inputs, tokens, p0, n_kv, all_logits)
 
-            self.recovery.compute(bg.graph, prepare, f"micro-batch of {T} tokens at position {p0}")
+            self.recovery.compute(bg.graph, prepare, f"micro-batch of {T} tokens at position {p0}", bg.logits)
         self.kv.n_past = p0 + T
         out = array(bg.logits)[0, 0]  # (n_out, n_vocab)
         return np.array(out, dtype=np.float32)

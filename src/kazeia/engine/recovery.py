@@ -78,13 +78,18 @@ class Recovery:
         # the rules recovery adds come first: they exist because the device died on what came before
         self.scheduler.router.gates.insert(0, PolicyGate(self.policy))
 
-    def compute(self, graph: Graph, prepare: Callable[[], None], label: str = "micro-batch") -> None:
+    def compute(self, graph: Graph, prepare: Callable[[], None], label: str = "micro-batch",
+                output: Tensor | None = None) -> None:
         """Run `graph`, surviving device deaths; `prepare()` puts its inputs and state back before a re-run."""
         died, last_place, sync_op, tried, in_context, confirmed = 0, None, None, {}, 0, set()
         while True:
             try:
                 self.scheduler.compute(graph)
-                self.scheduler.synchronize()  # (2026-10: a death or a sticky error surfaces here, not at graph end)
+                # llama_decode's output read (2026-10: a death or a sticky error surfaces here, not at graph end)
+                if output is not None:
+                    self.scheduler.read_output(output)
+                else:
+                    self.scheduler.synchronize()
                 if sync_op is not None or self._synchronous():
                     self.warn(f"{label}: completed with one op per batch; back to a batched session")
                     self._reopen(self._device(), sync=False)

@@ -316,6 +316,14 @@ class Scheduler:
         for b in self.backends:
             b.synchronize()
 
+    def read_output(self, t: Tensor) -> None:
+        """llama_decode's output read: ggml_backend_tensor_get_async on the backend that wrote `t`, then the
+        context's synchronize."""
+        writer = self._last_writer.get(t.root.data_addr)
+        if writer is not None:
+            writer.get_tensor_async(t)
+        self.synchronize()
+
     def replace_backend(self, old: Backend, new: Backend) -> None:
         """Put `new` (a new session of a dead device) where `old` was, with the same hooks; nothing it wrote is
         waited for any more."""

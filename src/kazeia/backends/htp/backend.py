@@ -107,6 +107,11 @@ class HtpBackend(Backend):
         if self.host.dead is None:
             self.host.flush()
 
+    def get_tensor_async(self, t: Tensor) -> None:
+        """ggml_backend_hexagon_get_tensor_async: flush_sync, then abort on a sticky error with its own text."""
+        if self.host.dead is None:
+            self.host.flush(where="get-tensor-async")
+
     def end_graph(self) -> None:
         """2026-05 flushes at graph end; 2026-10's graph_compute returns with the batch still open (it goes out at
         the next synchronize, get-tensor, or when full)."""

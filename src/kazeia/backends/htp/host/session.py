@@ -321,14 +321,15 @@ class HostSession:
                 self.last_enqueued = self._batch.add_op(node, graph_index)
         return self._batch
 
-    def flush(self) -> None:
-        """Graph end (2026-05) / synchronize: close the open batch and wait for every response. Under 2026-10 a
-        sticky error then aborts (ggml_backend_hexagon_synchronize)."""
+    def flush(self, where: str = "synchronize") -> None:
+        """Graph end (2026-05) / synchronize / get-tensor: close the open batch and wait for every response. Under
+        2026-10 a sticky error then aborts with the caller's text (ggml_backend_hexagon_synchronize,
+        ggml_backend_hexagon_get_tensor_async)."""
         self._check_alive()
         self.flush_batch()
         self.flush_pending(all_=True)
         if self.last_error is not None:
-            raise self.last_error.abort(self.name, "synchronize")
+            raise self.last_error.abort(self.name, where)
 
     def check_graph_compute(self) -> None:
         """ggml_backend_hexagon_graph_compute (2026-10) returns GGML_STATUS_FAILED while an error is sticky."""
