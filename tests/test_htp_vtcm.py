@@ -339,3 +339,23 @@ def test_cli_svg(tmp_path, capsys):
     assert "wt0" in labels and "overflow 256 B" in labels
     root = ET.parse(good).getroot()
     assert not [e for e in root.iter(f"{ns}rect") if e.get("fill") == "red"]
+
+
+def test_cli_svg_draws_october_groups_overlapping(tmp_path, capsys):
+    """2026-10's layout puts the fp32 activation staging (group C) over the weights/outputs/scratch (group B): the
+    SVG draws it in a second lane over the same offsets, its title saying so; the table lists every area."""
+    path = tmp_path / "oct.svg"
+    assert cli_main(["htp", "plan", "--m", "38", "--k", "9728", "--n", "2560", "--htp-profile", "2026-10",
+                     "--svg", str(path)]) == 0
+    capsys.readouterr()
+    ns = "{http://www.w3.org/2000/svg}"
+    rects = {}
+    for e in ET.parse(path).getroot().iter(f"{ns}rect"):
+        t = e.find(f"{ns}title")
+        if t is not None and t.text:
+            rects[t.text.split()[0]] = (float(e.get("y")), float(e.get("height")), t.text)
+    want = {"scales", "activation", "weight0", "weight1", "out0", "scratch0", "scratch1", "out1", "act_f32"}
+    assert want <= set(rects)
+    y_b, h_b, _ = rects["weight0"]
+    y_c, h_c, title = rects["act_f32"]
+    assert y_c == y_b + h_b and "overlaps" in title  # the lane below, same bytes
