@@ -124,16 +124,19 @@ class Fuser:
         batch.fuse(last, node, name)
         return name
 
+    def _operand(self, last: OpDesc, node: Tensor, op: str, first: str) -> Tensor | None:
+        """The other operand of `node` (an `op`) when it consumes the output of `last`, an unfused `first` op the
+        graph tagged FUSEABLE (by tensor or by data address, as upstream compares); None otherwise."""
+        if node.op != op or last.name is not None or last.node.op != first or last.node not in self.fuseable:
+            return None
+        a, b, prev = node.src[0], node.src[1], last.node
+        return b if _same(a, prev) else a if _same(b, prev) else None
+
     def _rms_norm_mul(self, batch: OpBatch, last: OpDesc, node: Tensor) -> bool:
-        if node.op != "MUL" or last.name is not None or last.node.op != "RMS_NORM":
-            return False
-        rms = last.node
-        if rms not in self.fuseable:
-            return False
-        a, b = node.src[0], node.src[1]
-        weight = b if _same(a, rms) else a if _same(b, rms) else None
+        weight = self._operand(last, node, "MUL", "RMS_NORM")
         if weight is None:
             return False
+        rms = last.node
         src0 = rms.src[0]
         if not (src0.ne[0] == weight.ne[0] == node.ne[0]):
             return False
@@ -148,15 +151,10 @@ class Fuser:
         return plan_for_node(node, self.settings, src2=src2)
 
     def _mul_mat_add(self, batch: OpBatch, last: OpDesc, node: Tensor) -> bool:
-        if node.op != "ADD" or last.name is not None or last.node.op != "MUL_MAT":
-            return False
-        mm = last.node
-        if mm not in self.fuseable:
-            return False
-        a, b = node.src[0], node.src[1]
-        src2 = b if _same(a, mm) else a if _same(b, mm) else None
+        src2 = self._operand(last, node, "ADD", "MUL_MAT")
         if src2 is None or src2.type != GGMLType.F32:
             return False
+        mm = last.node
         if not mul_mat_add_plan_allows(mm, src2, self.settings):
             return False
         return batch.room_for((src2, node), self.max_tensors)

@@ -80,6 +80,27 @@ def _table_pair(blocks, n, n1, b, aq, m, iq4):
     return s0, s1
 
 
+@jit(cache=True, inline="always")
+def _pair_terms(blocks, dbits, kind, iq4, lut, aq, ad, asum, n, n1, b, m, t0, t1):
+    """Block b's fp32 terms of weight rows n and n1 with activation row m: fp32(ia * fp32(d_x * d_w)) [Q4_1: plus
+    the rounded s_x * m_w], ia the exact int32 dot (May's and October's kernels share them; they sum them
+    differently)."""
+    if kind == KIND_Q4_0:
+        ia0, ia1 = _q4_pair(blocks, n, n1, b, aq, m, 2, _i32(8), t0, t1)
+    elif kind == KIND_Q4_1:
+        ia0, ia1 = _q4_pair(blocks, n, n1, b, aq, m, 4, _i32(0), t0, t1)
+    elif kind == KIND_Q8_0:
+        ia0, ia1 = _q8_pair(blocks, n, n1, b, aq, m, t0, t1)
+    else:
+        ia0, ia1 = _table_pair(blocks, n, n1, b, aq, m, iq4)
+    v0 = _f32(ia0) * (ad[m, b] * lut[dbits[n, b, 0]])
+    v1 = _f32(ia1) * (ad[m, b] * lut[dbits[n1, b, 0]])
+    if kind == KIND_Q4_1:
+        v0 = v0 + asum[m, b] * lut[dbits[n, b, 1]]
+        v1 = v1 + asum[m, b] * lut[dbits[n1, b, 1]]
+    return v0, v1
+
+
 @jit(parallel=True, cache=True)
 def hvx_dot_portable(blocks, dbits, kind, iq4, lut, aq, ad, asum, y):
     """y (M, N) = HVX MUL_MAT of ggml rows (N, nb, ts) with q8 activations aq (M, nb, 32) int8, scales ad
@@ -105,19 +126,7 @@ def hvx_dot_portable(blocks, dbits, kind, iq4, lut, aq, ad, asum, y):
                 acc0[:] = 0
                 acc1[:] = 0
                 for b in range(nb):
-                    if kind == KIND_Q4_0:
-                        ia0, ia1 = _q4_pair(blocks, n, n1, b, aq, m, 2, _i32(8), t0, t1)
-                    elif kind == KIND_Q4_1:
-                        ia0, ia1 = _q4_pair(blocks, n, n1, b, aq, m, 4, _i32(0), t0, t1)
-                    elif kind == KIND_Q8_0:
-                        ia0, ia1 = _q8_pair(blocks, n, n1, b, aq, m, t0, t1)
-                    else:
-                        ia0, ia1 = _table_pair(blocks, n, n1, b, aq, m, iq4)
-                    v0 = _f32(ia0) * (ad[m, b] * lut[dbits[n, b, 0]])
-                    v1 = _f32(ia1) * (ad[m, b] * lut[dbits[n1, b, 0]])
-                    if kind == KIND_Q4_1:
-                        v0 = v0 + asum[m, b] * lut[dbits[n, b, 1]]
-                        v1 = v1 + asum[m, b] * lut[dbits[n1, b, 1]]
+                    v0, v1 = _pair_terms(blocks, dbits, kind, iq4, lut, aq, ad, asum, n, n1, b, m, t0, t1)
                     acc0[b % 32] = acc0[b % 32] + v0
                     acc1[b % 32] = acc1[b % 32] + v1
                 y[m, n] = _reduce(acc0, tmp, n_rows % 2 == 1 and n == n_rows - 1)
@@ -182,19 +191,7 @@ def hvx_dot_seq_portable(blocks, dbits, kind, iq4, lut, aq, ad, asum, y):
                 acc0 = _f32(0)
                 acc1 = _f32(0)
                 for b in range(nb):
-                    if kind == KIND_Q4_0:
-                        ia0, ia1 = _q4_pair(blocks, n, n1, b, aq, m, 2, _i32(8), t0, t1)
-                    elif kind == KIND_Q4_1:
-                        ia0, ia1 = _q4_pair(blocks, n, n1, b, aq, m, 4, _i32(0), t0, t1)
-                    elif kind == KIND_Q8_0:
-                        ia0, ia1 = _q8_pair(blocks, n, n1, b, aq, m, t0, t1)
-                    else:
-                        ia0, ia1 = _table_pair(blocks, n, n1, b, aq, m, iq4)
-                    v0 = _f32(ia0) * (ad[m, b] * lut[dbits[n, b, 0]])
-                    v1 = _f32(ia1) * (ad[m, b] * lut[dbits[n1, b, 0]])
-                    if kind == KIND_Q4_1:
-                        v0 = v0 + asum[m, b] * lut[dbits[n, b, 1]]
-                        v1 = v1 + asum[m, b] * lut[dbits[n1, b, 1]]
+                    v0, v1 = _pair_terms(blocks, dbits, kind, iq4, lut, aq, ad, asum, n, n1, b, m, t0, t1)
                     acc0 = _f32(acc0 + v0)
                     acc1 = _f32(acc1 + v1)
                 y[m, n] = acc0
