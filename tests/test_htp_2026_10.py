@@ -366,3 +366,19 @@ def test_an_abort_says_where_the_host_waited(tiny_qwen3_q4):
     assert cpu_head.returncode == htp_head.returncode == 3
     assert "HTP0 synchronize failed : dsp-error INTERNAL-ERROR" in cpu_head.stderr, cpu_head.stderr[-800:]
     assert "HTP0 get-tensor-async failed : dsp-error INTERNAL-ERROR" in htp_head.stderr, htp_head.stderr[-800:]
+
+
+def test_descriptors_are_reused_only_for_the_same_type_in_october():
+    """ggml_hexagon_opbatch::same_shape (#25968): a tensor at the same address with the same ne and nb but another
+    type gets its own descriptor under 2026-10; May reused the first one."""
+    from kazeia.backends.htp.msg import OpBatch
+    from kazeia.graph.tensor import Buffer, GGMLType, make_tensor
+
+    buf = Buffer.zeros("compute", 4096)
+    a = make_tensor(GGMLType.F32, (16, 4), name="a")
+    b = make_tensor(GGMLType.I32, (16, 4), name="b")
+    for t in (a, b):
+        t.buffer, t.offset = buf, 0
+    may, oct_ = OpBatch(), OpBatch(check_type=True)
+    assert may.add_tensor(a) == may.add_tensor(b) == 0
+    assert (oct_.add_tensor(a), oct_.add_tensor(b)) == (0, 1)
