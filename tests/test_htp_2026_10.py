@@ -382,3 +382,11 @@ def test_descriptors_are_reused_only_for_the_same_type_in_october():
     may, oct_ = OpBatch(), OpBatch(check_type=True)
     assert may.add_tensor(a) == may.add_tensor(b) == 0
     assert (oct_.add_tensor(a), oct_.add_tensor(b)) == (0, 1)
+
+
+def test_htp_plan_no_hmx_means_nhmx_0_in_october(capsys):
+    from kazeia.cli.main import main as cli_main
+
+    assert cli_main(["htp", "plan", "--m", "38", "--k", "9728", "--n", "2560", "--no-hmx", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["path"] == "hvx" and "NHMX=0" in d["refusal"]

@@ -69,7 +69,8 @@ def add_plan_parser(hsub) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=validate.integer(1, MAX_HVX_THREADS), default=None, metavar="N",
                    help=f"HVX threads (default GGML_HEXAGON_NHVX or {DEFAULT_HVX_THREADS}, at most "
                         f"{MAX_HVX_THREADS})")
-    p.add_argument("--no-hmx", action="store_true", help="HMX disabled (as GGML_HEXAGON_USE_HMX=0)")
+    p.add_argument("--no-hmx", action="store_true",
+                   help="HMX disabled (as GGML_HEXAGON_USE_HMX=0, or GGML_HEXAGON_NHMX=0 under 2026-10)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("--svg", type=validate.output_file, metavar="FILE", help="also write an SVG drawing of the VTCM map")
     add_common(p)
@@ -92,7 +93,9 @@ def plan_from_args(args: argparse.Namespace) -> MatmulPlan:
     if not 1 <= threads <= MAX_HVX_THREADS:
         raise KazeiaError(f"--threads must be 1..{MAX_HVX_THREADS}")
     get_profile(s.profile)
-    s = dataclasses.replace(s, nhvx=threads, use_hmx=s.use_hmx and not args.no_hmx)
+    if args.no_hmx:  # (2026-05: GGML_HEXAGON_USE_HMX=0; 2026-10: GGML_HEXAGON_NHMX=0)
+        s = dataclasses.replace(s, use_hmx=False, nhmx=0)
+    s = dataclasses.replace(s, nhvx=threads)
     return plan_for_node(matmul_node(args.m, args.k, args.n, args.qtype), s)
 
 

@@ -92,7 +92,7 @@ class BackendSpec:
         d = f"emulated Hexagon NPU, profile {s.profile}, VTCM {s.vtcm_bytes} B, arch v{s.arch}"
         if s.faults:
             d += f", faults {','.join(s.faults)}"
-        if not s.use_hmx:
+        if not s.hmx_enabled:
             d += ", HMX off"
         return d
 
