@@ -390,3 +390,17 @@ def test_htp_plan_no_hmx_means_nhmx_0_in_october(capsys):
     assert cli_main(["htp", "plan", "--m", "38", "--k", "9728", "--n", "2560", "--no-hmx", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["path"] == "hvx" and "NHMX=0" in d["refusal"]
+
+
+def test_attention_without_flash_attention_runs_kq_on_batched_hmx(tiny_qwen3_q4):
+    """-fa off: KQ is a batched F16 MUL_MAT (heads of src1 sharing a KV head); October plans it for HMX
+    (HMX_F16_BATCHED: htp_mm_hmx_solve_batched_params, else the per-head 2-D plan) from 5 rows a head, and the run
+    stays within REF's whole-model bound."""
+    from kazeia.debug.compare import compare
+    from kazeia.engine.session import RunSpec
+
+    r = compare(RunSpec(model=tiny_qwen3_q4, n_prompt=38, device="HTP0", flash_attn=False), "isolated")
+    rows = {x.name: x for x in r.rows["isolated"]}
+    assert rows["kq-0"].backend == "HTP0" and rows["kq-0"].path == "hmx", rows["kq-0"]
+    assert r.ok, r.first_failure
+    assert r.logits_nmse["isolated"] is None or r.logits_nmse["isolated"] < 2e-3

@@ -80,3 +80,20 @@ def test_600_plans_computed_by_the_october_header_itself():
         else:
             got = (p.path,)
         assert got == want, r
+
+
+def test_300_batched_f16_plans_computed_by_the_october_header():
+    """tests/data/htp_2026_10_plans_batched.json: upstream's grouped (HMX_F16_BATCHED) solver and its per-head 2-D
+    fallback, compiled outside the repository, against kazeia's."""
+    import json
+    import os
+
+    from kazeia.backends.htp.vtcm.matmul.plan_2026_10 import _hmx_batched
+
+    path = os.path.join(os.path.dirname(__file__), "data", "htp_2026_10_plans_batched.json")
+    rows = json.load(open(path, encoding="utf-8"))
+    assert len(rows) == 300 and {r["upstream"][-1] for r in rows} == {"grouped", "per head"}
+    for r in rows:
+        found = _hmx_batched(r["k"], r["n"], r["m"], r["group"], r["threads"], r["vtcm"], 0)
+        sol, _, how = found
+        assert ["hmx", sol.m_chunk, sol.n_chunk, sol.act_threads, sol.vtcm_bytes, how] == r["upstream"], r

@@ -127,6 +127,7 @@ def plan_for_node(node: Tensor, settings: HtpSettings, m: int | None = None, src
                                    mm_select=settings.mm_select, batched=batched, permuted=permuted,
                                    src1_f32=x.type == GGMLType.F32,
                                    src2_bytes=align_up(src2.nbytes, 128) if src2 is not None else 0,
+                                   batch_rows=rows, group_size=x.ne[2] // w.ne[2] if w.ne[2] else 1,
                                    profile=settings.profile)
     return plan_matmul(x.ne[1] if m is None else m, w.ne[0], w.ne[1], w.type, vtcm_size=settings.vtcm_bytes,
                        profile=settings.profile, n_threads=settings.nhvx,

@@ -8,7 +8,8 @@ chunk search's candidate (`htp_mm_hmx_compute_chunks`, the same search as May's,
 builds the exact layout (`htp_mm_hmx_vtcm_layout_build`) and keeps it only if it fits the session's VTCM; it
 prefers fewer M blocks, then more act threads. There is no retry with a smaller chunk: when nothing fits, HMX is
 not used (HVX, else the CPU). This module is the 2-D kernel's plan (`HTP_MM_KERNEL_HMX_2D`, every quantized and
-F32 weight, and F16 when not batched); the batched F16 and MUL_MAT_ID variants are not restated here yet.
+F32 weight, and F16 when not batched) and the batched F16 kernel's (`HTP_MM_KERNEL_HMX_F16_BATCHED`); MUL_MAT_ID's
+is not restated here.
 """
 
 from __future__ import annotations
@@ -148,3 +149,54 @@ def hmx_eligible(wtype: str, k: int, n: int, m: int, src1_f32: bool = True, batc
     n_pad = align_up(n, 32) if is_quant(wtype) else n
     return (src1_f32 and wtype in HMX_WEIGHT_TYPES and n_pad % 32 == 0 and k % 32 == 0
             and (not batched or wtype == "f16") and m > MIN_ROWS)
+
+
+# --- the batched F16 kernel (HTP_MM_KERNEL_HMX_F16_BATCHED: KQ and KQV without flash attention) -------------
+
+
+def batched_chunk_costs(k: int, group_size: int) -> tuple[int, int, int]:
+    """htp_mm_hmx_get_batched_chunk_costs: per output column 3 fp16 rows of K, per activation row one per head of the
+    group, per output element 2 B."""
+    vec_dot = 2 * k
+    return 3 * vec_dot, group_size * vec_dot, 2
+
+
+BATCHED_OVERHEAD = 5 * TILE + 256  # htp_mm_hmx_get_batched_overhead
+
+
+def batched_layout_total(k: int, mc: int, nc: int, group_size: int, act_threads: int, src2_bytes: int = 0) -> int:
+    """htp_mm_hmx_vtcm_layout_build for HTP_MM_KERNEL_HMX_F16_BATCHED: group A [activation tiles of the group's heads]
+    [scales 2 KiB][src2], group B [weight][outputs of the group][scratch0][scratch1], group C (fp32 staging) over
+    group B."""
+    vec_dot = 2 * k
+    weight = align_up(nc * vec_dot, TILE)
+    act = align_up(group_size * mc * k * 2, TILE)
+    dst = align_up(group_size * mc * nc * 2, TILE)
+    scratch = align_up(nc * vec_dot, TILE)
+    group_a = act + TILE + (align_up(src2_bytes, TILE) if src2_bytes > 0 else 0)
+    group_b = weight + dst + 2 * scratch
+    min_f32 = align_up(act_threads * ACT_ROWS_MULTIPLIER * k * 4, 128)
+    act_f32 = align_up(min(act_threads * 64 * k * 4, max(min_f32, group_b)), 128)
+    return group_a + max(group_b, act_f32)
+
+
+def solve_batched(k: int, n: int, m: int, group_size: int, n_threads: int, vtcm_budget: int,
+                  src2_bytes: int = 0) -> HmxSolution | None:
+    """htp_mm_hmx_solve_batched_params (ggml_hexagon_precompute_hmx_mm_params tries it first for a batched F16
+    MUL_MAT whose src1 heads share a weight head, group_size > 1): the act-threads loop of solve_2d with the batched
+    costs, overhead and layout. m: src1 rows per head (ne11); n: the weight's rows (ne01, F16: not padded)."""
+    per_n, per_m, per_mn = batched_chunk_costs(k, group_size)
+    overhead = BATCHED_OVERHEAD + (align_up(src2_bytes, TILE) if src2_bytes > 0 else 0)
+    best, best_mblocks = None, None
+    act_threads = n_threads
+    while act_threads >= 1:
+        found = hmx_compute_chunks(vtcm_budget, overhead, per_n, per_m, per_mn, align_up(m, 32), n,
+                                   n * COST_W_DEQUANT, m * COST_A_CONVERT)
+        if found is not None:
+            mc, nc, _ = found
+            exact = batched_layout_total(k, mc, nc, group_size, act_threads, src2_bytes)
+            mblocks = ceil_div(m, mc)
+            if exact <= vtcm_budget and (best_mblocks is None or mblocks < best_mblocks):
+                best, best_mblocks = HmxSolution(mc, nc, act_threads, exact, False), mblocks
+        act_threads = 0 if act_threads == 1 else act_threads // 2
+    return best

@@ -47,19 +47,65 @@ def hvx_areas(L: hvx.HvxLayout) -> tuple[Area, ...]:
     return tuple(a + _stack(b0, [("src0", L.src0), ("dst", L.dst)]) + _stack(b0, [("act_raw", L.act_raw)]))
 
 
+def batched_areas(k: int, mc: int, nc: int, group_size: int, act_threads: int, src2_bytes: int) -> tuple[Area, ...]:
+    """The HMX_F16_BATCHED layout: group A [activation][scales][src2], group B [weight0][out0][scratch0][scratch1]
+    and group C (fp32 staging) over group B (hmx_2026_10.batched_layout_total's sizes)."""
+    vec = 2 * k
+    a = _stack(0, [("activation", hmx.align_up(group_size * mc * k * 2, hmx.TILE)), ("scales", hmx.TILE),
+                   ("src2", hmx.align_up(src2_bytes, hmx.TILE) if src2_bytes > 0 else 0)])
+    b0 = a[-1].end
+    w = hmx.align_up(nc * vec, hmx.TILE)
+    b = _stack(b0, [("weight0", w), ("out0", hmx.align_up(group_size * mc * nc * 2, hmx.TILE)), ("scratch0", w),
+                    ("scratch1", w)])
+    group_b = b[-1].end - b0
+    min_f32 = hmx.align_up(act_threads * hmx.ACT_ROWS_MULTIPLIER * k * 4, 128)
+    c = _stack(b0, [("act_f32", hmx.align_up(min(act_threads * 64 * k * 4, max(min_f32, group_b)), 128))])
+    return tuple(a + b + c)
+
+
+def _hmx_batched(k: int, n: int, rows: int, group_size: int, n_threads: int, vtcm: int,
+                 src2_bytes: int) -> tuple[hmx.HmxSolution, tuple[Area, ...], str] | None:
+    """ggml_hexagon_precompute_hmx_mm_params for a batched F16 MUL_MAT: the grouped solver when heads share a weight
+    head (group_size > 1), else (or when it finds nothing) the 2-D solver on one head's rows; the kernel is
+    HMX_F16_BATCHED either way."""
+    if group_size > 1:
+        sol = hmx.solve_batched(k, n, rows, group_size, n_threads, vtcm, src2_bytes)
+        if sol is not None:
+            return sol, batched_areas(k, sol.m_chunk, sol.n_chunk, group_size, sol.act_threads, src2_bytes), "grouped"
+    sol = hmx.solve_2d("f16", k, n, rows, n_threads, vtcm, src2_bytes)
+    if sol is None:
+        return None
+    L = hmx.layout_2d("f16", k, sol.m_chunk, sol.n_chunk, sol.pipeline, sol.act_threads, src2_bytes)
+    return sol, hmx_areas(L), "per head"
+
+
 def plan_matmul_2026_10(m: int, k: int, n: int, qtype: str, *, vtcm_size: int, n_threads: int,
                         hmx_enabled: bool = True, hmx_built: bool = True, mm_select: int = 2, batched: bool = False,
                         permuted: bool = False, src1_f32: bool = True, src2_bytes: int = 0,
+                        batch_rows: int | None = None, group_size: int = 1,
                         profile: str = "2026-10") -> MatmulPlan:
     """The host's plan of a MUL_MAT: path "hmx", "hvx" or "cpu" (UNSUPPORTED), with the solver's chunks, act
     threads, exact bytes and layout. `m`: src1's rows, every batch counted (src1_nrows: the HVX kernels flatten
-    them). `reason` says why HMX was not taken, when it was not."""
+    them); for a batched MUL_MAT, `batch_rows` is one head's rows (ne11) and `group_size` how many src1 heads share
+    a weight head (ne12 / ne02). `reason` says why HMX was not taken, when it was not."""
     base = dict(m=m, k=k, n=n, qtype=qtype, profile=profile, vtcm=vtcm_size, n_threads=n_threads)
     if mm_select < 1:
         return MatmulPlan(path="cpu", mc=None, nc=None, areas=(), used=0, status="unsupported", outcome="cpu",
                           reason="GGML_HEXAGON_MM_SELECT=0: every MUL_MAT is unsupported (CPU)", **base)
-    why = _hmx_refusal(m, k, n, qtype, hmx_enabled, hmx_built, mm_select, batched, permuted, src1_f32)
-    if why is None:
+    rows = batch_rows if batched and batch_rows is not None else m
+    why = _hmx_refusal(rows, k, n, qtype, hmx_enabled, hmx_built, mm_select, batched, permuted, src1_f32)
+    if why is None and batched:
+        found = _hmx_batched(k, n, rows, group_size, n_threads, vtcm_size, src2_bytes)
+        if found is not None:
+            sol, areas, how = found
+            info = {"act_threads": sol.act_threads, "pipeline": sol.pipeline, "kernel": "HMX_F16_BATCHED",
+                    "group_size": group_size, "solver": how}
+            return MatmulPlan(path="hmx", mc=sol.m_chunk, nc=sol.n_chunk, areas=areas, used=sol.vtcm_bytes,
+                              status="ok", outcome="runs", info=info,
+                              reason=f"HMX (batched F16, {how}): {rows} rows a head > {hmx.MIN_ROWS}, the solver "
+                                     f"fits {sol.vtcm_bytes} B of {vtcm_size}", **base)
+        why = f"the batched HMX solver finds no chunking that fits {vtcm_size} B"
+    elif why is None:
         sol = hmx.solve_2d(qtype, k, n, m, n_threads, vtcm_size, src2_bytes)
         if sol is not None:
             L = hmx.layout_2d(qtype, hmx.align_up(k, 32) if hmx.is_quant(qtype) else k, sol.m_chunk, sol.n_chunk,
@@ -104,8 +150,6 @@ def _hmx_refusal(m: int, k: int, n: int, qtype: str, hmx_enabled: bool, hmx_buil
         return f"N={n} is not a multiple of 32"
     if batched and qtype != "f16":
         return "batched and not F16"
-    if batched:  # HTP_MM_KERNEL_HMX_F16_BATCHED: its layout is not restated here, so kazeia plans HVX for it
-        return "batched F16 (HMX_F16_BATCHED is not modelled by kazeia: HVX)"
     if permuted:
         return "permuted strides"
     if m <= hmx.MIN_ROWS:
