@@ -404,3 +404,12 @@ def test_attention_without_flash_attention_runs_kq_on_batched_hmx(tiny_qwen3_q4)
     assert rows["kq-0"].backend == "HTP0" and rows["kq-0"].path == "hmx", rows["kq-0"]
     assert r.ok, r.first_failure
     assert r.logits_nmse["isolated"] is None or r.logits_nmse["isolated"] < 2e-3
+
+
+def test_faults_of_the_other_code_generation_are_refused():
+    from kazeia.backends.htp import HtpBackend
+
+    with pytest.raises(KazeiaError, match="dma-unbalanced.*2026-05 code"):
+        HtpBackend(HtpSettings.from_env({}, faults=["dma-unbalanced"]))
+    with pytest.raises(KazeiaError, match="vtcm-grant-short.*2026-10 code"):
+        HtpBackend(HtpSettings.from_env({"KAZEIA_HTP_PROFILE": "robust"}, faults=["vtcm-grant-short"]))

@@ -49,7 +49,7 @@ class HtpBackend(Backend):
         self.settings = settings or HtpSettings.from_env()
         self.profile = get_profile(self.settings.profile)
         _warn_ignored(self.settings)
-        check_faults(self.settings.faults)
+        check_faults(self.settings.faults, self.settings.profile)
         self.executor = Executor(self.settings, self.profile, weight_store)
         self.dsp = Dsp(self.settings, self.profile, self.executor)
         self.host = HostSession(self.name, self.settings, self.profile, self.dsp, log, self._batch_seconds)

@@ -159,8 +159,17 @@ def get_profile(name: str) -> Profile:
     return p
 
 
-def check_faults(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+# faults whose mechanism is a structure only one code generation has
+ONLY_IN = {"dma-unbalanced": "2026-05", "vtcm-grant-short": "2026-10"}
+
+
+def check_faults(names: tuple[str, ...] | list[str], profile: str | None = None) -> tuple[str, ...]:
+    """The fault names, checked; with `profile`, also that each exists in that profile's code (dma-unbalanced:
+    May's HVX weight rings, which October's tiled kernels do not have; vtcm-grant-short: a host plan the DSP
+    re-checks, which May does not make)."""
     for n in names:
         if n not in FAULTS:
             raise KazeiaError(f"unknown HTP fault '{n}' (have: {', '.join(FAULTS)})")
+        if profile is not None and n in ONLY_IN and get_profile(profile).generation != ONLY_IN[n]:
+            raise KazeiaError(f"HTP fault '{n}' models {ONLY_IN[n]} code; the {profile} profile does not have it")
     return tuple(names)

@@ -101,7 +101,7 @@ class FastOp:
         except (TypeError, RuntimeError):  # a block-typed source (a quantized embedding) or no buffer
             return False
         views = None
-        if sc.writes and not sc.info.get("kernel_writes"):
+        if sc.writes and not sc.info.get("kernel_writes") and not dsp.profile.october:  # (as ScratchWriter.write)
             views = b.program.bind(dsp, node)
             if views is None:
                 return False  # padded or strided rows: written run by run
