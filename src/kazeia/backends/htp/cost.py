@@ -205,23 +205,13 @@ def graph_seconds(nodes: list[Tensor], settings: HtpSettings, c: CostModel = DEF
 
 
 def _folded(nodes: list[Tensor], settings: HtpSettings) -> set[Tensor]:
-    """The ADD and MUL nodes 2026-10's host would fuse into the op before them (host/fusion.py's rules on
-    consecutive HTP nodes; the batch table limits are not checked here)."""
-    from kazeia.backends.htp.host.fusion import fuseable_nodes, mul_mat_add_plan_allows
+    """The ADD and MUL nodes 2026-10's host would fuse into the op before them (host/fusion.py's pair_fusion on
+    consecutive HTP nodes; the batch table's room is not checked here)."""
+    from kazeia.backends.htp.host.fusion import fuseable_nodes, pair_fusion
 
     if settings.profile_generation != "2026-10" or settings.opfusion <= 0:
         return set()
     tags = fuseable_nodes(nodes)
-    out = set()
-    for prev, n in zip(nodes, nodes[1:]):
-        if prev not in tags or not any(s is prev for s in n.src):
-            continue
-        if not (supports_op(prev, settings) and supports_op(n, settings)):
-            continue
-        other = next((s for s in n.src if s is not prev), None)
-        if (n.op == "MUL" and prev.op == "RMS_NORM" and settings.fusion_enabled("RMS_NORM+MUL")) or (
-                n.op == "ADD" and prev.op == "MUL_MAT" and settings.fusion_enabled("MUL_MAT+ADD")
-                and other is not None and other.type == GGMLType.F32
-                and mul_mat_add_plan_allows(prev, other, settings)):
-            out.add(n)
-    return out
+    return {n for prev, n in zip(nodes, nodes[1:])
+            if prev in tags and supports_op(prev, settings) and supports_op(n, settings)
+            and pair_fusion(prev, n, settings, tags) is not None}

@@ -23,7 +23,8 @@ from kazeia.backends.htp.msg import MAX_INPUTS, OpBatch, OpDesc
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul import hmx_2026_10 as hmx
 from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
-from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
+from kazeia.backends.htp.vtcm.matmul.hvx_2026_10 import nx_layout_bytes
+from kazeia.backends.htp.vtcm.matmul.record import norm_qtype
 from kazeia.graph.tensor import GGMLType, Tensor, TFlag
 
 MAX_OUTPUTS = 4  # HTP_OP_MAX_OUTPUTS
@@ -52,13 +53,12 @@ def fuseable_nodes(nodes: list[Tensor]) -> set[Tensor]:
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
-    return a is b or a.data_addr == b.data_addr
+    """One tensor, or two at one address (a graph built from shapes alone has no addresses: identity only)."""
+    return a is b or (a.buffer is not None and b.buffer is not None and a.data_addr == b.data_addr)
 
 
 def _mm_hmx_eligible(node: Tensor, settings: HtpSettings) -> bool:
     """mm_is_hmx_eligible: NHMX != 0 and ggml_hexagon_matmul_is_hmx_eligible (not MM_SELECT)."""
-    from kazeia.backends.htp.vtcm.matmul.record import norm_qtype
-
     w, x = node.src[0], node.src[1]
     if settings.nhmx == 0:
         return False
@@ -97,6 +97,33 @@ def mul_mat_add_plan_allows(mm: Tensor, src2: Tensor, settings: HtpSettings) -> 
         fused.mc < alone.mc or fused.nc < alone.nc or fused.info["act_threads"] < alone.info["act_threads"]))
 
 
+def pair_fusion(prev: Tensor, node: Tensor, settings: HtpSettings, fuseable: set[Tensor]) -> tuple[str, Tensor] | None:
+    """The fusion of `node` into the op `prev` alone makes, as try_fuse_rms_norm_mul and try_fuse_mul_mat_add judge
+    it apart from the batch's table room: (its upstream name, the tensor the fused op adds: the MUL's weight or the
+    ADD's residual), or None. `prev` must be tagged FUSEABLE and `node` must consume its output (by tensor or by
+    data address, as upstream compares)."""
+    if prev not in fuseable or len(node.src) < 2:
+        return None
+    a, b = node.src[0], node.src[1]
+    other = b if _same(a, prev) else a if _same(b, prev) else None
+    if other is None:
+        return None
+    if node.op == "MUL" and prev.op == "RMS_NORM" and settings.fusion_enabled("RMS_NORM+MUL"):
+        src0 = prev.src[0]
+        if not (src0.ne[0] == other.ne[0] == node.ne[0]):
+            return None
+        if other.ne[1:] != (1, 1, 1) and other.ne != src0.ne:  # a row broadcast, or the same shape
+            return None
+        if src0.ne != node.ne or src0.is_contiguous() != node.is_contiguous():
+            return None
+        return "RMS_NORM+MUL", other
+    if node.op == "ADD" and prev.op == "MUL_MAT" and settings.fusion_enabled("MUL_MAT+ADD"):
+        if other.type != GGMLType.F32 or not mul_mat_add_plan_allows(prev, other, settings):
+            return None
+        return "MUL_MAT+ADD", other
+    return None
+
+
 class Fuser:
     """try_fuse for one session: `settings`, and the fuseable tags of the graph being queued."""
 
@@ -109,55 +136,16 @@ class Fuser:
         """Merge `node` into the batch's last op if a fusion takes it; returns the fused op's name, or None."""
         if not batch.ops:
             return None
-        s = self.settings
         last = batch.ops[-1]
-        if s.fusion_enabled("RMS_NORM+MUL") and self._rms_norm_mul(batch, last, node):
-            return self._merge(batch, last, node, "RMS_NORM+MUL")
-        if s.fusion_enabled("MUL_MAT+ADD") and self._mul_mat_add(batch, last, node):
-            return self._merge(batch, last, node, "MUL_MAT+ADD")
-        if s.fusion_enabled("MUL_MAT_NX") and self._mul_mat_nx(batch, last, node):
-            return self._merge(batch, last, node, "MUL_MAT_NX")
-        return None
-
-    @staticmethod
-    def _merge(batch: OpBatch, last: OpDesc, node: Tensor, name: str) -> str:
+        found = pair_fusion(last.node, node, self.settings, self.fuseable) if last.name is None else None
+        if found is not None and batch.room_for((found[1], node), self.max_tensors):
+            name = found[0]
+        elif self.settings.fusion_enabled("MUL_MAT_NX") and self._mul_mat_nx(batch, last, node):
+            name = "MUL_MAT_NX"
+        else:
+            return None
         batch.fuse(last, node, name)
         return name
-
-    def _operand(self, last: OpDesc, node: Tensor, op: str, first: str) -> Tensor | None:
-        """The other operand of `node` (an `op`) when it consumes the output of `last`, an unfused `first` op the
-        graph tagged FUSEABLE (by tensor or by data address, as upstream compares); None otherwise."""
-        if node.op != op or last.name is not None or last.node.op != first or last.node not in self.fuseable:
-            return None
-        a, b, prev = node.src[0], node.src[1], last.node
-        return b if _same(a, prev) else a if _same(b, prev) else None
-
-    def _rms_norm_mul(self, batch: OpBatch, last: OpDesc, node: Tensor) -> bool:
-        weight = self._operand(last, node, "MUL", "RMS_NORM")
-        if weight is None:
-            return False
-        rms = last.node
-        src0 = rms.src[0]
-        if not (src0.ne[0] == weight.ne[0] == node.ne[0]):
-            return False
-        row_bcast = weight.ne[1:] == (1, 1, 1)
-        if not row_bcast and weight.ne != src0.ne:
-            return False
-        if src0.ne != node.ne or src0.is_contiguous() != node.is_contiguous():
-            return False
-        return batch.room_for((weight, node), self.max_tensors)
-
-    def _plan(self, node: Tensor, src2: Tensor | None = None) -> MatmulPlan:
-        return plan_for_node(node, self.settings, src2=src2)
-
-    def _mul_mat_add(self, batch: OpBatch, last: OpDesc, node: Tensor) -> bool:
-        src2 = self._operand(last, node, "ADD", "MUL_MAT")
-        if src2 is None or src2.type != GGMLType.F32:
-            return False
-        mm = last.node
-        if not mul_mat_add_plan_allows(mm, src2, self.settings):
-            return False
-        return batch.room_for((src2, node), self.max_tensors)
 
     def _mul_mat_nx(self, batch: OpBatch, last: OpDesc, node: Tensor) -> bool:
         if node.op != "MUL_MAT" or last.node.op != "MUL_MAT" or not _mergeable(node, self.settings):
@@ -183,15 +171,12 @@ class Fuser:
     def _nx_kernel_fits(self, first: Tensor) -> bool:
         """is_supported_mul_mat_nx_kernel and the VTCM check of ggml_hexagon_precompute_fused_mmnx_params: the first
         weight's HMX 2-D plan, else the fused HVX QUANT_ROW layout (repacked types but Q6_K)."""
-        p = self._plan(first)
+        p = plan_for_node(first, self.settings)
         if p.path == "hmx":
             return p.info.get("kernel") == "HMX_2D"
         w, x = first.src[0], first.src[1]
         if w.type not in REPACK or w.type == GGMLType.Q6_K or self.settings.mm_select < 1:
             return False
-        from kazeia.backends.htp.vtcm.matmul.hvx_2026_10 import nx_layout_bytes
-        from kazeia.backends.htp.vtcm.matmul.record import norm_qtype
-
         rows = x.ne[1] * x.ne[2] * x.ne[3]
         return nx_layout_bytes(norm_qtype(w.type), w.ne[0], rows, self.settings.nhvx,
                                self.settings.vtcm_bytes) <= self.settings.vtcm_bytes
