@@ -30,6 +30,7 @@ from kazeia.backends.htp.host.timing import Timing
 from kazeia.backends.htp.msg import AEE_EINTERRUPTED, MAX_INPUTS, STATUS_NAMES, STATUS_OK, OpBatch, OpDesc
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
+from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
 from kazeia.errors import DeviceDeathError, DeviceOpError
 from kazeia.graph.tensor import Tensor, type_name
 from kazeia.identity import IdentityCache, binding
@@ -37,8 +38,9 @@ from kazeia.identity import IdentityCache, binding
 RECORDS_MAX = 64  # batch records kept per session (a decode graph needs a few; they hold its tensors alive)
 
 
-def op_desc_line(node: Tensor, session: str, flags: int = 0) -> str:
-    """The upstream VERBOSE 'execute-op' line: names : dims : types : strides : buffers : flags."""
+def _op_fields(node: Tensor) -> list[str]:
+    """The five fields of upstream's VERBOSE op line (both versions' htp_opformat): names, dims, types, strides and
+    buffers, each "src x src -> dst"."""
     srcs = [s for s in node.src if s is not None]
 
     def dims(t: Tensor) -> str:
@@ -51,36 +53,24 @@ def op_desc_line(node: Tensor, session: str, flags: int = 0) -> str:
     def join(f: Callable[[Tensor], str]) -> str:
         return (" x ".join(f(s) for s in srcs) + " -> " if srcs else "") + f(node)
 
-    return (f"ggml-hex: {session} execute-op {node.desc()}: {join(lambda t: t.name)} : {join(dims)} : "
-            f"{join(lambda t: type_name(t.type))} : {join(strides)} : {join(lambda t: t.buffer.name)} : "
-            f"flags 0x{flags:x}")
+    return [join(lambda t: t.name), join(dims), join(lambda t: type_name(t.type)), join(strides),
+            join(lambda t: t.buffer.name)]
+
+
+def op_desc_line(node: Tensor, session: str, flags: int = 0) -> str:
+    """The upstream VERBOSE 'execute-op' line: names : dims : types : strides : buffers : flags."""
+    return f"ggml-hex: {session} execute-op {node.desc()}: {' : '.join(_op_fields(node))} : flags 0x{flags:x}"
 
 
 def op_desc_line_2026_10(node: Tensor, session: str, settings: HtpSettings, flags: int = 0) -> str:
     """2026-10's VERBOSE line (ggml_hexagon_dump_op_exec, logged by add_op): op|names|dims|types|strides|buffers|
     kernel params|flags. The kernel params are printed for MUL_MAT (its host plan: "hmx-tiled" / "hvx-tiled" and
     its VTCM bytes); the other ops' October params are not modelled, so that field is left empty for them."""
-    srcs = [s for s in node.src if s is not None]
-
-    def join(f: Callable[[Tensor], str]) -> str:
-        return (" x ".join(f(s) for s in srcs) + " -> " if srcs else "") + f(node)
-
-    def dims(t: Tensor) -> str:
-        return ":".join(str(x) for x in (t.ne[:2] if t.ne[2] == t.ne[3] == 1 else t.ne))
-
-    def strides(t: Tensor) -> str:
-        nb = t.nb[:2] if t.ne[2] == t.ne[3] == 1 else t.nb
-        return ":".join(str(x) for x in nb) + ("" if t.is_contiguous() else "!")
-
     kparams = ""
     if node.op == "MUL_MAT":
-        from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
-
         p = plan_for_node(node, settings)
         kparams = f"{'hmx' if p.path == 'hmx' else 'hvx'}-tiled vtcm {p.used}"
-    return (f"ggml-hex: {session} execute-op {node.desc()}|{join(lambda t: t.name)}|{join(dims)}|"
-            f"{join(lambda t: type_name(t.type))}|{join(strides)}|{join(lambda t: t.buffer.name)}|{kparams}|"
-            f"flags 0x{flags:x}")
+    return f"ggml-hex: {session} execute-op {'|'.join([node.desc(), *_op_fields(node), kparams])}|flags 0x{flags:x}"
 
 
 @dataclass(frozen=True)
@@ -112,10 +102,17 @@ class StickyError:
 
     def abort(self, session: str, where: str) -> DeviceOpError:
         """The GGML_ABORT of ggml_backend_hexagon_synchronize / get-tensor: upstream's text, then kazeia's note."""
-        err = DeviceOpError(f"ggml-hex: {session} {where} failed : dsp-error {self.status_name} ({self.origin()})")
-        err.status = self.status_name
-        err.faulting = self.first.op_name
-        err.aborted_in = where
+        return self._error(f"ggml-hex: {session} {where} failed : dsp-error {self.status_name} ({self.origin()})",
+                           where)
+
+    def failed_graph(self, session: str) -> DeviceOpError:
+        """ggml_backend_hexagon_graph_compute returning GGML_STATUS_FAILED while this error is kept."""
+        return self._error(f"ggml-hex: {session} graph_compute returned GGML_STATUS_FAILED: the session holds "
+                           f"dsp-error {self.status_name} ({self.origin()})", "graph_compute")
+
+    def _error(self, text: str, where: str) -> DeviceOpError:
+        err = DeviceOpError(text)
+        err.status, err.faulting, err.aborted_in = self.status_name, self.first.op_name, where
         return err
 
 
@@ -290,21 +287,26 @@ class HostSession:
             batch = self.in_flight[0]
             rsp = self._dspqueue_read(batch)
             self.in_flight.popleft()
-            if rsp.status != STATUS_OK and self.profile.status_policy == "sticky":
-                # 2026-10 flush_pending: log, keep it (each non-OK response overwrites last_error), go on
-                self.log(f"ggml-hex: {self.name} dspcall : dsp-rsp {STATUS_NAMES.get(rsp.status, 'UNKNOWN')}")
-                bad = [(op, s) for op, s in zip(batch.ops, rsp.statuses) if s != STATUS_OK]
-                self.last_error = StickyError(rsp.status, bad[0][0].node.name, bad[0][0].node.desc(), batch.seq,
-                                              self.last_error.first if self.last_error is not None else None)
-            elif rsp.status != STATUS_OK:
-                self.log(f"ggml-hex: {self.name} dspcall : dsp-rsp: {STATUS_NAMES.get(rsp.status, 'UNKNOWN')}")
-                if self.profile.surface_status:
-                    bad = [(op, s) for op, s in zip(batch.ops, rsp.statuses) if s != STATUS_OK]
-                    op, s = bad[0]
-                    raise DeviceOpError(f"{self.name}: op {op.node.name} ({op.node.desc()}) failed on the DSP: "
-                                        f"{STATUS_NAMES.get(s, s)}")
+            if rsp.status != STATUS_OK:
+                self._failed_response(batch, rsp)
             if not all_:
                 break
+
+    def _failed_response(self, batch: OpBatch, rsp: Response) -> None:
+        """A non-OK response: 2026-05 logs it; robust raises, naming the op; 2026-10 logs it and keeps it (each
+        non-OK response overwrites last_error) for the next synchronize, output read or graph_compute."""
+        name = STATUS_NAMES.get(rsp.status, "UNKNOWN")
+        sticky = self.profile.status_policy == "sticky"
+        self.log(f"ggml-hex: {self.name} dspcall : dsp-rsp{'' if sticky else ':'} {name}")
+        if not (sticky or self.profile.surface_status):
+            return
+        op, s = next((op, s) for op, s in zip(batch.ops, rsp.statuses) if s != STATUS_OK)  # the DSP's first
+        if sticky:
+            self.last_error = StickyError(rsp.status, op.node.name, op.node.desc(), batch.seq,
+                                          self.last_error.first if self.last_error is not None else None)
+            return
+        raise DeviceOpError(f"{self.name}: op {op.node.name} ({op.node.desc()}) failed on the DSP: "
+                            f"{STATUS_NAMES.get(s, s)}")
 
     def open_batch(self, seq: int, ops: list[tuple]) -> OpBatch:
         """Make (node, graph index[, fused op name]) `ops` the open batch, numbered `seq`, as the host built it: a
@@ -334,11 +336,7 @@ class HostSession:
     def check_graph_compute(self) -> None:
         """ggml_backend_hexagon_graph_compute (2026-10) returns GGML_STATUS_FAILED while an error is sticky."""
         if self.last_error is not None:
-            e = self.last_error
-            err = DeviceOpError(f"ggml-hex: {self.name} graph_compute returned GGML_STATUS_FAILED: the session "
-                                f"holds dsp-error {e.status_name} ({e.origin()})")
-            err.status, err.faulting, err.aborted_in = e.status_name, e.first.op_name, "graph_compute"
-            raise err
+            raise self.last_error.failed_graph(self.name)
 
     # --- internals ---
     def _run(self, batch: OpBatch) -> None:

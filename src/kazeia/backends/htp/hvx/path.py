@@ -120,11 +120,10 @@ class HvxPath:
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
-        xs = np.asarray(array(x), dtype=np.float32).reshape(-1, K)
         if w.type == GGMLType.F16:
             y = self._hvx_f16_ddr(node)
         else:
-            y = hvx_matmul_2026_10(self.weights.get(w), xs)
+            y = hvx_matmul_2026_10(self.weights.get(w), np.asarray(array(x), dtype=np.float32).reshape(-1, K))
         out = array(node)
         out[...] = y.reshape(out.shape)
         return OpRecord("hvx", STATUS_OK, {"reason": plan.reason, "vtcm_used": plan.used,

@@ -14,6 +14,7 @@ from kazeia.backends.htp.vtcm.arena import (
     DEFAULT_PROFILE,
     DEFAULT_VTCM_SIZE,
     HMX_ARCHS,
+    align_up,
     check_profile,
 )
 from kazeia.backends.htp.vtcm.matmul.hmx_2026_05 import hmx_matmul_plan
@@ -118,8 +119,6 @@ def plan_for_node(node: Tensor, settings: HtpSettings, m: int | None = None, src
         act_stride = x.nb[1] // (4 if x.type == GGMLType.F32 else 2)  # src1 row stride in elements
     hmx_on = settings.hmx_enabled and node.route_path != "hvx"
     if get_profile(settings.profile).october:
-        from kazeia.backends.htp.vtcm.arena import align_up
-
         rows = x.ne[1] if m is None else m
         return plan_matmul_2026_10(rows * x.ne[2] * x.ne[3], w.ne[0], w.ne[1],
                                    norm_qtype(w.type), vtcm_size=settings.vtcm_bytes, n_threads=settings.nhvx,
