@@ -104,25 +104,19 @@ def _scan(spec: RunSpec, settings: dict[str, HtpSettings]) -> dict[str, PlanScan
     return scans
 
 
-def _rates(spec: RunSpec, settings: HtpSettings, n_prompt: int) -> tuple[float | None, float | None]:
+def _rates(args, settings: HtpSettings, n_prompt: int, n_ubatch: int) -> tuple[float, float]:
     """Modeled prefill t/s of the prompt and decode t/s of one token (the cost model; not a measurement)."""
     from kazeia.engine.modeled import modeled_prefill_tps
-    from kazeia.gguf.reader import load_gguf
-    from kazeia.models.base import model_args
 
-    try:
-        args = model_args(load_gguf(spec.model_path))
-    except Exception:  # noqa: BLE001 (an architecture the shape builder does not know: no rates)
-        return None, None
-    try:
-        return (modeled_prefill_tps(args, n_prompt, settings, n_ubatch=spec.ubatch or 512),
-                modeled_prefill_tps(args, 1, settings))
-    except Exception:  # noqa: BLE001
-        return None, None
+    return modeled_prefill_tps(args, n_prompt, settings, n_ubatch=n_ubatch), modeled_prefill_tps(args, 1, settings)
 
 
 def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> Upgrade:
+    from kazeia.gguf.reader import load_gguf
+    from kazeia.models.base import model_args
+
     base = spec.with_(device="HTP0")
+    args = model_args(load_gguf(spec.model_path))  # (the model's shapes, for the modeled rates of both sides)
     settings = {p: base.with_(htp_profile=p).htp_settings() for p in (before, after)}
     progress("planning every MUL_MAT under both versions (one CPU run)")
     scans = _scan(base, settings)
@@ -138,7 +132,7 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
         if r.logits is not None and reference.logits is not None:
             side.logits_nmse = float(nmse(np.asarray(r.logits[-1:], np.float64),
                                           np.asarray(reference.logits[-1:], np.float64)))
-        side.prefill_tps, side.decode_tps = _rates(spec, settings[p], r.n_prompt)
+        side.prefill_tps, side.decode_tps = _rates(args, settings[p], r.n_prompt, spec.ubatch or 512)
         side.plans = {op.name: op for op in scans[p].plans if op.ubatch == 0}
         progress(f"every op alone on REF's inputs under {p} (compare --mode isolated)")
         rep = compare(ref_spec.with_(htp_profile=p), "isolated", reference=reference)
