@@ -413,3 +413,21 @@ def test_faults_of_the_other_code_generation_are_refused():
         HtpBackend(HtpSettings.from_env({}, faults=["dma-unbalanced"]))
     with pytest.raises(KazeiaError, match="vtcm-grant-short.*2026-10 code"):
         HtpBackend(HtpSettings.from_env({"KAZEIA_HTP_PROFILE": "robust"}, faults=["vtcm-grant-short"]))
+
+
+def test_upgrade_counts_wrong_numbers_as_a_fault(tmp_path):
+    """A run that completes with logits past the whole-model bound against REF is a failing run, as compare judges
+    it: the tiny hybrid model at 20 tokens drifts to NMSE 5.3e-3 under 2026-05 (May's HVX matmuls with 128-element
+    activation groups; robust gives the same; no single op is out of tolerance in isolation), and 2026-10's HMX
+    path from M = 5 keeps it within the bound: the upgrade "fixes" it, it does not leave it "unchanged"."""
+    from kazeia.debug.judge import WHOLE_MODEL_NMSE
+    from kazeia.debug.upgrade import upgrade
+    from kazeia.engine.session import RunSpec
+    from kazeia.gguf.writer import preset, write_model
+
+    path = str(tmp_path / "t35.gguf")
+    write_model(preset("tiny", arch="qwen35", wtype="q4_0"), path)
+    u = upgrade(RunSpec(model=path, n_prompt=20, device="HTP0"), "2026-05", "2026-10")
+    assert u.before.outcome == "wrong numbers" and u.before.logits_nmse > WHOLE_MODEL_NMSE, u.before
+    assert u.after.outcome == "completes" and u.after.logits_nmse < WHOLE_MODEL_NMSE
+    assert u.verdict == "fixed" and u.exit_status == 0

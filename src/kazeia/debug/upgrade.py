@@ -9,7 +9,8 @@ version's NMSE against REF for them; the logits against REF; the modeled prefill
 whose meaning changed between the versions.
 
 Verdict and exit status: "fixed" (0) the `--from` run failed and the `--to` run completes; "unchanged" (0) both
-complete; "left" (1) both fail; "new fault" (4) only the `--to` run fails.
+complete; "left" (1) both fail; "new fault" (4) only the `--to` run fails. A run fails when it dies, stops on an op
+status, or completes with logits past the whole-model bound against REF ("wrong numbers").
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from kazeia.backends.htp import HtpSettings
 from kazeia.debug.compare import capture_reference, compare
 from kazeia.debug.compare.reference import fix_tokens
 from kazeia.debug.investigate.facts import OpPlan, PlanScan
-from kazeia.debug.judge import nmse
+from kazeia.debug.judge import WHOLE_MODEL_NMSE, nmse
 from kazeia.debug.runner import RunResult, run
 from kazeia.engine.session import RunSpec
 from kazeia.outputs import ensure_folder, write_text
@@ -51,7 +52,7 @@ SWITCH_CHANGES = [
 @dataclass
 class Side:
     profile: str
-    outcome: str  # "completes", "dies", "status error", "error"
+    outcome: str  # "completes", "dies", "status error", "error", "wrong numbers"
     message: str = ""
     op: str | None = None  # the op behind a failure (the faulting op, or the one that set the status)
     mechanism: str = ""
@@ -132,6 +133,11 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
         if r.logits is not None and reference.logits is not None:
             side.logits_nmse = float(nmse(np.asarray(r.logits[-1:], np.float64),
                                           np.asarray(reference.logits[-1:], np.float64)))
+            if side.ok and side.logits_nmse > WHOLE_MODEL_NMSE:  # it ran, but computed the wrong thing
+                side.outcome = "wrong numbers"
+                side.mechanism = (f"logits NMSE {side.logits_nmse:.3g} against REF, past the whole-model bound "
+                                  f"{WHOLE_MODEL_NMSE:g} (not identified here: kazeia compare --mode both says "
+                                  f"whether one op or an accumulated drift does it)")
         side.prefill_tps, side.decode_tps = _rates(args, settings[p], r.n_prompt, spec.ubatch or 512)
         side.plans = {op.name: op for op in scans[p].plans if op.ubatch == 0}
         progress(f"every op alone on REF's inputs under {p} (compare --mode isolated)")
