@@ -89,9 +89,12 @@ def plan_matmul_2026_10(m: int, k: int, n: int, qtype: str, *, vtcm_size: int, n
     them); for a batched MUL_MAT, `batch_rows` is one head's rows (ne11) and `group_size` how many src1 heads share
     a weight head (ne12 / ne02). `reason` says why HMX was not taken, when it was not."""
     base = dict(m=m, k=k, n=n, qtype=qtype, profile=profile, vtcm=vtcm_size, n_threads=n_threads)
-    if mm_select < 1:
+
+    def unsupported(reason: str) -> MatmulPlan:  # HTP_MM_KERNEL_UNSUPPORTED: supports_op leaves it to the CPU
         return MatmulPlan(path="cpu", mc=None, nc=None, areas=(), used=0, status="unsupported", outcome="cpu",
-                          reason="GGML_HEXAGON_MM_SELECT=0: every MUL_MAT is unsupported (CPU)", **base)
+                          reason=reason, **base)
+    if mm_select < 1:
+        return unsupported("GGML_HEXAGON_MM_SELECT=0: every MUL_MAT is unsupported (CPU)")
     rows = batch_rows if batched and batch_rows is not None else m
     why = _hmx_refusal(rows, k, n, qtype, hmx_enabled, hmx_built, mm_select, batched, permuted, src1_f32)
     if why is None and batched:
@@ -119,13 +122,10 @@ def plan_matmul_2026_10(m: int, k: int, n: int, qtype: str, *, vtcm_size: int, n
         why = (f"the HMX solver finds no chunking whose exact layout fits {vtcm_size} B "
                f"(any act threads {n_threads}..1)")
     if qtype not in hvx.REPACKED + ("f16", "f32"):
-        return MatmulPlan(path="cpu", mc=None, nc=None, areas=(), used=0, status="unsupported", outcome="cpu",
-                          reason=f"{why}; no HVX kernel for {qtype} (UNSUPPORTED: CPU)", **base)
+        return unsupported(f"{why}; no HVX kernel for {qtype} (UNSUPPORTED: CPU)")
     p = hvx.plan(qtype, k, n, m, n_threads, vtcm_size, 4 * n if src2_bytes else 0)  # src2->nb[1]: an F32 row
     if p is None:
-        return MatmulPlan(path="cpu", mc=None, nc=None, areas=(), used=0, status="unsupported", outcome="cpu",
-                          reason=f"{why}; the HVX solver fits nothing in {vtcm_size} B either (UNSUPPORTED: CPU)",
-                          **base)
+        return unsupported(f"{why}; the HVX solver fits nothing in {vtcm_size} B either (UNSUPPORTED: CPU)")
     info = {"kernel": p.kernel, "n_prefetch": p.n_prefetch, "m_chunk": p.m_chunk}
     return MatmulPlan(path="hvx", mc=p.m_chunk or None, nc=None, areas=hvx_areas(p.layout), used=p.vtcm_bytes,
                       status="ok", outcome="runs", info=info, reason=f"HVX ({p.kernel}): {why}", **base)
