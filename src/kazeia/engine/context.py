@@ -207,7 +207,7 @@ class Context:
                     self.rs.buffer.version += 1
                 self._write_inputs(bg.inputs, tokens, p0, n_kv, all_logits)
 
-            self.recovery.compute(bg.graph, prepare, f"micro-batch of {T} tokens at position {p0}", bg.logits)
+            self.recovery.compute(bg.graph, bg.logits, prepare, f"micro-batch of {T} tokens at position {p0}")
         self.kv.n_past = p0 + T
         out = array(bg.logits)[0, 0]  # (n_out, n_vocab)
         return np.array(out, dtype=np.float32)

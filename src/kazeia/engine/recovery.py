@@ -78,18 +78,15 @@ class Recovery:
         # the rules recovery adds come first: they exist because the device died on what came before
         self.scheduler.router.gates.insert(0, PolicyGate(self.policy))
 
-    def compute(self, graph: Graph, prepare: Callable[[], None], label: str = "micro-batch",
-                output: Tensor | None = None) -> None:
-        """Run `graph`, surviving device deaths; `prepare()` puts its inputs and state back before a re-run."""
+    def compute(self, graph: Graph, output: Tensor, prepare: Callable[[], None], label: str = "micro-batch") -> None:
+        """Run `graph` and read its `output` (llama_decode's logits read), surviving device deaths; `prepare()` puts
+        its inputs and state back before a re-run."""
         died, last_place, sync_op, tried, in_context, confirmed = 0, None, None, {}, 0, set()
         while True:
             try:
                 self.scheduler.compute(graph)
-                # llama_decode's output read (2026-10: a death or a sticky error surfaces here, not at graph end)
-                if output is not None:
-                    self.scheduler.read_output(output)
-                else:
-                    self.scheduler.synchronize()
+                # (2026-10: a death or a sticky error surfaces at this read, not at graph end)
+                self.scheduler.read_output(output)
                 if sync_op is not None or self._synchronous():
                     self.warn(f"{label}: completed with one op per batch; back to a batched session")
                     self._reopen(self._device(), sync=False)
