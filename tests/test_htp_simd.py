@@ -103,16 +103,23 @@ def test_hvx_dot(qtype, k, n, monkeypatch):
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
-def test_hvx_dot_on_threads(qtype, monkeypatch):
+@pytest.mark.parametrize("sequential", [False, True], ids=["may", "october"])
+def test_hvx_dot_on_threads(qtype, sequential, monkeypatch):
+    """Row chunks claimed by the kernel threads, of 4 rows (fewer than the 8 rows hvx_dot_seq takes at once) and of
+    the default size, odd N: the bits of the one-threaded twin."""
     k, n = 2560, 301  # large enough for the kernel threads; odd N
     w = RepackedWeight.from_ggml(weight_rows(qtype, n, k, seed=9, spread=False), qtype, k)
     img = image_for(qtype, 2, k, seed=10, garbage=False)
-    want = portable(monkeypatch, hvx.hvx_matmul, w, img, 2)
-    monkeypatch.setattr(hvx_kernels, "HVX_CHUNK", 4)
+    parse = hq.parse_q8_1x4x2 if qtype == T.Q4_1 else hq.parse_q8x4x2
+    b8, b16 = w.blocks()
+    args = (b8, b16, qtype, img, 2, k, parse, hvx.IQ4_NL_VALUES, hvx.F16_LUT, sequential)
+    want = portable(monkeypatch, hvx_kernels.hvx_dot, *args)
     try:
-        for t in (1, 2):
-            set_threads(t)
-            assert same_bits(hvx.hvx_matmul(w, img, 2), want)
+        for chunk in (4, hvx_kernels.HVX_CHUNK):
+            monkeypatch.setattr(hvx_kernels, "HVX_CHUNK", chunk)
+            for t in (1, 2):
+                set_threads(t)
+                assert same_bits(hvx_kernels.hvx_dot(*args), want), (chunk, t)
     finally:
         set_threads(2)
 

@@ -31,7 +31,7 @@ from kazeia.native.irkit import (
 KINDS = ("q4_0", "q4_1", "q8_0", "iq4_nl")
 BLOCK_BYTES = block_bytes(KINDS)
 PREFETCH = 4096  # bytes of the weight stream the chunk loop prefetches ahead (the hw prefetchers stop at pages)
-ROWS_SEQ = 2  # weight rows hvx_dot_seq works on at once (independent accumulator chains)
+ROWS_SEQ = 8  # weight rows hvx_dot_seq works on at once (one accumulator lane each)
 NIBBLES = ("q4_0", "q4_1")  # kinds whose dot reads the image's int8 quants (the others: their int16 widening)
 V8I16 = vec(I16, 8)
 
@@ -235,26 +235,42 @@ def emit_dot(module: ir.Module, kind: str) -> str:
     return name
 
 
+def _transpose8(k: Kernel, v: list[ir.Value]) -> list[ir.Value]:
+    """8 x <8 x float> rows -> their 8 columns (out[j] lane r = v[r] lane j), by the AVX 8x8 transpose: unpack
+    pairs of rows, gather 4 rows per 128-bit half, then join the halves (moves only, no arithmetic)."""
+    def quads(r: int) -> list[ir.Value]:  # rows r..r+3 -> [cols 0|4, 1|5, 2|6, 3|7] (4 rows in each half)
+        lo = [k.shuffle(v[i], v[i + 1], [0, 8, 1, 9, 4, 12, 5, 13]) for i in (r, r + 2)]
+        hi = [k.shuffle(v[i], v[i + 1], [2, 10, 3, 11, 6, 14, 7, 15]) for i in (r, r + 2)]
+        return [k.shuffle(x, y, idx) for x, y in (lo, hi) for idx in ([0, 1, 8, 9, 4, 5, 12, 13],
+                                                                     [2, 3, 10, 11, 6, 7, 14, 15])]
+    top, bottom = quads(0), quads(4)
+    first = [k.shuffle(t, u, [0, 1, 2, 3, 8, 9, 10, 11]) for t, u in zip(top, bottom)]   # cols 0..3
+    second = [k.shuffle(t, u, [4, 5, 6, 7, 12, 13, 14, 15]) for t, u in zip(top, bottom)]  # cols 4..7
+    return first + second
+
+
 def emit_dot_seq(module: ir.Module, kind: str) -> str:
     """hvx_dot_seq_<kind>: the same arguments and per-block products as `hvx_dot_<kind>` (fp32(ia * (d_x*d_w)), Q4_1
     plus its rounded m_w*s_x), summed the way October 2026's tiled HVX kernels sum them (hvx-mm-kernels-tiled.h:
-    one fp32 accumulator per output, the blocks one after the other in K order): each group's 8 products are
-    folded into the scalar in lane order, the groups in order. Masked tail lanes add +0.0 (the accumulator starts
-    at +0.0 and a round-to-nearest sum is never -0.0 from there, so the adds change nothing). Weight rows go
-    ROWS_SEQ at a time (rows past the range are the range's last row again, computed and stored again), so the
-    accumulators' dependent adds overlap."""
+    one fp32 accumulator per output, the blocks one after the other in K order). Weight rows go ROWS_SEQ (8) at a
+    time, one accumulator lane each: per group, the 8 rows' 8 block products are transposed so that vector j holds
+    block 8g+j of every row, and added to the accumulator in j order: each lane sees exactly the scalar fold's
+    additions in its order (8 dependent vector adds a group for 8 rows, instead of 8 scalar ones a row). Masked
+    tail lanes add +0.0 (the accumulator starts at +0.0 and a round-to-nearest sum is never -0.0 from there, so
+    the adds change nothing). Rows past the range are the range's last row again, computed and stored again."""
     name = f"hvx_dot_seq_{kind}"
     k = Kernel(module, name, HVX_ARGS)
     b, a = k.b, k.a
     ngroups = b.sdiv(b.add(a.nb, i64(7)), i64(8))
     npad = b.mul(ngroups, i64(8))
     nfull = b.sdiv(a.nb, i64(8))  # groups whose 8 sub-blocks are all in the row
-    accs = [k.var(F32, f32(0.0), name=f"acc{j}") for j in range(ROWS_SEQ)]
+    acc = k.var(V8F32, ir.Constant(V8F32, [0.0] * 8), name="acc")
+    ahead = b.mul(a.wstride, i64(3 * ROWS_SEQ))
 
-    def fold(acc, v: ir.Value) -> None:
+    def fold(vs: list[ir.Value]) -> None:
         s = b.load(acc)
-        for j in range(8):
-            s = b.fadd(s, b.extract_element(v, ir.Constant(I32, j)))
+        for col in _transpose8(k, vs):
+            s = b.fadd(s, col)
         b.store(s, acc)
 
     with k.loop(a.r0, a.r1, step=ROWS_SEQ, name="row") as n:
@@ -267,20 +283,19 @@ def emit_dot_seq(module: ir.Module, kind: str) -> str:
             xsrow = k.gep(a.xs, b.mul(mi, npad))
             x8row = k.gep(b.bitcast(a.x16, ptr(I8)), b.mul(mi, b.mul(npad, i64(QK))))
             irow = k.gep(a.img, b.add(b.mul(mi, a.imgstride), a.kq))
-            for acc in accs:
-                b.store(f32(0.0), acc)
+            b.store(ir.Constant(V8F32, [0.0] * 8), acc)
             with k.loop(0, nfull, name="group") as g:
-                for acc, rowp in zip(accs, rows):
-                    if PREFETCH:  # every line of the group PREFETCH bytes ahead (a group is 2.25+ lines)
-                        pf = k.gep(rowp, b.add(b.mul(g, i64(8 * BLOCK_BYTES[kind])), i64(PREFETCH)))
+                if PREFETCH:  # every line of the group in the next ROWS_SEQ rows (the stream after this one)
+                    for rowp in rows:
+                        pf = k.gep(rowp, b.add(b.mul(g, i64(8 * BLOCK_BYTES[kind])), ahead))
                         for j in range(-(-8 * BLOCK_BYTES[kind] // 64)):
                             k.prefetch(k.gep(pf, 64 * j))
-                    fold(acc, _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False))
+                fold([_group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False) for rowp in rows])
             with k.if_(b.icmp_signed(">", ngroups, nfull)):
-                for acc, rowp in zip(accs, rows):
-                    fold(acc, _group(k, kind, rowp, xrow, xsrow, x8row, irow, nfull, True))
+                fold([_group(k, kind, rowp, xrow, xsrow, x8row, irow, nfull, True) for rowp in rows])
             out = b.mul(mi, a.ystride)
-            for acc, x in zip(accs, ns):  # (past the range: the last row's value again, at its own place)
-                k.store(b.load(acc), a.y, b.add(out, x))
+            res = b.load(acc)
+            for j, x in enumerate(ns):  # (past the range: the last row's value again, at its own place)
+                k.store(b.extract_element(res, ir.Constant(I32, j)), a.y, b.add(out, x))
     k.ret()
     return name
