@@ -16,7 +16,8 @@ from kazeia.gguf.writer import ARCHS, PRESETS, TYPES, SynthConfig, preset, write
 from kazeia.gguf.writer import validate as check_config
 
 DIM = V.positive(1 << 20)  # any one width; the products are bounded by memory and disk below
-BYTES_PER_WEIGHT = {t: bytes_per_32(t) / 32 for t in ("q4_0", "q4_1", "q8_0", "f16", "f32")}  # gguf/quants.py
+BYTES_PER_WEIGHT = {t: bytes_per_32(t) / 32 for t in ("q4_0", "q4_1", "q8_0", "f16", "f32", "q4_k", "q6_k")}
+BYTES_PER_WEIGHT["q4_k_m"] = BYTES_PER_WEIGHT["q6_k"]  # (an upper bound: its larger type)
 
 PRESET_HELP = """presets: tiny (2 layers, 256 wide; --arch qwen35: 4 layers, the last full attention);
 qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b (the Qwen3 dense models' shapes, e.g. qwen3-4b: 36 layers, hidden 2560,

@@ -20,11 +20,15 @@ from gguf.quants import quantize
 
 from kazeia.errors import KazeiaError
 from kazeia.gguf.hf_vocab import qwen3_vocab
+from kazeia.gguf.kquantize import quantize_q4_k, quantize_q6_k
 from kazeia.gguf.synth_tokenizer import CHATML_TEMPLATE, MIN_VOCAB, make_vocab
 from kazeia.outputs import OutputError, commit, discard, temporary_beside
 
 T = GGMLQuantizationType
-TYPES = {"q4_0": T.Q4_0, "q4_1": T.Q4_1, "q8_0": T.Q8_0, "f16": T.F16, "f32": T.F32}
+TYPES = {"q4_0": T.Q4_0, "q4_1": T.Q4_1, "q8_0": T.Q8_0, "f16": T.F16, "f32": T.F32, "q4_k": T.Q4_K,
+         "q6_k": T.Q6_K, "q4_k_m": T.Q4_K}
+K_QUANTS = (T.Q4_K, T.Q6_K)
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k": 14, "q4_k_m": 15, "q6_k": 18}  # llama_ftype
 
 
 @dataclass(frozen=True)
@@ -126,11 +130,14 @@ def validate(cfg: SynthConfig) -> None:
         raise KazeiaError("make-model: head_dim must be even (rope rotates pairs)")
     qt = TYPES[cfg.wtype]
     if qt not in (T.F16, T.F32):
+        block = 256 if qt in K_QUANTS else 32  # a row holds whole blocks
         for k in ("n_embd", "n_ff"):
-            if getattr(cfg, k) % 32:
-                raise KazeiaError(f"make-model: {k}={getattr(cfg, k)} must be a multiple of 32 for {cfg.wtype}")
-        if (cfg.n_head * cfg.head_dim) % 32:
-            raise KazeiaError("make-model: n_head*head_dim must be a multiple of 32 for quantized types")
+            if getattr(cfg, k) % block:
+                raise KazeiaError(f"make-model: {k}={getattr(cfg, k)} must be a multiple of {block} for {cfg.wtype}")
+        if (cfg.n_head * cfg.head_dim) % block:
+            raise KazeiaError(f"make-model: n_head*head_dim must be a multiple of {block} for {cfg.wtype}")
+        if qt in K_QUANTS and cfg.arch == "qwen35":
+            raise KazeiaError(f"make-model: --type {cfg.wtype} is written for dense architectures only")
     if cfg.arch == "qwen35":
         _validate_hybrid(cfg)
 
@@ -261,7 +268,30 @@ def encode_tensor(arr, qtype: T) -> tuple[np.ndarray, T]:
         return arr.astype(np.float32), T.F32
     if qtype == T.F16:
         return arr.astype(np.float16), T.F16
+    if qtype == T.Q4_K:
+        return quantize_q4_k(arr), qtype
+    if qtype == T.Q6_K:
+        return quantize_q6_k(arr), qtype
     return quantize(arr, qtype), qtype
+
+
+def _use_more_bits(layer: int, n_layer: int) -> bool:
+    """llama.cpp's use_more_bits (src/llama-quant.cpp): the first and last eighth of the layers and every third
+    one between them."""
+    return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
+
+
+def tensor_type(cfg: SynthConfig, name: str) -> T:
+    """The type a matrix gets: cfg.wtype's, except under q4_k_m, where llama.cpp's Q4_K_M rule (llama-quant.cpp:
+    llama_tensor_get_type) gives Q6_K to output.weight and to attn_v / ffn_down of the use_more_bits layers."""
+    if cfg.wtype != "q4_k_m":
+        return TYPES[cfg.wtype]
+    if name == "output.weight":
+        return T.Q6_K
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down"):
+        return T.Q6_K if _use_more_bits(int(parts[1]), cfg.n_layer) else T.Q4_K
+    return T.Q4_K
 
 
 def _tokenizer(cfg: SynthConfig):
@@ -327,7 +357,7 @@ def _write(cfg: SynthConfig, path: str, qtype: T, add_tokenizer, tensors, extra_
     w.add_rope_freq_base(cfg.rope_base)
     w.add_layer_norm_rms_eps(cfg.rms_eps)
     w.add_vocab_size(cfg.n_vocab)
-    w.add_file_type({T.F32: 0, T.F16: 1, T.Q4_0: 2, T.Q4_1: 3, T.Q8_0: 7}[qtype])
+    w.add_file_type(FILE_TYPES[cfg.wtype])
     w.add_quantization_version(2)
     w.add_uint32("kazeia.synthetic.seed", cfg.seed)
     if cfg.arch == "qwen35":
@@ -337,7 +367,7 @@ def _write(cfg: SynthConfig, path: str, qtype: T, add_tokenizer, tensors, extra_
         extra_keys(w)
     n = 0
     for name, arr, is_matrix in (_weights(cfg) if tensors is None else tensors):
-        data, t = encode_tensor(arr, qtype) if is_matrix else (arr, T.F32)
+        data, t = encode_tensor(arr, tensor_type(cfg, name)) if is_matrix else (arr, T.F32)
         w.add_tensor(name, data, raw_dtype=t if t not in (T.F32, T.F16) else None)
         n += 1
     w.write_header_to_file()

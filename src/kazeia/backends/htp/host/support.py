@@ -8,6 +8,7 @@ the REPACK buffer (llama.cpp -ngl 99 puts every layer weight there, and a tied l
 
 from __future__ import annotations
 
+from kazeia.backends.htp.host.kquants import K_QUANT_TYPES
 from kazeia.backends.htp.host.repack import REPACK_QTYPES
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
@@ -52,9 +53,10 @@ def _mul_mat(n: Tensor) -> bool:
 # what 2026-10's ggml_hexagon_supported_mul_mat takes as src0 (contiguous, not permuted; K-quants need K % 256)
 OCTOBER_QUANT_TYPES = (T.Q4_0, T.Q4_1, T.Q8_0, T.IQ4_NL, T.MXFP4, T.Q4_K, T.Q5_K, T.Q6_K)
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
-# ... of which this model computes on the HTP the types its REPACK store holds, and F16. MXFP4, the K-quants and F32
-# weights, which October also takes, run on the CPU here: their tiled dequantization is not modelled yet.
-OCTOBER_MODELLED = (*QUANT_MATMUL_TYPES, T.F16)
+# ... of which this model computes on the HTP the types its REPACK store holds, Q4_K and Q6_K (host/kquants.py), and
+# F16. MXFP4, Q5_K and F32 weights, which October also takes, run on the CPU here: kazeia has no HTP numerics for
+# MXFP4 and F32 weights, and no Q5_K block format at all.
+OCTOBER_MODELLED = (*QUANT_MATMUL_TYPES, *K_QUANT_TYPES, T.F16)
 
 
 def _broadcasts(w: Tensor, x: Tensor) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.hmx.path import HmxPath
+from kazeia.backends.htp.host.kquants import K_QUANT_TYPES, KQuantWeight
 from kazeia.backends.htp.host.repack import RepackedWeight
 from kazeia.backends.htp.hvx.bound import BoundHvx, bind_hvx, dot_scratch
 from kazeia.backends.htp.hvx.path import HvxPath, LeaveProgram, modeled_seconds
@@ -50,9 +51,9 @@ class WeightStore:
         # by (address, type, shape): views of models no longer in use go past 4096 entries
         self._items: IdentityCache[RepackedWeight] = IdentityCache("htp.repack_buffer", by_value=True)
 
-    def get(self, w: Tensor) -> RepackedWeight:
-        return self._items.get((w.data_addr, w.type, w.ne),
-                               lambda: RepackedWeight.from_ggml(rows(w)[0, 0], w.type, w.ne[0]))
+    def get(self, w: Tensor) -> RepackedWeight | KQuantWeight:
+        make = KQuantWeight.from_ggml if w.type in K_QUANT_TYPES else RepackedWeight.from_ggml
+        return self._items.get((w.data_addr, w.type, w.ne), lambda: make(rows(w)[0, 0], w.type, w.ne[0]))
 
 
 _SHARED: WeightStore | None = None
