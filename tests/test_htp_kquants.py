@@ -199,3 +199,29 @@ def test_q8_1_block_sums_are_octobers():
     october = ((amax * (F32(1.0) / F32(127.0))) * sums).astype(np.float16).astype(np.float32)
     assert np.array_equal(s, october)
     assert not np.array_equal((d * sums).astype(np.float16).astype(np.float32), october)
+
+
+def test_scale_products_round_as_the_hosts_fp32_to_fp16():
+    """D = fp16(f32(d) * sc) and M = fp16(-f32(dmin) * m) over every finite fp16 d (normal, subnormal; products that
+    overflow, land in fp16's subnormals or on ties) and random scale bytes: the bits numpy's IEEE conversion gives
+    (GGML_FP32_TO_FP16 on the host)."""
+    from kazeia.backends.htp.host.kquants import q4_k_as_q4_1
+    from kazeia.gguf.quants import _q4k_scales_mins
+
+    rng = np.random.default_rng(8)
+    bits = np.arange(0, 0x7C00, dtype=np.uint16)
+    bits = np.concatenate([bits, bits | 0x8000, [0x7C00, 0xFC00, 0x7E00, 0x7C01]]).astype(np.uint16)
+    raw = rng.integers(0, 256, (bits.size, 144), dtype=np.uint8)
+    raw[:, 0:2] = bits.reshape(-1, 1).view(np.uint8)
+    raw[:, 2:4] = rng.permutation(bits).reshape(-1, 1).view(np.uint8)
+    got = q4_k_as_q4_1(raw)[:, :, 0:4].copy().view(np.uint16)  # (n, 8, 2): D, M bits
+    sc, mn = _q4k_scales_mins(raw[:, 4:16])
+    d = raw[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = raw[:, 2:4].copy().view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        want_d = (d * sc.astype(np.float32)).astype(np.float16)
+        want_m = ((-dmin) * mn.astype(np.float32)).astype(np.float16)
+    for g, w in ((got[..., 0], want_d), (got[..., 1], want_m)):
+        nan = np.isnan(w)
+        assert np.array_equal(g[~nan], w.view(np.uint16)[~nan]) and np.all((g[nan] & 0x7C00) == 0x7C00)
+        assert np.all(g[nan] & 0x3FF)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from kazeia.backends.htp.kernels import kquants as kernel
 from kazeia.backends.htp.kernels.hmx import hmx_weight_rows
 from kazeia.backends.htp.kernels.rounding import round_hw
-from kazeia.gguf.quants import QK, _q4k_scales_mins
+from kazeia.gguf.quants import QK
 from kazeia.native.idioms import IQ4_NL_VALUES
 
 GGMLType = GGMLQuantizationType
@@ -29,45 +30,23 @@ K_QUANT_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K)  # the K-quants this model comput
 F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
-def _fp16_of(b: np.ndarray) -> np.ndarray:
-    """Pairs of bytes (..., 2) -> their fp16 values as float32."""
-    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
-
-
 def q4_k_as_q4_1(raw: np.ndarray) -> np.ndarray:
     """Q4_K rows (R, K/256*144) -> the Q4_1 blocks (R, K/32, 20) the DSP's kernels see: (D, M, 16 code bytes,
     element j low nibble, j+16 high, as ggml's Q4_1)."""
-    r = raw.shape[0]
-    blk = raw.reshape(r, -1, 144)
-    nsb = blk.shape[1]
-    d, dmin = _fp16_of(blk[:, :, 0:2]), _fp16_of(blk[:, :, 2:4])
-    sc, mn = _q4k_scales_mins(blk[:, :, 4:16])                         # (R, nsb, 8)
-    big_d = (d[..., None] * sc.astype(np.float32)).astype(np.float16)  # exact fp32 product, one RNE rounding
-    big_m = ((-dmin)[..., None] * mn.astype(np.float32)).astype(np.float16)
-    qs = blk[:, :, 16:].reshape(r, nsb, 4, 1, 32)
-    codes = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(r, nsb * 8, 32)  # sub-block 2c low, 2c+1 high
-    out = np.empty((r, nsb * 8, 20), dtype=np.uint8)
-    out[..., 0:2] = big_d.reshape(r, nsb * 8, 1).view(np.uint8)
-    out[..., 2:4] = big_m.reshape(r, nsb * 8, 1).view(np.uint8)
-    out[..., 4:] = codes[..., :16] | (codes[..., 16:] << 4)
+    blk = np.ascontiguousarray(raw).reshape(raw.shape[0], -1, 144)
+    out = np.empty((blk.shape[0], blk.shape[1] * 8, 20), dtype=np.uint8)
+    kernel.q4_k_as_q4_1(blk, F16_LUT, out)
     return out
 
 
 def q6_k_fields(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q6_K rows (R, K/256*210) -> (signed codes q - 32 (R, K) int8 in element order, S (R, K/16) float32 of fp16
     values)."""
-    r = raw.shape[0]
-    blk = raw.reshape(r, -1, 210)
-    nsb = blk.shape[1]
-    ql = blk[:, :, 0:128].reshape(r, nsb, 2, 64)
-    qh = blk[:, :, 128:192].reshape(r, nsb, 2, 1, 32)
-    lo, hi = ql[..., :32], ql[..., 32:]
-    low4 = np.stack([lo & 15, hi & 15, lo >> 4, hi >> 4], axis=3)     # (R, nsb, half, j, 32)
-    top2 = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3
-    codes = ((low4 | (top2 << 4)).astype(np.int16) - 32).astype(np.int8).reshape(r, nsb * 256)
-    d = _fp16_of(blk[:, :, 208:210])
-    sc = blk[:, :, 192:208].view(np.int8).astype(np.float32)           # (R, nsb, 16)
-    return codes, (d[..., None] * sc).astype(np.float16).astype(np.float32).reshape(r, nsb * 16)
+    blk = np.ascontiguousarray(raw).reshape(raw.shape[0], -1, 210)
+    codes = np.empty((blk.shape[0], blk.shape[1] * 256), dtype=np.int8)
+    scales = np.empty((blk.shape[0], blk.shape[1] * 16), dtype=np.float32)
+    kernel.q6_k_fields(blk, F16_LUT, codes, scales)
+    return codes, scales
 
 
 class KQuantWeight:
