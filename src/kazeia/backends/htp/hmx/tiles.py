@@ -185,9 +185,10 @@ def hmx_matmul(a16: np.ndarray, w16: np.ndarray) -> np.ndarray:
         return round_hw(a @ w.T)
 
 
-# float32 of one tile of fp16 weight rows: each tile's GEMM packs A again, so larger tiles are faster (Qwen3-4B's
-# layer weights at M = 128: 16 MiB 807 ms, 24 MiB 765, 48 MiB 751, 64 MiB 734, medians of 4)
-TILE_WEIGHT_BYTES = 48 << 20
+# float32 of one tile of fp16 weight rows. Larger tiles make the GEMMs faster in isolation (each tile's GEMM packs
+# A again: Qwen3-4B's layer weights at M = 128, 16 MiB 807 ms, 48 MiB 751) but their dequantization no longer stays
+# in L3 (32 MiB here): in a 36-layer pp128 the two were within noise (17.3/19.1 vs 17.2/17.0 t/s), so 16 MiB stays.
+TILE_WEIGHT_BYTES = 16 << 20
 
 
 _TILES = GrowingScratch(np.float32, minimum=TILE_WEIGHT_BYTES // 4)  # one tile of weight rows per thread
