@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from kazeia.backends.htp.host.repack import F16_LUT, w16_destination
 from kazeia.backends.htp.kernels import kquants as kernel
 from kazeia.backends.htp.kernels.hmx import hmx_weight_rows
 from kazeia.backends.htp.kernels.rounding import round_hw
@@ -27,7 +28,6 @@ from kazeia.native.idioms import IQ4_NL_VALUES
 
 GGMLType = GGMLQuantizationType
 K_QUANT_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K)  # the K-quants this model computes on the HTP
-F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
 def q4_k_as_q4_1(raw: np.ndarray) -> np.ndarray:
@@ -88,13 +88,7 @@ class KQuantWeight:
     def w16_rows(self, r0: int = 0, r1: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """(R, k) float32 of fp16 values: rows r0..r1 as the HMX dequantizer makes them (Q4_K: the Q4_1 kernel's
         fp16(fp16(q*D) + M); Q6_K: fp16((q - 32) * S)). `out`: a C-contiguous float32 scratch of >= R*k."""
-        r1 = self.n if r1 is None else min(r1, self.n)
-        rows = max(0, r1 - max(0, r0))
-        if out is None:
-            out = np.empty(rows * self.k, dtype=np.float32)
-        elif out.dtype != np.float32 or not out.flags.c_contiguous or out.size < rows * self.k:
-            raise ValueError(f"w16_rows needs a C-contiguous float32 scratch of {rows * self.k} elements")
-        dst = out.reshape(-1)[: rows * self.k].reshape(rows, self.k)
+        rows, dst = w16_destination(self.n, self.k, r0, r1, out)
         if self.qtype == GGMLType.Q4_K:
             b8, b16 = self.q4_1_blocks(r0, r1)
             hmx_weight_rows(b8, b16, GGMLType.Q4_1, dst.reshape(rows, self.nsub, QK), IQ4_NL_VALUES, F16_LUT)

@@ -207,6 +207,18 @@ def signed_quants(codes: np.ndarray, qtype: GGMLType) -> np.ndarray:
 # --- the weight object the backend keeps ----------------------------------------------------------------
 
 
+def w16_destination(n: int, k: int, r0: int, r1: int | None, out: np.ndarray | None) -> tuple[int, np.ndarray]:
+    """(rows, (rows, k) float32 array) for a weight's w16_rows(r0, r1, out): the head of the caller's C-contiguous
+    float32 scratch `out` (one for all the tiles of a matmul), or a new array."""
+    r1 = n if r1 is None else min(r1, n)
+    rows = max(0, r1 - max(0, r0))
+    if out is None:
+        out = np.empty(rows * k, dtype=np.float32)
+    elif out.dtype != np.float32 or not out.flags.c_contiguous or out.size < rows * k:
+        raise ValueError(f"w16_rows needs a C-contiguous float32 scratch of {rows * k} elements")
+    return rows, out.reshape(-1)[: rows * k].reshape(rows, k)
+
+
 class RepackedWeight:
     """One weight matrix as the DSP sees it: `n` rows of `k` elements in the REPACK buffer layout.
 
@@ -322,13 +334,7 @@ class RepackedWeight:
         tasks scatter into weight tiles; see hmx_matmul.py), computed from the ggml blocks (kernels/hmx.py).
         `out`: a C-contiguous float32 scratch of at least R*k elements to write them into (its head is
         returned, shaped (R, k)); the caller's matmul reuses one for all its tiles."""
-        r1 = self.n if r1 is None else min(r1, self.n)
-        rows = max(0, r1 - max(0, r0))
-        if out is None:
-            out = np.empty(rows * self.k, dtype=np.float32)
-        elif out.dtype != np.float32 or not out.flags.c_contiguous or out.size < rows * self.k:
-            raise ValueError(f"w16_rows needs a C-contiguous float32 scratch of {rows * self.k} elements")
-        dst = out.reshape(-1)[: rows * self.k].reshape(rows, self.k)
+        rows, dst = w16_destination(self.n, self.k, r0, r1, out)
         if self.qtype == GGMLType.F16:
             np.copyto(dst, self.ggml[r0:r1].view(np.float16))  # exact widening, as from_fp16_bits
             return dst
