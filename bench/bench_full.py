@@ -137,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repetitions", type=int, default=2)
     ap.add_argument("--skip", default="", help="comma list of: peer, cpu, hmx, hvx, oct, ttft, investigate")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the CPU, robust and 2026-10 rows this many times, interleaved (cpu, robust, 2026-10, "
+                         "cpu, ...), and report each figure's median and every round's HTP/CPU ratios: on a shared "
+                         "machine one round's ratio moves by +-10%%")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
@@ -157,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if "cpu" not in skip:
         res["cpu"] = kazeia_bench(model, "CPU", a.threads, a.repetitions)
         progress("cpu", res["cpu"])
+        rounds = {"cpu": [res["cpu"]]}
         if exe:
             res["llama_after"] = peer()
             progress("llama_after", res["llama_after"])
@@ -175,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         res["oct_nofuse"] = kazeia_bench(model, "HTP0", a.threads, 1, env={"GGML_HEXAGON_OPFUSION": "0"},
                                          extra=["--htp-profile", "2026-10"])
         progress("oct_nofuse", res["oct_nofuse"])
+    if "cpu" not in skip and a.rounds > 1:
+        interleaved_rounds(res, rounds, skip, model, a)
     if "ttft" not in skip:
         res["ttft_default"] = ttft(None, a.threads)
         progress("ttft_default", res["ttft_default"])
@@ -189,6 +196,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report(res)
     return 0
+
+
+ROUND_ROWS = {"cpu": ("CPU", []), "hmx": ("HTP0", ["--htp-profile", "robust"]),
+              "oct": ("HTP0", ["--htp-profile", "2026-10"])}
+
+
+def interleaved_rounds(res: dict, rounds: dict, skip: set, model: str, a) -> None:
+    """Rounds 2..N of the CPU, robust and 2026-10 rows, one after the other; then each row's figures are the medians
+    over the rounds, and res["rounds"] keeps every round's HTP/CPU ratios."""
+    rows = [k for k in ROUND_ROWS if k not in skip]
+    for k in rows[1:]:
+        rounds[k] = [res[k]]
+    for r in range(1, a.rounds):
+        for k in rows:
+            dev, extra = ROUND_ROWS[k]
+            rounds[k].append(kazeia_bench(model, dev, a.threads, a.repetitions, extra=extra))
+            progress(f"{k} round {r + 1}", rounds[k][-1])
+    for k in rows:
+        res[k] = {f: statistics.median(x[f] for x in rounds[k]) for f in rounds[k][0]
+                  if all(isinstance(x.get(f), (int, float)) for x in rounds[k])}
+    res["rounds"] = {k: [{f: x[f] / c[f] for f in ("pp128", "tg16") if x.get(f) and c.get(f)}
+                         for x, c in zip(rounds[k], rounds["cpu"])] for k in rows if k != "cpu"}
 
 
 def report(res: dict) -> None:
@@ -244,6 +273,11 @@ def report(res: dict) -> None:
         checks.append(f"investigate (2026-05, 38 tokens): {inv['wall']:.1f} s (target <= {TARGETS['inv_s']:.0f}), "
                       f"peak RSS {inv['rss'] / GIB:.2f} GiB (target <= {TARGETS['inv_rss_gib']}), exit {inv['code']}; "
                       + " / ".join(inv["verdict"]))
+    for k, per in res.get("rounds", {}).items():
+        name = {"hmx": "HTP0 robust", "oct": "HTP0 2026-10"}[k]
+        for f in ("pp128", "tg16"):
+            checks.append(f"{name} / CPU {f}, each round: " + " ".join(f"{r[f]:.2f}" for r in per if f in r)
+                          + " (the ratios above are of the medians)")
     for c in checks:
         print("- " + c)
 
