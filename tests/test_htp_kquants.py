@@ -225,3 +225,15 @@ def test_scale_products_round_as_the_hosts_fp32_to_fp16():
         nan = np.isnan(w)
         assert np.array_equal(g[~nan], w.view(np.uint16)[~nan]) and np.all((g[nan] & 0x7C00) == 0x7C00)
         assert np.all(g[nan] & 0x3FF)
+
+
+def test_htp_plan_takes_k_quants_under_october_only():
+    """bb4dc86a's ggml_hexagon_supported_mul_mat lists Q4_0, Q4_1, Q8_0, IQ4_NL, MXFP4 (and F16): a May plan of a
+    K-quant is refused in one line; October plans it (HMX at M 38, HVX at M 4)."""
+    import json
+
+    r = _kazeia("htp", "plan", "--m", "38", "--k", "9728", "--n", "2560", "--type", "q4_k", "--htp-profile", "2026-05")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "K-quant" in r.stderr, r.stderr
+    for m, path in ((38, "hmx"), (4, "hvx")):
+        r = _kazeia("htp", "plan", "--m", str(m), "--k", "9728", "--n", "2560", "--type", "q6_k", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["path"] == path, r.stderr

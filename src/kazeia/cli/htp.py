@@ -28,7 +28,8 @@ from kazeia.debug.plan_view import plan_svg, plan_text
 from kazeia.errors import KazeiaError
 from kazeia.outputs import write_text
 
-PLAN_TYPES = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4", "f16")
+K_PLAN_TYPES = ("q4_k", "q5_k", "q6_k")  # October's only
+PLAN_TYPES = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4", *K_PLAN_TYPES, "f16")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -92,7 +93,9 @@ def plan_from_args(args: argparse.Namespace) -> MatmulPlan:
     threads = args.threads if args.threads is not None else s.nhvx
     if not 1 <= threads <= MAX_HVX_THREADS:
         raise KazeiaError(f"--threads must be 1..{MAX_HVX_THREADS}")
-    get_profile(s.profile)
+    if args.qtype in K_PLAN_TYPES and not get_profile(s.profile).october:
+        raise KazeiaError(f"--type {args.qtype}: {s.profile}'s ggml-hexagon takes no K-quant weights (its supports_op "
+                          "leaves such a MUL_MAT to the CPU); October's plans them: --htp-profile 2026-10")
     if args.no_hmx:  # (2026-05: GGML_HEXAGON_USE_HMX=0; 2026-10: GGML_HEXAGON_NHMX=0)
         s = dataclasses.replace(s, use_hmx=False, nhmx=0)
     s = dataclasses.replace(s, nhvx=threads)
