@@ -159,6 +159,19 @@ def test_dequantize_rows_is_gguf_bitwise(qtype, n, kernels):
     assert np.array_equal(Q.dequantize_rows(raw, qtype, 800).view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [3, 700])
+def test_dequantize_k_quant_rows_is_gguf_bitwise(qtype, n):
+    """The K-quant tiles of the CPU's weight matmuls (numba, on threads): gguf-py's values, any finite fp16 scales and
+    any scale/code bytes."""
+    from gguf import quants as gq
+
+    raw = random_blocks(qtype, n, 3, seed=n, scale_kind="any")  # K = 768
+    got = Q.dequantize_rows(raw, qtype, 768)
+    assert np.array_equal(got.view(np.uint32), dequantize(raw, qtype, np.float32).view(np.uint32))
+    assert np.array_equal(got.view(np.uint32), gq.dequantize(raw, qtype).view(np.uint32))
+
+
 @pytest.mark.parametrize("qtype", Q.GEMV_TYPES, ids=lambda t: t.name)
 def test_bitwise_deterministic(qtype, kernels, monkeypatch):
     raw, _ = weight_rows(qtype, 1301, 2560, seed=7)  # 1.8-3.5 MB: the native GEMV runs on the threads

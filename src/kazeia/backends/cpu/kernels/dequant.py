@@ -107,6 +107,10 @@ def dequantize_rows(raw: np.ndarray, qtype: T, k: int, scratch: np.ndarray | Non
             dequant_q8_0_portable(b8.view(np.int8), b16, d3, _F16_LUT)
     elif qtype == T.F16:
         np.copyto(dst, raw.view(np.float16))
+    elif qtype in (T.Q4_K, T.Q6_K) and k % 256 == 0 and dst.flags.c_contiguous:
+        blocks = np.ascontiguousarray(raw).reshape(r, k // 256, -1)
+        kernel = dequant_q4_k_portable if qtype == T.Q4_K else dequant_q6_k_portable
+        kernel(blocks, dst.reshape(r, k // 256, 256), _F16_LUT)
     else:
         dst[...] = dequantize(raw, qtype, np.float32)
     return dst
@@ -192,3 +196,45 @@ def dequant_q8_0_portable(w, d, out, lut):
             d0 = lut[d[n, b, 0]]
             for j in range(32):
                 out[n, b, j] = d0 * _f32(w[n, b, 2 + j])
+
+
+@jit(parallel=True, cache=True)
+def dequant_q4_k_portable(w, out, lut):
+    """Q4_K rows (R, nsb, 144) -> out (R, nsb, 256) float32 = (d*sc)*q - (dmin*m) per 32-element sub-block, each
+    product and the difference rounded once, in gguf-py's order (get_scale_min_k4's six-bit sc, m)."""
+    r, nsb = w.shape[0], w.shape[1]
+    for n in prange(r):
+        for s in range(nsb):
+            d = lut[np.int32(w[n, s, 0]) | (np.int32(w[n, s, 1]) << 8)]
+            dmin = lut[np.int32(w[n, s, 2]) | (np.int32(w[n, s, 3]) << 8)]
+            for j in range(8):
+                if j < 4:
+                    sc, m = w[n, s, 4 + j] & 63, w[n, s, 8 + j] & 63
+                else:
+                    sc = (w[n, s, 8 + j] & 15) | ((w[n, s, j] >> 6) << 4)
+                    m = (w[n, s, 8 + j] >> 4) | ((w[n, s, 4 + j] >> 6) << 4)
+                ds = _f32(d * _f32(sc))
+                dm = _f32(dmin * _f32(m))
+                c = 16 + (j >> 1) * 32
+                for e in range(32):
+                    q = w[n, s, c + e] >> U4 if j & 1 else w[n, s, c + e] & U15
+                    out[n, s, 32 * j + e] = _f32(ds * _f32(q)) - dm
+
+
+@jit(parallel=True, cache=True)
+def dequant_q6_k_portable(w, out, lut):
+    """Q6_K rows (R, nsb, 210) -> out (R, nsb, 256) float32 = (d*sc)*(q - 32) per 16 elements, gguf-py's order."""
+    r, nsb = w.shape[0], w.shape[1]
+    for n in prange(r):
+        for s in range(nsb):
+            d = lut[np.int32(w[n, s, 208]) | (np.int32(w[n, s, 209]) << 8)]
+            for h in range(2):
+                for lane in range(32):
+                    ql0, ql1 = w[n, s, h * 64 + lane], w[n, s, h * 64 + 32 + lane]
+                    qh = w[n, s, 128 + h * 32 + lane]
+                    qs = ((ql0 & 15) | ((qh & 3) << 4), (ql1 & 15) | (((qh >> 2) & 3) << 4),
+                          (ql0 >> 4) | (((qh >> 4) & 3) << 4), (ql1 >> 4) | (((qh >> 6) & 3) << 4))
+                    for j in range(4):
+                        e = h * 128 + j * 32 + lane
+                        sc = _f32(np.int8(w[n, s, 192 + e // 16]))
+                        out[n, s, e] = _f32(d * sc) * _f32(np.int32(qs[j]) - 32)
