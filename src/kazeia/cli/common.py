@@ -51,8 +51,8 @@ def add_model_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
     n.add_argument("--poll", type=V.integer(0, 100), default=None, metavar="N", help="no thread polling to tune")
     n.add_argument("--cpu-mask", "-C", type=V.hex_mask, default=None, metavar="M", help="no thread affinity to set")
     n.add_argument("--cpu-strict", type=V.integer(0, 1), default=None, metavar="0|1", help="no thread affinity to set")
-    g.add_argument("-ctk", "--cache-type-k", choices=["f16", "f32"], default="f16")
-    g.add_argument("-ctv", "--cache-type-v", choices=["f16", "f32"], default="f16")
+    g.add_argument("-ctk", "--cache-type-k", choices=["f16", "f32", "q8_0"], default="f16")
+    g.add_argument("-ctv", "--cache-type-v", choices=["f16", "f32", "q8_0"], default="f16")
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:

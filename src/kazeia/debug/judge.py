@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from kazeia.graph.tensor import Tensor
+from kazeia.graph.tensor import Tensor, is_quantized
 
 OK, FAIL, REF_INVALID = "OK", "FAIL", "REF-INVALID"
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -38,6 +38,11 @@ NMSE_FLOAT_CONVERSION = {"CPY": 1e-6}  # test_cpy: two non-quantized types (F32 
 EXACT_OPS = frozenset({"CPY", "ARGMAX", "COUNT_EQUAL"})  # test-backend-ops: 0 (CPY: within one type)
 DATA_MOVEMENT_OPS = frozenset({"CONT", "GET_ROWS", "SET_ROWS"})  # kazeia: exact within one type
 WHOLE_MODEL_NMSE = 2e-3  # test_llama / test_falcon: logits of a whole run
+# kazeia: values quantized on the way (F32 -> Q8_0). The reference is REF's value quantized as ggml-cpu does (x *
+# 127/amax rounded to nearest); another valid quantizer (2026-10's DSP: fp16 d, its HVX reciprocal) lands one
+# quantum away on some elements: NMSE up to ~(1/127)^2 of the blocks' scale (6e-6 to 2e-5 seen on Q8_0 KV rows).
+# test-backend-ops' bound assumes one element off by one; rows wrong bytes put it near 1.
+NMSE_QUANTIZING = 1e-4
 
 
 def op_threshold(op: str, converts: bool = False) -> float:
@@ -53,8 +58,11 @@ def op_threshold(op: str, converts: bool = False) -> float:
 
 
 def node_threshold(node: Tensor) -> float:
-    """`op_threshold` of a graph node: it converts when its first source is missing or of another type."""
+    """`op_threshold` of a graph node: it converts when its first source is missing or of another type. A row
+    write into a block-quantized destination (SET_ROWS / CPY into a Q8_0 KV cache) is judged by NMSE_QUANTIZING."""
     src = node.src[0] if node.src else None
+    if node.op in ("SET_ROWS", "CPY") and is_quantized(node.type) and (src is None or src.type != node.type):
+        return NMSE_QUANTIZING
     return op_threshold(node.op, converts=src is None or src.type != node.type)
 
 

@@ -26,7 +26,7 @@ from kazeia.errors import ContextOverflowError, KazeiaError
 from kazeia.graph.tensor import GGMLType
 
 SYNC_ENV = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"}  # --sync: one op per batch, waited on
-KV_TYPES = {"f16": GGMLType.F16, "f32": GGMLType.F32}  # -ctk / -ctv
+KV_TYPES = {"f16": GGMLType.F16, "f32": GGMLType.F32, "q8_0": GGMLType.Q8_0}  # -ctk / -ctv
 
 
 @dataclass
@@ -216,9 +216,12 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
     ngl = spec.n_gpu_layers
     if ngl is not None and 0 <= ngl <= model.args.n_layer:  # more than the layer count (99): all on the device
         router.n_gpu_layers, router.n_layer = ngl, model.args.n_layer
+    type_k, type_v = kv_type(spec.type_k, "-ctk"), kv_type(spec.type_v, "-ctv")
+    if type_v == GGMLType.Q8_0 and not spec.flash_attn:  # llama_init_from_model refuses it the same way
+        raise KazeiaError("-ctv q8_0: V cache quantization requires flash attention (-fa on)")
     sched = make_scheduler(backends, router, spec.stop_after)
     ctx = Context(model, sched, n_ctx=n_ctx_for(spec, model), n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
-                  type_k=kv_type(spec.type_k, "-ctk"), type_v=kv_type(spec.type_v, "-ctv"))
+                  type_k=type_k, type_v=type_v)
     if spec.policy:
         from kazeia.engine.policy import Policy
 

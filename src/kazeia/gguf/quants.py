@@ -96,6 +96,26 @@ class Q8_0(BlockFormat, qtype=T.Q8_0):
         q = blocks[:, 2:].view(np.int8)
         return d * q.astype(dtype)
 
+    @classmethod
+    def quantize_rows(cls, x: np.ndarray) -> np.ndarray:
+        """(..., n) float32 -> (..., n/32*34) uint8 as ggml-cpu's x86 quantize_row_q8_0 (its from_float: a KV cache
+        row stored by SET_ROWS): d = fp16(amax / 127), q = round-to-nearest-even(x * (127 / amax)) (0 when amax is
+        0); a non-finite product converts to int32's indefinite value and saturates to -128. (gguf-py's and
+        ggml's reference quantizer use x * (1 / d) rounded half away from zero instead.)"""
+        x = np.asarray(x, dtype=np.float32)
+        lead, n = x.shape[:-1], x.shape[-1]
+        b = x.reshape(-1, n // QK, QK)
+        amax = np.abs(b).max(axis=-1)
+        with np.errstate(all="ignore"):
+            d = (amax / np.float32(127)).astype(np.float16)
+            inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+            v = b * inv[..., None]
+        q = np.where(np.isfinite(v), np.clip(np.rint(v), -128, 127), -128).astype(np.int8)
+        out = np.empty(b.shape[:-1] + (34,), dtype=np.uint8)
+        out[..., :2] = d[..., None].view(np.uint8)
+        out[..., 2:] = q.view(np.uint8)
+        return out.reshape(*lead, n // QK * 34)
+
 
 class IQ4_NL(BlockFormat, qtype=T.IQ4_NL):
     """fp16 d, then 16 bytes of 4-bit codes (low nibble = element j, high = j+16), value d * kvalues_iq4nl[q]."""

@@ -31,7 +31,7 @@ import numpy as np
 
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import Graph
-from kazeia.graph.tensor import GGMLType, Tensor, TFlag, make_tensor
+from kazeia.graph.tensor import GGMLType, Tensor, TFlag, make_tensor, row_size
 from kazeia.models.base import ModelArgs
 
 
@@ -162,8 +162,8 @@ def attend(g: Graph, a: ModelArgs, il: int, q: Tensor, k: Tensor, v: Tensor, inp
     g.expand(gb.set_rows(cache.v, v2, inp.v_idx if inp.v_idx is not None else inp.kv_idx))
 
     ck, cv = cache.k, cache.v
-    kv_k = gb.view_4d(ck, D, Hkv, n_kv, 1, ck.nb[0] * D, ck.nb[1], ck.nb[1] * ck.ne[1])  # [D, Hkv, n_kv]
-    kv_v = gb.view_4d(cv, D, Hkv, n_kv, 1, cv.nb[0] * D, cv.nb[1], cv.nb[1] * cv.ne[1])
+    kv_k = gb.view_4d(ck, D, Hkv, n_kv, 1, row_size(ck.type, D), ck.nb[1], ck.nb[1] * ck.ne[1])  # [D, Hkv, n_kv]
+    kv_v = gb.view_4d(cv, D, Hkv, n_kv, 1, row_size(cv.type, D), cv.nb[1], cv.nb[1] * cv.ne[1])
     qv = gb.view_4d(q, D, H, T, 1, q.nb[1], q.nb[2], q.nb[2] * T)  # the (single) stream's queries
     qp = gb.permute(qv, 0, 2, 1, 3)  # [D, T, H]
     kp = gb.permute(kv_k, 0, 2, 1, 3)  # [D, n_kv, Hkv]

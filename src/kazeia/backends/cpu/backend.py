@@ -17,7 +17,7 @@ from kazeia.backends.cpu.kernels import program
 from kazeia.backends.cpu.qmatmul import WeightSet, dequantize_rows
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
 from kazeia.errors import UnsupportedError
-from kazeia.gguf.quants import BlockFormat, dequantize
+from kazeia.gguf.quants import Q8_0, BlockFormat, dequantize
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import SCALAR_DTYPES, BufferUsage, GGMLType, Tensor, TFlag, array, is_quantized, rows
 from kazeia.identity import IdentityCache, binding
@@ -79,6 +79,9 @@ class NumpyBackend(Backend, NumpyOps):
         out[...] = values.reshape(out.shape) if values.shape != out.shape else values
 
     def store_rows(self, t: Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
+        if t.type == GGMLType.Q8_0:  # a quantized KV cache: each row quantized as ggml-cpu's from_float does
+            scatter_rows(rows(t), idx, Q8_0.quantize_rows(vals))
+            return
         scatter_rows(array(t), idx, vals)
 
 
@@ -87,7 +90,7 @@ def _readable(t: GGMLType) -> bool:
 
 
 def _writable(t: GGMLType) -> bool:
-    return t in (GGMLType.F32, GGMLType.F16)
+    return t in (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0)  # (Q8_0: SET_ROWS into a quantized KV cache)
 
 
 class CpuBackend(NumpyBackend):

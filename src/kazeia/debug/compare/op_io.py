@@ -7,7 +7,8 @@ import numpy as np
 
 from kazeia.backends.ref import RefBackend
 from kazeia.debug.tensors import is_weight
-from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
+from kazeia.gguf.quants import Q8_0, dequantize
+from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array, rows
 
 
 def read_sources(node: Tensor) -> list[int]:
@@ -32,6 +33,9 @@ def output_raw(node: Tensor) -> np.ndarray:
     """The part of the output the op produces, in storage type. SET_ROWS: only the rows it writes (the rest of
     a KV cache is neither its work nor worth copying)."""
     ids = _set_rows_ids(node)
+    if GGMLType(node.type) == GGMLType.Q8_0:  # a quantized KV cache: its rows' values (exact in float32)
+        raw = rows(node)
+        return dequantize(raw[0, 0, ids] if ids is not None else raw, node.type, np.float32)
     out = array(node)
     return np.array(out[0, 0, ids]) if ids is not None else np.array(out)
 
@@ -47,6 +51,8 @@ def ref_output(ref: RefBackend, node: Tensor) -> np.ndarray:
 
 def as_storable(values: np.ndarray, t: GGMLType) -> np.ndarray:
     """The reference rounded to the output's storage type, back in float64."""
+    if GGMLType(t) == GGMLType.Q8_0:  # quantized as the CPU's SET_ROWS quantizes a KV cache row
+        return dequantize(Q8_0.quantize_rows(values), t, np.float64)
     dt = SCALAR_DTYPES.get(GGMLType(t))
     if dt is None or not np.issubdtype(dt, np.floating) or dt == np.float64:
         return values

@@ -131,10 +131,10 @@ def _rope(n: Tensor) -> bool:
             and pos.is_contiguous() and n.is_contiguous())
 
 
-def _flash_attn(n: Tensor) -> bool:
+def _flash_attn(n: Tensor, kv_types: tuple = (T.F16,)) -> bool:
     q, k, v = n.src[0], n.src[1], n.src[2]
     mask = n.src[3] if len(n.src) > 3 else None
-    if q.type not in (T.F16, T.F32) or k.type != T.F16 or v.type != T.F16:
+    if q.type not in (T.F16, T.F32) or k.type not in kv_types or v.type not in kv_types:
         return False
     if mask is not None and mask.type != T.F16:
         return False
@@ -143,6 +143,14 @@ def _flash_attn(n: Tensor) -> bool:
 
 def _set_rows(n: Tensor) -> bool:
     return n.src[0].type == T.F32 and n.src[1].type in (T.I32, T.I64) and n.type == T.F16
+
+
+def _set_rows_2026_10(n: Tensor) -> bool:
+    """ggml_hexagon_supported_set_rows (2026-10): F32 values, I32/I64 ids, an F32, F16 or Q8_0 destination (Q8_0
+    rows of at least 32 values: a quantized KV cache)."""
+    if n.type == T.Q8_0 and n.src[0].ne[0] < 32:
+        return False
+    return n.src[0].type == T.F32 and n.src[1].type in (T.I32, T.I64) and n.type in (T.F32, T.F16, T.Q8_0)
 
 
 def _get_rows(n: Tensor) -> bool:
@@ -218,6 +226,9 @@ _CHECKS = {
     "SET_ROWS": _set_rows, "GET_ROWS": _get_rows, "CPY": _cpy, "CONT": _cont,
     "L2_NORM": _unary, "SSM_CONV": _ssm_conv, "GATED_DELTA_NET": _gated_delta_net, "CONCAT": _concat,
 }
+# 2026-10 (ggml_hexagon_supported_set_rows, ggml_hexagon_supported_flash_attn_ext): a Q8_0 KV cache is the HTP's too
+_CHECKS_2026_10 = {**_CHECKS, "SET_ROWS": _set_rows_2026_10,
+                   "FLASH_ATTN_EXT": lambda n: _flash_attn(n, kv_types=(T.F16, T.Q8_0))}
 
 
 def supports_op(node: Tensor, settings: HtpSettings) -> bool:
@@ -236,5 +247,5 @@ def supports_op(node: Tensor, settings: HtpSettings) -> bool:
         if (node.op == "FLASH_ATTN_EXT" and settings.fa_select == 0) or (
                 node.op == "GATED_DELTA_NET" and settings.gdn_select == 0):
             return False  # FA_SELECT / GDN_SELECT = 0: unsupported, the CPU runs it
-    check = _CHECKS.get(node.op)
+    check = (_CHECKS_2026_10 if settings.profile_generation == "2026-10" else _CHECKS).get(node.op)
     return bool(check and check(node))

@@ -48,6 +48,19 @@ def quantize_activations_2026_10(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return q[:, :k], d[:, : k // GROUP]
 
 
+def quantize_q8_0_rows(vals: np.ndarray) -> np.ndarray:
+    """(..., K) float32 -> (..., K/32*34) uint8 ggml Q8_0 blocks as 2026-10's SET_ROWS writes a Q8_0 KV cache
+    (set-rows-ops.c -> hvx-quant.h: hvx_quantize_row_q8_0_f32): per 32 values the q8_0 quantizer of the
+    activations (d = fp16(fp16(amax) * fp16(1/127)), its HVX reciprocal, round and saturate), stored as (d, quants)."""
+    x = np.asarray(vals, dtype=np.float32)
+    lead, k = x.shape[:-1], x.shape[-1]
+    q, d = quantize_activations_2026_10(x.reshape(-1, k))
+    out = np.empty((q.shape[0], k // QK, 34), dtype=np.uint8)
+    out[..., :2] = fp16_to_bytes(d).reshape(q.shape[0], k // QK, 2)
+    out[..., 2:] = q.reshape(q.shape[0], k // QK, QK).view(np.uint8)
+    return out.reshape(*lead, k // QK * 34)
+
+
 def quantize_q8_1_2026_10(xs: np.ndarray) -> np.ndarray:
     """(M, K) float32 -> the q8_1 activations of October's offset kernels, in May's q8_1x4x2 byte image (the layout
     kazeia's dot kernels read; October's tiled image holds the same numbers): per 32-element group the q8_0

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kazeia.backends.htp.device import Dsp
-from kazeia.backends.htp.kernels.rounding import f16_to_f32
+from kazeia.backends.htp.hvx.dot_2026_10 import quantize_q8_0_rows
+from kazeia.backends.htp.kernels.rounding import f16_to_f32, round_hw
 from kazeia.backends.htp.msg import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpContext, OpDesc, OpRecord
 from kazeia.backends.htp.ops.bound_ops import compute_for
 from kazeia.backends.htp.ops.flash_attn import flash_attn
@@ -21,7 +22,8 @@ from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.op_layouts import OpScratch
 from kazeia.backends.htp.vtcm.scratch import ScratchBinding, ScratchWriter
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
-from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
+from kazeia.gguf.quants import dequantize
+from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array, rows
 from kazeia.identity import IdentityCache, binding
 
 
@@ -36,9 +38,14 @@ class DspOps(NumpyOps):
         return f16_to_f32(array(t)) if t.type == GGMLType.F16 else np.asarray(array(t), dtype=np.float32)
 
     def load_c(self, t: Tensor) -> np.ndarray:
-        """np.ascontiguousarray(load(t)), an F16 tensor widened straight into C order (a KV cache view)."""
+        """np.ascontiguousarray(load(t)), an F16 tensor widened straight into C order (a KV cache view). A Q8_0 KV
+        cache view (2026-10's flash attention) is dequantized to fp16 as the DSP does (hvx_dequantize_row_q8_0_f16:
+        fp16(f32(q * d)))."""
         if t.type == GGMLType.F16:
             return f16_to_f32(array(t), order="C")
+        if t.type == GGMLType.Q8_0:
+            with np.errstate(over="ignore", invalid="ignore"):
+                return round_hw(dequantize(rows(t), t.type, np.float32))
         return np.ascontiguousarray(self.load(t))
 
     def load_rows(self, t: Tensor, sel: np.ndarray) -> np.ndarray:
@@ -49,6 +56,9 @@ class DspOps(NumpyOps):
         out[...] = values.reshape(out.shape)
 
     def store_rows(self, t: Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
+        if t.type == GGMLType.Q8_0:  # 2026-10's SET_ROWS into a Q8_0 KV cache (hvx_quantize_row_q8_0_f32)
+            scatter_rows(rows(t), idx, quantize_q8_0_rows(vals))
+            return
         scatter_rows(array(t), idx, vals)
 
 
