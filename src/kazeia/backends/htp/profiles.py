@@ -99,8 +99,9 @@ PROFILES: dict[str, Profile] = {
                     "batch), the host keeps it sticky and aborts at the next synchronize; graph_compute returns "
                     "without flushing; RMS_NORM+MUL, MUL_MAT+ADD and MUL_MAT_NX are fused (OPFUSION); the DSP "
                     "tracks dirty L2 ranges lazily; the src1 shortcut is cleared after every op; descriptors "
-                    "match on type too; HVX activations are quantized per 32 elements and summed in K order "
-                    "(not modelled: the VTCM images of the non-matmul ops and of the tiled weights)",
+                    "match on type too; HVX activations are quantized per 32 elements and summed in K order; "
+                    "Q4_K and Q6_K weights and a Q8_0 KV cache run on the HTP (not modelled: the VTCM images of "
+                    "the non-matmul ops and of the tiled weights; Q5_K and MXFP4 weights stay on the CPU)",
         plan_counts_rounding=True,
         hmx_failure="status",
         surface_status=True,
