@@ -1,8 +1,8 @@
 """One switch, KAZEIA_NO_BIND=1, runs every general path (kazeia/identity.py): the scheduler's op-by-op placement, a
 graph built anew for every micro-batch, the CPU's node-by-node calls bound per call, the HTP host's op-by-op batches,
 the DSP's general op and matmul paths and run-by-run scratch writes. Bound is bitwise the unbound path: the same
-logits, tokens and DSP log, on the CPU, on HTP0 robust, under 2026-05 with a gate, on a hybrid model and with a
-fault whose race is pinned by its seed."""
+logits, tokens and DSP log, on the CPU, on HTP0 robust and 2026-10, under 2026-05 with a gate, on a hybrid model
+and with a fault whose race is pinned by its seed."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from kazeia.gguf.writer import preset, write_model
 CASES = {
     "cpu": dict(device="CPU"),
     "htp-robust": dict(device="HTP0", htp_profile="robust"),
+    "htp-2026-10": dict(device="HTP0", htp_profile="2026-10"),  # (its decode: the bound October HVX matmuls)
     "htp-2026-05-gated": dict(device="HTP0", htp_profile="2026-05", vtcm=262144, gates=["vtcm-plan"]),
     "htp-fault-race-7": dict(device="HTP0", htp_profile="robust", faults=["scatter-unretired"],
                              env={"KAZEIA_HTP_RACE_SEED": "7"}),

@@ -122,3 +122,52 @@ def _bound_runs(vt, runs: list[tuple[int, np.ndarray]], box: tuple[int, int]) ->
     spans = [(off, raw.size) for off, raw in runs]
     pairs = list(zip(vt.run_views(spans), (raw for _, raw in runs)))
     return spans, pairs, box, CopyRuns.of(pairs)
+
+
+class BoundHvx2026_10:
+    """2026-10's HVX MUL_MAT of one node bound once (`HvxPath._hvx_2026_10`'s steps with their arguments worked out):
+    the October quantizer (32-element groups) into the binding's own image, the sequential dot straight into dst.
+    Its VTCM leaves nothing here either (see `_hvx_2026_10`). `run` returns None where the general path must run
+    this call (activations the native quantizer does not take: it has then written nothing)."""
+
+    __slots__ = ("src", "route_path", "placement", "quant", "dot", "img", "pimg", "stride", "pdst", "record")
+
+    def matches(self, node: Tensor, placement: object) -> bool:
+        return placement is self.placement and node.src is self.src and node.route_path == self.route_path
+
+    def run(self) -> OpRecord | None:
+        if not self.quant():
+            return None
+        self.dot.run(self.img, self.pimg, self.stride, self.pdst)
+        reason, used, kernel, modeled = self.record
+        return OpRecord("hvx", STATUS_OK, {"reason": reason, "vtcm_used": used, "kernel": kernel, "modeled_s": modeled})
+
+
+def bind_hvx_2026_10(unit: HvxPath, node: Tensor, plan: MatmulPlan, modeled_s: float,
+                     placement: object) -> BoundHvx2026_10 | None:
+    """The binding of a 2026-10 HVX matmul node, or None where the general path keeps running it (weights other
+    than Q4_0/Q8_0/IQ4_NL, batched or non-contiguous operands, F16 src1)."""
+    w, x = node.src[0], node.src[1]
+    if (plan.path != "hvx" or plan.status != "ok" or w.type not in BOUND_TYPES or x.type != GGMLType.F32
+            or node.type != GGMLType.F32 or not available() or w.ne[2] * w.ne[3] != 1 or x.ne[2] * x.ne[3] != 1):
+        return None
+    m, k = x.ne[1], w.ne[0]
+    kp, stride = round_up(k, SUPER), q8x4x2_row_size(k)
+    xs, dst = array(x)[0, 0], array(node)
+    if (k % QK or not k or kp > stride or not xs.flags.c_contiguous or not dst.flags.c_contiguous
+            or dst.shape != (1, 1, m, w.ne[1])):
+        return None
+    rw = unit.weights.get(w)
+    b8, _ = rw.blocks()
+    if not BoundDot.usable(b8, w.type, m):
+        return None
+    b = BoundHvx2026_10()
+    b.src, b.route_path, b.placement = node.src, node.route_path, placement
+    b.img = np.zeros((m, stride), dtype=np.uint8)  # as hvx_matmul_2026_10's fresh image: bytes never written stay 0
+    b.pimg, b.stride = ptr(b.img), stride
+    b.quant = BoundQuant(xs, kp, 32, fp16_table("inverse"), fp16_table("int8"), b.img)
+    b.dot = BoundDot(b8, w.type, m, k, unit.dot_scratch(BoundDot.scratch_shape(w.type, rw.nsub, m), k),
+                     sequential=True)
+    b.pdst = ptr(dst)
+    b.record = (plan.reason, plan.used, plan.info.get("kernel"), modeled_s)
+    return b

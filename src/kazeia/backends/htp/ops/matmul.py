@@ -18,7 +18,7 @@ from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.hmx.path import HmxPath
 from kazeia.backends.htp.host.kquants import K_QUANT_TYPES, KQuantWeight
 from kazeia.backends.htp.host.repack import RepackedWeight
-from kazeia.backends.htp.hvx.bound import BoundHvx, bind_hvx, dot_scratch
+from kazeia.backends.htp.hvx.bound import BoundHvx, BoundHvx2026_10, bind_hvx, bind_hvx_2026_10, dot_scratch
 from kazeia.backends.htp.hvx.path import HvxPath, LeaveProgram, modeled_seconds
 from kazeia.backends.htp.msg import (
     STATUS_INTERNAL_ERR,
@@ -158,4 +158,15 @@ class MatmulUnit(HmxPath, HvxPath):
             dsp.farf("ERROR", f"matmul-{plan.qtype} : current VTCM reservation {granted} is too small, "
                               f"needed {plan.used}")
             return OpRecord("hvx", STATUS_VTCM_TOO_SMALL, {"vtcm_used": plan.used, "vtcm_granted": granted})
+        placement = op.placement
+        if placement is not None and binding():  # a decode runs the same nodes every token: bound once
+            b = self._bound.get(node, lambda: self._bind_2026_10(node, plan, placement),
+                                lambda b: b is None or b.matches(node, placement))
+            rec = b.run() if b is not None else None
+            if rec is not None:
+                return rec
         return self._hvx_2026_10(dsp, octx, op, plan)
+
+    def _bind_2026_10(self, node: Tensor, plan: MatmulPlan, placement: object) -> BoundHvx2026_10 | None:
+        w, x = node.src[0], node.src[1]
+        return bind_hvx_2026_10(self, node, plan, modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type), placement)

@@ -97,14 +97,15 @@ class BoundDot:
     __slots__ = ("fn", "qtype", "m", "k", "n", "nb", "npad", "pw", "wstride", "p16", "ps", "x16",
                  "parallel", "linger", "ctr", "pctr")
 
-    def __init__(self, b8: np.ndarray, qtype: GGMLType, m: int, k: int, scratch: tuple[np.ndarray, np.ndarray]):
+    def __init__(self, b8: np.ndarray, qtype: GGMLType, m: int, k: int, scratch: tuple[np.ndarray, np.ndarray],
+                 sequential: bool = False):
         self.qtype, self.m, self.k = qtype, m, k
         self.n, self.nb = b8.shape[0], b8.shape[1]
         self.npad = -(-self.nb // 8) * 8
         self.pw, self.wstride = kept_ptr(b8), b8.strides[0]
         self.x16 = scratch[0]
         self.p16, self.ps = addr(scratch[0]), addr(scratch[1])
-        kernel = DOT[NAMES[qtype]]
+        kernel = (DOT_SEQ if sequential else DOT)[NAMES[qtype]]  # sequential: October 2026's order
         self.fn = kernel.fn, kernel.par
         self.parallel = self.n > HVX_CHUNK and self.n * self.nb * 32 * m >= PARALLEL_MIN_ELEMS
         self.linger = m <= DECODE_ROWS
