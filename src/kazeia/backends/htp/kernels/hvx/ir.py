@@ -6,7 +6,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kazeia.gguf.quants import QK, block_bytes
-from kazeia.native.idioms import CODE_OFFSET, codes_i8, tree8
+from kazeia.native.idioms import CODE_OFFSET, codes_i8, transpose8, tree8
 from kazeia.native.irkit import (
     F16,
     F32,
@@ -235,20 +235,6 @@ def emit_dot(module: ir.Module, kind: str) -> str:
     return name
 
 
-def _transpose8(k: Kernel, v: list[ir.Value]) -> list[ir.Value]:
-    """8 x <8 x float> rows -> their 8 columns (out[j] lane r = v[r] lane j), by the AVX 8x8 transpose: unpack
-    pairs of rows, gather 4 rows per 128-bit half, then join the halves (moves only, no arithmetic)."""
-    def quads(r: int) -> list[ir.Value]:  # rows r..r+3 -> [cols 0|4, 1|5, 2|6, 3|7] (4 rows in each half)
-        lo = [k.shuffle(v[i], v[i + 1], [0, 8, 1, 9, 4, 12, 5, 13]) for i in (r, r + 2)]
-        hi = [k.shuffle(v[i], v[i + 1], [2, 10, 3, 11, 6, 14, 7, 15]) for i in (r, r + 2)]
-        return [k.shuffle(x, y, idx) for x, y in (lo, hi) for idx in ([0, 1, 8, 9, 4, 5, 12, 13],
-                                                                     [2, 3, 10, 11, 6, 7, 14, 15])]
-    top, bottom = quads(0), quads(4)
-    first = [k.shuffle(t, u, [0, 1, 2, 3, 8, 9, 10, 11]) for t, u in zip(top, bottom)]   # cols 0..3
-    second = [k.shuffle(t, u, [4, 5, 6, 7, 12, 13, 14, 15]) for t, u in zip(top, bottom)]  # cols 4..7
-    return first + second
-
-
 def emit_dot_seq(module: ir.Module, kind: str) -> str:
     """hvx_dot_seq_<kind>: the same arguments and per-block products as `hvx_dot_<kind>` (fp32(ia * (d_x*d_w)), Q4_1
     plus its rounded m_w*s_x), summed the way October 2026's tiled HVX kernels sum them (hvx-mm-kernels-tiled.h:
@@ -269,7 +255,7 @@ def emit_dot_seq(module: ir.Module, kind: str) -> str:
 
     def fold(vs: list[ir.Value]) -> None:
         s = b.load(acc)
-        for col in _transpose8(k, vs):
+        for col in transpose8(k, vs):  # (vector j: block 8g+j of every row)
             s = b.fadd(s, col)
         b.store(s, acc)
 
