@@ -93,3 +93,25 @@ def block_code(blocks, n, b, j, off, kind):
     return _i32(q >> 4) if j >= 16 else _i32(q & 15)
 
 
+
+
+@jit(cache=True, inline="always")
+def q4_k_scale_min(blocks, n, s, j):
+    """ggml's get_scale_min_k4: the six-bit (scale, min) of sub-block j (0..7) of Q4_K block s of row n (blocks
+    (R, nsb, 144); the 12 packed bytes at 4..15)."""
+    if j < 4:
+        return _i32(blocks[n, s, 4 + j] & 63), _i32(blocks[n, s, 8 + j] & 63)
+    sc = _i32(blocks[n, s, 8 + j] & 15) | (_i32(blocks[n, s, j] >> 6) << 4)
+    m = _i32(blocks[n, s, 8 + j] >> 4) | (_i32(blocks[n, s, 4 + j] >> 6) << 4)
+    return sc, m
+
+
+@jit(cache=True, inline="always")
+def q6_k_code(blocks, n, s, h, j, lane):
+    """The unsigned six-bit code (0..63) of element h*128 + j*32 + lane of Q6_K block s of row n (blocks (R, nsb,
+    210)), in dequantize_row_q6_K's layout: in half h, group j (0..3) takes its low 4 bits from ql (groups 1 and 3
+    32 bytes on; groups 2 and 3 the high nibble) and its top 2 bits from qh at bit 2j. (Callers loop j outside lane:
+    the branches on j then leave the inner loop.)"""
+    ql = _i32(blocks[n, s, h * 64 + lane + 32 * (j & 1)])
+    low = (ql >> 4) if j >= 2 else (ql & 15)
+    return low | (((_i32(blocks[n, s, 128 + h * 32 + lane]) >> (2 * j)) & 3) << 4)

@@ -12,6 +12,7 @@ from llvmlite import ir
 from kazeia.gguf.quants import QK, block_bytes, dequantize
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library, available
+from kazeia.native.idioms import q4_k_scale_min, q6_k_code
 from kazeia.native.irkit import F32, I8, I16, I64, V8F32, V8I32, V16I8, Kernel, i64, ptr, splat, vec
 from kazeia.native.pool import run
 from kazeia.native.portable import jit, prange
@@ -208,11 +209,7 @@ def dequant_q4_k_portable(w, out, lut):
             d = lut[np.int32(w[n, s, 0]) | (np.int32(w[n, s, 1]) << 8)]
             dmin = lut[np.int32(w[n, s, 2]) | (np.int32(w[n, s, 3]) << 8)]
             for j in range(8):
-                if j < 4:
-                    sc, m = w[n, s, 4 + j] & 63, w[n, s, 8 + j] & 63
-                else:
-                    sc = (w[n, s, 8 + j] & 15) | ((w[n, s, j] >> 6) << 4)
-                    m = (w[n, s, 8 + j] >> 4) | ((w[n, s, 4 + j] >> 6) << 4)
+                sc, m = q4_k_scale_min(w, n, s, j)
                 ds = _f32(d * _f32(sc))
                 dm = _f32(dmin * _f32(m))
                 c = 16 + (j >> 1) * 32
@@ -229,12 +226,8 @@ def dequant_q6_k_portable(w, out, lut):
         for s in range(nsb):
             d = lut[np.int32(w[n, s, 208]) | (np.int32(w[n, s, 209]) << 8)]
             for h in range(2):
-                for lane in range(32):
-                    ql0, ql1 = w[n, s, h * 64 + lane], w[n, s, h * 64 + 32 + lane]
-                    qh = w[n, s, 128 + h * 32 + lane]
-                    qs = ((ql0 & 15) | ((qh & 3) << 4), (ql1 & 15) | (((qh >> 2) & 3) << 4),
-                          (ql0 >> 4) | (((qh >> 4) & 3) << 4), (ql1 >> 4) | (((qh >> 6) & 3) << 4))
-                    for j in range(4):
+                for j in range(4):
+                    for lane in range(32):
                         e = h * 128 + j * 32 + lane
                         sc = _f32(np.int8(w[n, s, 192 + e // 16]))
-                        out[n, s, e] = _f32(d * sc) * _f32(np.int32(qs[j]) - 32)
+                        out[n, s, e] = _f32(d * sc) * _f32(q6_k_code(w, n, s, h, j, lane) - 32)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from kazeia.backends.htp.kernels.rounding import _f32_bits
+from kazeia.native.idioms import q4_k_scale_min, q6_k_code
 from kazeia.native.portable import jit, prange
 
 _f32, _i32, _u32 = np.float32, np.int32, np.uint32
@@ -46,16 +47,6 @@ def f16_bits(x):
     return _u32(sign | _u32(np.rint(abs(x) * _f32(16777216.0))))  # subnormal: quanta of 2^-24, exact
 
 
-@jit(cache=True, inline="always")
-def _scale_min_k4(j, blk, r, s):
-    """ggml's get_scale_min_k4 of sub-block j of block (r, s) (its 12 scale bytes at 4..15)."""
-    if j < 4:
-        return _i32(blk[r, s, 4 + j] & 63), _i32(blk[r, s, 8 + j] & 63)
-    sc = _i32(blk[r, s, 8 + j] & 15) | (_i32(blk[r, s, j] >> 6) << 4)
-    m = _i32(blk[r, s, 8 + j] >> 4) | (_i32(blk[r, s, 4 + j] >> 6) << 4)
-    return sc, m
-
-
 @jit(parallel=True, cache=True)
 def q4_k_as_q4_1(blk, lut, out):
     """Q4_K blocks (R, nsb, 144) -> the DSP's Q4_1 blocks (R, nsb*8, 20): D = fp16(f32(d) * sc), M = fp16(-f32(dmin)
@@ -66,7 +57,7 @@ def q4_k_as_q4_1(blk, lut, out):
             d = lut[_i32(blk[r, s, 0]) | (_i32(blk[r, s, 1]) << 8)]
             dmin = lut[_i32(blk[r, s, 2]) | (_i32(blk[r, s, 3]) << 8)]
             for j in range(8):
-                sc, m = _scale_min_k4(j, blk, r, s)
+                sc, m = q4_k_scale_min(blk, r, s, j)
                 big_d = f16_bits(_f32(d * _f32(sc)))
                 big_m = f16_bits(_f32(_f32(-dmin) * _f32(m)))
                 o = s * 8 + j
@@ -95,14 +86,10 @@ def q6_k_fields(blk, lut, codes, scales):
                 sc = _f32(np.int8(blk[r, s, 192 + g]))
                 scales[r, s * 16 + g] = lut[f16_bits(_f32(d * sc))]
             for h in range(2):
-                for lane in range(32):
-                    ql0, ql1 = blk[r, s, h * 64 + lane], blk[r, s, h * 64 + 32 + lane]
-                    qh = blk[r, s, 128 + h * 32 + lane]
-                    e = s * 256 + h * 128 + lane
-                    codes[r, e] = np.int8(_i32((ql0 & 15) | ((qh & 3) << 4)) - 32)
-                    codes[r, e + 32] = np.int8(_i32((ql1 & 15) | (((qh >> 2) & 3) << 4)) - 32)
-                    codes[r, e + 64] = np.int8(_i32((ql0 >> 4) | (((qh >> 4) & 3) << 4)) - 32)
-                    codes[r, e + 96] = np.int8(_i32((ql1 >> 4) | (((qh >> 6) & 3) << 4)) - 32)
+                for j in range(4):
+                    e = s * 256 + h * 128 + j * 32
+                    for lane in range(32):
+                        codes[r, e + lane] = np.int8(q6_k_code(blk, r, s, h, j, lane) - 32)
 
 
 @jit(parallel=True, cache=True)
