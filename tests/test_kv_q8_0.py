@@ -114,3 +114,23 @@ def test_a_q8_0_cache_on_every_device(tiny_qwen3_q4):
                     "-ctk", "q8_0", "-ctv", "q8_0", "--oplog", "--htp-profile", prof)
         ops = re.findall(r"^KZOP .* (?:SET_ROWS|FLASH_ATTN_EXT) (\S+)", r.stderr, re.M)
         assert ops and all(o.startswith(where) for o in ops), (prof, ops)
+
+
+def test_the_cpu_writes_q8_0_through_store_too():
+    """A CPY into a Q8_0 tensor (the CPU claims Q8_0 outputs for every op it writes) stores the same bytes SET_ROWS
+    would: ggml-cpu's quantize_row_q8_0 of each row."""
+    from kazeia.backends.cpu import CpuBackend
+    from kazeia.engine.scheduler import Scheduler
+    from kazeia.graph.alloc import GraphAllocator
+    from kazeia.graph.builder import Graph
+    from kazeia.graph.tensor import rows
+    from oracle_utils import leaf
+
+    x = (np.random.default_rng(4).standard_normal((3, 64)) * 5).astype(np.float32)
+    src, dst = leaf(T.F32, (64, 3), x, name="x"), leaf(T.Q8_0, (64, 3), name="kv")
+    out = gb.cpy(src, dst)
+    g = Graph()
+    g.expand(out)
+    GraphAllocator().allocate(g)
+    Scheduler([CpuBackend()]).compute(g)
+    assert np.array_equal(rows(dst)[0, 0], Q8_0.quantize_rows(x))

@@ -75,11 +75,14 @@ class NumpyBackend(Backend, NumpyOps):
         return dequantize(rows(t)[0, 0, sel], t.type, self.ft)
 
     def store(self, t: Tensor, values: np.ndarray) -> None:
+        if t.type == GGMLType.Q8_0:  # each row quantized as ggml-cpu's from_float does
+            rows(t)[...] = Q8_0.quantize_rows(values.reshape(t.ne[::-1]))
+            return
         out = array(t)
         out[...] = values.reshape(out.shape) if values.shape != out.shape else values
 
     def store_rows(self, t: Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
-        if t.type == GGMLType.Q8_0:  # a quantized KV cache: each row quantized as ggml-cpu's from_float does
+        if t.type == GGMLType.Q8_0:  # a quantized KV cache (SET_ROWS): the rows quantized as `store` does
             scatter_rows(rows(t), idx, Q8_0.quantize_rows(vals))
             return
         scatter_rows(array(t), idx, vals)
@@ -90,7 +93,7 @@ def _readable(t: GGMLType) -> bool:
 
 
 def _writable(t: GGMLType) -> bool:
-    return t in (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0)  # (Q8_0: SET_ROWS into a quantized KV cache)
+    return t in (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0)  # (Q8_0: quantized by store / store_rows)
 
 
 class CpuBackend(NumpyBackend):

@@ -63,7 +63,6 @@ class KQuantWeight:
         self.k, self.row_bytes = int(k), k // block * size
         self.ggml = np.asarray(ggml, dtype=np.uint8).reshape(-1, self.row_bytes)
         self.n = self.ggml.shape[0]
-        self.ring_images: dict = {}  # (the HVX ring images of May's layouts: none under 2026-10)
 
     @classmethod
     def from_ggml(cls, raw: np.ndarray, qtype: GGMLType, k: int) -> KQuantWeight:

@@ -241,11 +241,13 @@ def supports_op(node: Tensor, settings: HtpSettings) -> bool:
         return bool(check and check(node))
     if node.op == "GLU":
         return node.params["glu_op"] == "SWIGLU" and _activation(node)
+    checks = _CHECKS
     if settings.profile_generation == "2026-10":
         if node.op == "MUL_MAT":
             return mul_mat_2026_10(node, settings)
         if (node.op == "FLASH_ATTN_EXT" and settings.fa_select == 0) or (
                 node.op == "GATED_DELTA_NET" and settings.gdn_select == 0):
             return False  # FA_SELECT / GDN_SELECT = 0: unsupported, the CPU runs it
-    check = (_CHECKS_2026_10 if settings.profile_generation == "2026-10" else _CHECKS).get(node.op)
+        checks = _CHECKS_2026_10
+    check = checks.get(node.op)
     return bool(check and check(node))
