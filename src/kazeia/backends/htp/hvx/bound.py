@@ -9,6 +9,8 @@ operands, F16 src1, fault injections, activations the native quantizer does not 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from kazeia.backends.htp.device import Dsp
@@ -65,26 +67,52 @@ class BoundHvx:
                                            "modeled_s": modeled})
 
 
-def bind_hvx(unit: HvxPath, dsp: Dsp, node: Tensor, plan: MatmulPlan, modeled_s: float,
-             placement: object) -> BoundHvx | None:
-    """The binding of an HVX matmul node, or None where the general path keeps running it (see the module)."""
+class _Operands(NamedTuple):
+    """What both bindings work out of an HVX matmul node: its shapes, the q8x4x2 row geometry, the views of x and
+    dst, the weight and its ggml blocks."""
+
+    m: int
+    k: int
+    kp: int
+    stride: int
+    xs: np.ndarray
+    dst: np.ndarray
+    rw: object
+    b8: np.ndarray
+
+
+def _operands(unit: HvxPath, node: Tensor) -> _Operands | None:
+    """The node's operands when the native quantizer and dot take them (a q8x4x2 weight type, F32 x and dst, 2-D,
+    C-contiguous, whole 32-element blocks), else None."""
     w, x = node.src[0], node.src[1]
-    if (plan.path == "hmx" or plan.hmx_attempt is not None or plan.status != "ok" or w.type not in BOUND_TYPES
-            or x.type != GGMLType.F32 or node.type != GGMLType.F32 or not available()
-            or "dma-unbalanced" in unit.settings.faults
+    if (w.type not in BOUND_TYPES or x.type != GGMLType.F32 or node.type != GGMLType.F32 or not available()
             or w.ne[2] * w.ne[3] != 1 or x.ne[2] * x.ne[3] != 1):
         return None
     m, k = x.ne[1], w.ne[0]
     kp, stride = round_up(k, SUPER), q8x4x2_row_size(k)
-    vt = dsp.vtcm
     xs, dst = array(x)[0, 0], array(node)
-    if (k % QK or not k or kp > stride or m * stride > vt.size or not xs.flags.c_contiguous
-            or not dst.flags.c_contiguous or dst.shape != (1, 1, m, w.ne[1])):
+    if (k % QK or not k or kp > stride or not xs.flags.c_contiguous or not dst.flags.c_contiguous
+            or dst.shape != (1, 1, m, w.ne[1])):
         return None
     rw = unit.weights.get(w)
     b8, _ = rw.blocks()
     if not BoundDot.usable(b8, w.type, m):
         return None
+    return _Operands(m, k, kp, stride, xs, dst, rw, b8)
+
+
+def bind_hvx(unit: HvxPath, dsp: Dsp, node: Tensor, plan: MatmulPlan, modeled_s: float,
+             placement: object) -> BoundHvx | None:
+    """The binding of an HVX matmul node, or None where the general path keeps running it (see the module)."""
+    if (plan.path == "hmx" or plan.hmx_attempt is not None or plan.status != "ok"
+            or "dma-unbalanced" in unit.settings.faults):
+        return None
+    ops = _operands(unit, node)
+    vt = dsp.vtcm
+    if ops is None or ops.m * ops.stride > vt.size:
+        return None
+    w = node.src[0]
+    m, k, kp, stride, xs, dst, rw, b8 = ops
     prog = unit.leave_program(plan, rw)
     if any(r is not None and r.size and r.end > vt.size for r, _, _ in prog.rings) or prog.dst_box[1] > vt.size:
         return None  # a leave write would fault: the general path raises it where it does
@@ -147,20 +175,11 @@ def bind_hvx_2026_10(unit: HvxPath, node: Tensor, plan: MatmulPlan, modeled_s: f
                      placement: object) -> BoundHvx2026_10 | None:
     """The binding of a 2026-10 HVX matmul node, or None where the general path keeps running it (weights other
     than Q4_0/Q8_0/IQ4_NL, batched or non-contiguous operands, F16 src1)."""
-    w, x = node.src[0], node.src[1]
-    if (plan.path != "hvx" or plan.status != "ok" or w.type not in BOUND_TYPES or x.type != GGMLType.F32
-            or node.type != GGMLType.F32 or not available() or w.ne[2] * w.ne[3] != 1 or x.ne[2] * x.ne[3] != 1):
+    ops = _operands(unit, node) if plan.path == "hvx" and plan.status == "ok" else None
+    if ops is None:
         return None
-    m, k = x.ne[1], w.ne[0]
-    kp, stride = round_up(k, SUPER), q8x4x2_row_size(k)
-    xs, dst = array(x)[0, 0], array(node)
-    if (k % QK or not k or kp > stride or not xs.flags.c_contiguous or not dst.flags.c_contiguous
-            or dst.shape != (1, 1, m, w.ne[1])):
-        return None
-    rw = unit.weights.get(w)
-    b8, _ = rw.blocks()
-    if not BoundDot.usable(b8, w.type, m):
-        return None
+    w = node.src[0]
+    m, k, kp, stride, xs, dst, rw, b8 = ops
     b = BoundHvx2026_10()
     b.src, b.route_path, b.placement = node.src, node.route_path, placement
     b.img = np.zeros((m, stride), dtype=np.uint8)  # as hvx_matmul_2026_10's fresh image: bytes never written stay 0
