@@ -1,5 +1,5 @@
 """Chat templates render under a time, step and output-size budget enforced inside the render
-(engine/template_sandbox.py), and real templates render exactly as an unbudgeted jinja2 sandbox renders them.
+(engine/template_sandbox/), and real templates render exactly as an unbudgeted jinja2 sandbox renders them.
 
 The issue's cases (a nested loop with and without output, a huge power, a huge repetition, a template that
 renders nothing) each get a test of their one-line message; a hypothesis property test builds random templates

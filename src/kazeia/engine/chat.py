@@ -1,5 +1,5 @@
 """Chat templates (jinja2, sandboxed and budgeted: a template from a file never runs code, hangs or exhausts
-memory; engine/template_sandbox.py) and chat sessions."""
+memory; engine/template_sandbox/) and chat sessions."""
 
 from __future__ import annotations
 
