@@ -10,9 +10,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
+from kazeia.backends.htp.fp16 import round_fp16_hw
 from kazeia.backends.htp.hmx import tiles as hm
 from kazeia.backends.htp.host.repack import RepackedWeight
-from kazeia.backends.htp.kernels.rounding import round_hw, shuffled_fp16
+from kazeia.backends.htp.kernels.rounding import round_hw, round_hw_transposed, shuffled_fp16
 
 
 def _reference(a16: np.ndarray, w: RepackedWeight, step: int) -> np.ndarray:
@@ -26,7 +27,7 @@ def _reference(a16: np.ndarray, w: RepackedWeight, step: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("m, k, n", [(5, 2560, 1400), (38, 2560, 700), (64, 1024, 2000), (129, 768, 400),
-                                     (38, 640, 300)])
+                                     (38, 640, 300), (37, 2560, 1403)])
 def test_transposed_tiles_give_the_bits_of_the_plain_product(m, k, n, monkeypatch):
     rng = np.random.default_rng(m * 7 + k)
     raw = gq.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), T.Q4_0).reshape(n, -1)
@@ -47,3 +48,18 @@ def test_the_transposed_form_is_taken_at_real_sizes():
     """Qwen3-4B's ffn_up at M = 38 is past the threshold (else the test above checks only the plain form)."""
     assert 38 * hm.weight_tile_rows(2560) * 2560 > hm.TRANSPOSED_MIN_MACS
     assert 5 * 96 * 64 <= hm.TRANSPOSED_MIN_MACS
+
+
+@pytest.mark.parametrize("r, m", [(1632, 128), (1632, 38), (37, 5), (1000, 13), (8, 8), (96, 7), (3, 200)])
+def test_round_hw_transposed_is_the_read_out_of_the_transpose(r, m):
+    """The transposed tiles are rounded as they are written into y: the bits of numpy's fp16 read-out
+    (fp16.round_fp16_hw) of x.T, specials included (NaN with an fp16 payload, -inf, past 65504, subnormal, the
+    rounding edge just under 65520), and nothing written outside the column range it is given."""
+    rng = np.random.default_rng(r * 31 + m)
+    x = (rng.standard_normal((r, m)) * 3e4).astype(np.float32)
+    x.flat[::97], x.flat[5::101], x.flat[7::89], x.flat[9::83], x.flat[13::71] = np.nan, -np.inf, 7e4, 1e-7, 65519.99
+    x.view(np.uint32).flat[11::79] = 0xFFC02000
+    y = np.zeros((m, r + 50), np.float32)
+    round_hw_transposed(x, y[:, 20:20 + r])
+    assert np.array_equal(y[:, 20:20 + r].view(np.uint32), round_fp16_hw(x.T).view(np.uint32))
+    assert not y[:, :20].any() and not y[:, 20 + r:].any()

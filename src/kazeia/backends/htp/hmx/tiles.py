@@ -26,7 +26,7 @@ from kazeia.backends.htp.fp16 import (
     from_fp16_bits,
 )
 from kazeia.backends.htp.host.repack import RepackedWeight
-from kazeia.backends.htp.kernels.rounding import round_hw, shuffled_fp16
+from kazeia.backends.htp.kernels.rounding import round_hw, round_hw_transposed, shuffled_fp16
 from kazeia.native.buffers import GrowingScratch
 
 GGMLType = GGMLQuantizationType
@@ -226,7 +226,8 @@ def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: flo
 
     The tiles are dequantized into one scratch per thread (`_tile_scratch`: no fresh pages per tile), each GEMM
     writes its columns of y in place (the same calls, C-contiguous operands; only the output's row stride
-    differs), and the read-out, elementwise, runs once over the whole y. `out`: a C-contiguous float32 (M, N)
+    differs). The read-out is elementwise: a tile computed transposed is rounded as it is transposed into y
+    (`round_hw_transposed`), the others once over the whole y at the end. `out`: a C-contiguous float32 (M, N)
     array to compute y in (the op's dst: the same GEMM calls, whose output has that row stride anyway)."""
     a = np.ascontiguousarray(a16, dtype=np.float32)
     if a.shape[1] != w.k:
@@ -238,6 +239,7 @@ def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: flo
     step = weight_tile_rows(w.k)
     scratch = _tile_scratch(min(step, w.n) * w.k)
     a_t = a.T  # (K, M): a transposed operand of the GEMM, not a copy
+    rounded = True  # every tile's columns already hold their fp16 read-out
     with np.errstate(all="ignore"):
         for r0 in range(0, w.n, step):
             r1 = min(w.n, r0 + step)
@@ -247,12 +249,19 @@ def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: flo
             if m * (r1 - r0) * w.k > TRANSPOSED_MIN_MACS:
                 y_t = _OUT_T.take((r1 - r0) * m)[: (r1 - r0) * m].reshape(r1 - r0, m)
                 np.matmul(t, a_t, out=y_t)
-                y[:, r0:r1] = y_t.T
+                if scale == 1.0:  # the read-out is elementwise: done here, as the product is transposed in
+                    round_hw_transposed(y_t, y[:, r0:r1])
+                else:
+                    y[:, r0:r1] = y_t.T
+                    rounded = False
             else:
                 np.matmul(a, t.T, out=y[:, r0:r1])
+                rounded = False
+        if rounded:
+            return y
         if scale != 1.0:
             y *= np.float32(scale)
-        return round_hw(y, out=y)
+        return round_hw(y, out=y)  # rounding an fp16 value again leaves its bits as they are
 
 
 def hmx_mul_mat(w: RepackedWeight, x: np.ndarray, arch: int | None = None) -> np.ndarray:

@@ -5,6 +5,8 @@ the staging converter that uses the rounding. AVX2 IR (compiled by native/compil
 does not run, and the numba rounding twins the other families' portable twins are built on.
 
 - `round_f16_hw`: vcvtps2ph (F16C) and a compare and blend for the saturation.
+- `round_f16_hw_t`: the same rounding written transposed (8 x 8 blocks through a register transpose): the HMX
+  matmul's tile products, computed as (W_tile @ A^T), land in the (M, N) output rounded in one pass.
 - `f16_rows_f32`: vcvtph2ps is exact except that it quiets NaN; numpy keeps the payload as it is (sign |
   0x7F800000 | mant << 13), so NaN lanes take that pattern instead.
 """
@@ -19,6 +21,7 @@ from llvmlite import ir
 from kazeia.backends.htp.fp16 import f32_to_f16_shuffled, round_fp16_hw
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library, available
+from kazeia.native.idioms import transpose8
 from kazeia.native.irkit import F16, F32, I8, I16, I32, I64, V8F32, V8I32, Kernel, i64, ptr, splat, vec
 from kazeia.native.pool import run_rows
 from kazeia.native.portable import intrinsic, jit
@@ -65,6 +68,24 @@ def _round_kernel(module: ir.Module) -> str:
     return "round_f16_hw"
 
 
+def _round_t_kernel(module: ir.Module) -> str:
+    """round_f16_hw_t(x, xstride, m8, y, ystride, r0, r1): y[c, 8*r + i] = hw16(x[8*r + i, c]) for the 8-row
+    blocks r in [r0, r1) and c < m8 (a multiple of 8): x's rows xstride elements apart, y's ystride (x != y)."""
+    k = Kernel(module, "round_f16_hw_t", [("x", ptr(F32)), ("xstride", I64), ("m8", I64), ("y", ptr(F32)),
+                                          ("ystride", I64), ("r0", I64), ("r1", I64)])
+    b, a = k.b, k.a
+    with k.loop(a.r0, a.r1, name="rb") as rb:
+        src = k.gep(a.x, b.mul(rb, b.mul(a.xstride, i64(8))))
+        dst = k.gep(a.y, b.mul(rb, i64(8)))
+        with k.loop(0, a.m8, step=8, name="c") as c:
+            rows = [k.load_vec(src, V8F32, b.add(b.mul(a.xstride, i64(i)), c)) for i in range(8)]
+            cols = transpose8(k, rows)
+            for j, v in enumerate(cols):
+                k.store_vec(hw16(k, v), dst, b.mul(b.add(c, i64(j)), a.ystride))
+    k.ret()
+    return "round_f16_hw_t"
+
+
 def _f16_rows_kernel(module: ir.Module) -> str:
     """f16_rows_f32(src, nb1, nb2, n1, d, dst, os1, os2, r0, r1): the fp16 rows r in [r0, r1) of a strided
     2-level view (row r = c + n1*h at byte src + h*nb2 + c*nb1, d elements, d a multiple of 8) widened to
@@ -95,6 +116,7 @@ def _f16_rows_kernel(module: ir.Module) -> str:
 
 LIB = Library(__name__, "kazeia_htp_rounding")
 ROUND = LIB.kernel("round_f16_hw", _round_kernel, par=True)
+ROUND_T = LIB.kernel("round_f16_hw_t", _round_t_kernel, par=True)
 F16_ROWS = LIB.kernel("f16_rows_f32", _f16_rows_kernel)
 
 
@@ -123,6 +145,24 @@ def round_hw(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     if tail < xc.size:
         flat_y[tail:] = round_fp16_hw(flat_x[tail:])
     return y
+
+
+def round_hw_transposed(x: np.ndarray, out: np.ndarray) -> None:
+    """out[...] = round_hw(x.T): x (R, M) float32 C-contiguous, out (M, R) float32 with unit column stride (a
+    column range of a wider C-contiguous array); the same bits as round_hw, written through 8 x 8 register
+    transposes (numpy's strided transpose copy runs at ~1 element a ns here)."""
+    r, m = x.shape
+    if out.shape != (m, r) or out.dtype != np.float32 or x.dtype != np.float32:
+        raise ValueError(f"round_hw_transposed: out must be float32 of shape {(m, r)}")
+    m8, r8 = m // 8 * 8, r // 8 * 8
+    if not available() or not x.flags.c_contiguous or out.strides[1] != 4 or m8 == 0 or r8 == 0:
+        out[...] = round_hw(x.T)
+        return
+    run_rows(ROUND_T, (addr(x), m, m8, addr(out), out.strides[0] // 4), r8 // 8, 16, x.size >= PARALLEL_MIN_ELEMS)
+    if m8 < m:
+        out[m8:, :r8] = round_fp16_hw(x[:r8, m8:].T)
+    if r8 < r:
+        out[:, r8:] = round_fp16_hw(x[r8:].T)
 
 
 F16_LOAD_MIN_ELEMS = 1 << 14     # fp16 arrays below this are widened by numpy
