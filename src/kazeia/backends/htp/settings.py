@@ -21,6 +21,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from kazeia.errors import KazeiaError
 from kazeia.limits import safe_regex
@@ -89,7 +90,7 @@ class HtpSettings:
             return self.nhmx != 0 and self.fa_select >= 2
         return self.use_hmx
 
-    @property
+    @cached_property  # read per op: kept in the instance's __dict__ (frozen fields are untouched)
     def profile_generation(self) -> str:
         from kazeia.backends.htp.profiles import get_profile
 
@@ -101,7 +102,7 @@ class HtpSettings:
             return False
         return self.opfusion == 1 or bool(self.opfusion & FUSION_FLAGS[name])
 
-    @property
+    @cached_property
     def dsp_vtcm_bytes(self) -> int:
         """The VTCM the DSP works in (main.c: vtcm_alloc's grant); the 2026-10 host plans against `vtcm_bytes`.
         Under 2026-05 the DSP plans every op itself against what it has, so there the grant is simply the session's
