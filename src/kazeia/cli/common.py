@@ -63,6 +63,9 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
                    help="HTP version profile: 2026-10 (default), robust or 2026-05; env KAZEIA_HTP_PROFILE")
     g.add_argument("--vtcm", type=V.vtcm_bytes, default=None, metavar="BYTES",
                    help="HTP VTCM size in bytes (default 8388608); env KAZEIA_HTP_VTCM")
+    g.add_argument("--htp-arch", type=V.htp_arch, default=None, metavar="vNN",
+                   help="the device's Hexagon arch, v68 .. v81 (default v79; `kazeia htp faults` lists what each "
+                        "sets); env GGML_HEXAGON_ARCH")
     g.add_argument("--fault", type=V.fault(), action="append", default=[], metavar="NAME",
                    help="HTP fault injection (repeatable): see `kazeia htp faults`")
     g.add_argument("--cpu-ops", type=V.op_names, default=None, metavar="OPS",
@@ -112,13 +115,21 @@ def spec_from_args(args: argparse.Namespace, device: str | None = None) -> RunSp
     n_predict = g("n_predict", 0) or 0
     return RunSpec(model=g("model"), prompt=prompt_text(args), n_prompt=n_prompt, device=(device or g("device", "CPU")),
                    htp_profile=g("htp_profile"), vtcm=g("vtcm"), faults=list(g("fault") or []),
-                   env=dict(SYNC_ENV) if g("sync", False) else {}, cpu_ops=g("cpu_ops"), cpu_nodes=g("cpu_nodes"),
+                   env=_htp_env(args), cpu_ops=g("cpu_ops"), cpu_nodes=g("cpu_nodes"),
                    cpu_node_range=g("cpu_node_range"), gates=list(g("gate") or []),
                    policy=None if policy in (None, "auto") else policy, ubatch=g("ubatch_size", 512),
                    ctx=g("ctx_size", 4096), flash_attn=g("flash_attn", "on") != "off",
                    n_predict=max(0, n_predict), stop_after=g("stop_after"), n_gpu_layers=g("n_gpu_layers"),
                    type_k=g("cache_type_k", "f16"), type_v=g("cache_type_v", "f16"), recover=g("recover", False),
                    max_deaths=g("max_deaths", 12))
+
+
+def _htp_env(args: argparse.Namespace) -> dict[str, str]:
+    """The GGML_HEXAGON_* switches the flags stand for: --sync (OPBATCH=1 OPQUEUE=1), --htp-arch (ARCH)."""
+    env = dict(SYNC_ENV) if getattr(args, "sync", False) else {}
+    if getattr(args, "htp_arch", None):
+        env["GGML_HEXAGON_ARCH"] = args.htp_arch
+    return env
 
 
 RUN_ONLY = ("oplog", "oplog_file", "stop_on_nonfinite", "dump", "inject_death_at", "inject_death_rate")

@@ -124,7 +124,7 @@ SUBCOMMANDS: dict[str, Callable] = {"plan": add_plan_parser}  # the lead adds "f
 
 
 def add_faults_parser(hsub) -> argparse.ArgumentParser:
-    p = hsub.add_parser("faults", help="list the optional fault injections and the version profiles")
+    p = hsub.add_parser("faults", help="list the version profiles, the arch profiles and the optional fault injections")
     p.set_defaults(htp_func=run_faults)
     return p
 
@@ -135,6 +135,11 @@ def run_faults(args: argparse.Namespace) -> int:
     print("profiles (--htp-profile, env KAZEIA_HTP_PROFILE):")
     for p in PROFILES.values():
         print(f"  {p.name:10s} {p.description}")
+    from kazeia.backends.htp.archs import describe
+
+    print("\narchs (--htp-arch vNN, env GGML_HEXAGON_ARCH; default v79), per code generation (robust is 2026-05's):")
+    for line in describe():
+        print(line)
     print("\nfault injections (--fault NAME, repeatable; env KAZEIA_HTP_FAULTS=a,b), all off by default:")
     for f in FAULTS.values():
         print(f"  {f.name:20s} {f.description}")

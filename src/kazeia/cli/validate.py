@@ -248,6 +248,16 @@ def htp_profile(text: str) -> str:
     return text
 
 
+def htp_arch(text: str) -> str:
+    """--htp-arch: a Hexagon arch kazeia models (v68 .. v81), given as GGML_HEXAGON_ARCH spells it."""
+    from kazeia.backends.htp.archs import parse_arch
+
+    try:
+        return f"v{parse_arch(text, '--htp-arch')}"
+    except KazeiaError as e:
+        raise _bad(str(e)) from None
+
+
 def fault(allow_none: bool = False) -> Parse:
     """One --fault NAME (or 'none' where it clears the recorded ones)."""
 

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 
 from kazeia.backends.base import Backend
+from kazeia.backends.htp.archs import session_refusal
 from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.host.fusion import fuseable_nodes
 from kazeia.backends.htp.host.repack import RepackedWeight
@@ -22,6 +23,7 @@ from kazeia.backends.htp.ops.executor import Executor
 from kazeia.backends.htp.ops.matmul import WeightStore
 from kazeia.backends.htp.profiles import check_faults, get_profile
 from kazeia.backends.htp.settings import HtpSettings
+from kazeia.errors import KazeiaError
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Tensor
 from kazeia.identity import IdentityCache
@@ -50,6 +52,9 @@ class HtpBackend(Backend):
         self.profile = get_profile(self.settings.profile)
         _warn_ignored(self.settings)
         check_faults(self.settings.faults, self.settings.profile)
+        refusal = session_refusal(self.settings.arch, self.profile.generation)
+        if refusal is not None:
+            raise KazeiaError(refusal)
         self.executor = Executor(self.settings, self.profile, weight_store)
         self.dsp = Dsp(self.settings, self.profile, self.executor)
         self.host = HostSession(self.name, self.settings, self.profile, self.dsp, log, self._batch_seconds)

@@ -103,6 +103,13 @@ class HtpSettings:
         return self.opfusion == 1 or bool(self.opfusion & FUSION_FLAGS[name])
 
     @cached_property
+    def arch_profile(self):
+        """The device's arch under this version's code (archs.py: skels, HMX, fp32 adds, VMEM, mappings)."""
+        from kazeia.backends.htp.archs import arch_profile
+
+        return arch_profile(self.arch, self.profile_generation)
+
+    @cached_property
     def dsp_vtcm_bytes(self) -> int:
         """The VTCM the DSP works in (main.c: vtcm_alloc's grant); the 2026-10 host plans against `vtcm_bytes`.
         Under 2026-05 the DSP plans every op itself against what it has, so there the grant is simply the session's
@@ -154,11 +161,10 @@ class HtpSettings:
         race_seed = _int(merged, "KAZEIA_HTP_RACE_SEED", 0) if merged.get("KAZEIA_HTP_RACE_SEED") else None
         if race_seed is not None and not 0 <= race_seed < 1 << 64:
             raise KazeiaError(f"KAZEIA_HTP_RACE_SEED={race_seed} must be an integer in 0 .. 2**64-1")
-        arch_raw = merged.get("GGML_HEXAGON_ARCH", "79").lstrip("vV")
-        try:
-            arch = int(arch_raw)
-        except ValueError:
-            raise KazeiaError(f"GGML_HEXAGON_ARCH={arch_raw!r} is not an arch number like v79") from None
+        from kazeia.backends.htp.archs import DEFAULT_ARCH, parse_arch
+
+        arch_raw = merged.get("GGML_HEXAGON_ARCH")
+        arch = parse_arch(arch_raw) if arch_raw not in (None, "") else DEFAULT_ARCH
         october = prof.generation == "2026-10"
         selects = {k: _int(merged, f"GGML_HEXAGON_{k.upper()}", 2) for k in ("mm_select", "fa_select", "gdn_select")}
         for k, v in selects.items():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-LIB = "./libggml-htp-v75.so"
+LIB = "./libggml-htp-v{arch}.so"  # the skel of the device's arch (archs.py)
 LIB_LOAD = 0x20010000  # emulator's layout
 SHELL = "fastrpc_shell_unsigned_3 load address : 100000  and size : 163EBC"
 VTCM_VA = 0xD8000000  # emulator's layout: where VTCM is mapped in the DSP process
@@ -43,10 +43,12 @@ def _pc(sym: str, off: int) -> int:
     return LIB_LOAD + SYMBOLS[sym] + off
 
 
-def crash_record(kind: str, detail: dict | None = None, process: str = "llama-cli") -> list[str]:
-    """The logcat lines of a cDSP crash of `kind` ("bus-error", "stack-overflow", "abort"); `detail` may give
-    `vtcm_offset` (the faulting VTCM byte: Bad VA = VTCM_VA + it) or `stack_used` (bytes of stack taken)."""
+def crash_record(kind: str, detail: dict | None = None, process: str = "llama-cli", arch: int = 79) -> list[str]:
+    """The logcat lines of a cDSP crash of `kind` ("bus-error", "stack-overflow", "abort") in the skel of
+    `arch`; `detail` may give `vtcm_offset` (the faulting VTCM byte: Bad VA = VTCM_VA + it) or `stack_used`
+    (bytes of stack taken)."""
     detail = detail or {}
+    lib = LIB.format(arch=arch)
     trace = TRACES.get(kind, ["htp_packet_callback"])
     offs = [0x1A4, 0x3C8, 0x88, 0x5C, 0x13C, 0x2F0]
     if "vtcm_offset" in detail:
@@ -61,14 +63,14 @@ def crash_record(kind: str, detail: dict | None = None, process: str = "llama-cl
              "########################################",
              "--------------------- Crash Details are furnished below ------------------------------------",
              f'Process "/frpc/f05afd00 {process}" crashed in thread "htp-callback" {reason}',
-             f'Crashed Shared Object "{LIB}" load address : 0x{LIB_LOAD:08X} ', SHELL + " ",
+             f'Crashed Shared Object "{lib}" load address : 0x{LIB_LOAD:08X} ', SHELL + " ",
              f"Fault PC   :    0x{_pc(trace[0], offs[0]):08X} ",
              f"LR         :    0x{_pc(trace[1 % len(trace)], offs[1 % len(offs)]):08X} ",
              f"SP         :    0x{sp:X} ", f"Bad VA     :    0x{bad:08X} ", f"FP         :    0x{sp + 8:X} ",
              f"SSR        :    0x{0x1970000 | (ERROR_CODES.get(kind, 0) & 0xFFF):X} ",
              f"Error code :    0x{ERROR_CODES.get(kind, 0):X} ", "Call trace : "]
     for i, sym in enumerate(trace):
-        lines.append(f"[<{_pc(sym, offs[i % len(offs)]):08X}>] {sym}+0x{offs[i % len(offs)]:X}:     ({LIB}) ")
+        lines.append(f"[<{_pc(sym, offs[i % len(offs)]):08X}>] {sym}+0x{offs[i % len(offs)]:X}:     ({lib}) ")
     return [PREFIX + s for s in lines]
 
 

@@ -367,7 +367,7 @@ class HostSession:
             err.batch_seq = batch.seq
             err.kind = d.kind
             err.detail = d.detail
-            err.crash_record = crash_record(d.kind, d.detail)  # what logcat shows on a device
+            err.crash_record = crash_record(d.kind, d.detail, arch=self.settings.arch)  # what logcat shows on a device
             err.batch_ops = [op.node.name for op in batch.ops]  # what the host sent in the failed batch
             self.dead = err
             raise err

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from kazeia.backends.htp import profiles
+from kazeia.backends.htp.archs import HMX_SKELS
 from kazeia.backends.htp.settings import DEFAULT_HVX_THREADS, MAX_HVX_THREADS  # noqa: F401 (layouts take them)
 from kazeia.backends.htp.settings import DEFAULT_VTCM as DEFAULT_VTCM_SIZE
 from kazeia.backends.htp.vtcm.areas import (  # noqa: F401 (the layout arithmetic, imported from here too)
@@ -50,7 +51,7 @@ VLEN = 128  # HVX vector bytes: the row alignment of all HVX spads
 HMX_TILE = 32  # rows/cols of one HMX fp16 tile
 HMX_TILE_BYTES = 2048  # 32 x 32 fp16: granule of every HMX matmul area
 HMX_SCALES_BYTES = 256  # output scale/bias block: 64 fp16 scales then 64 fp16 zero biases
-HMX_ARCHS = (73, 75, 79, 81)  # htp/CMakeLists.txt: HMX code is only built for these
+HMX_ARCHS = HMX_SKELS["2026-05"]  # htp/CMakeLists.txt: HMX code is only built for these (archs.py)
 
 
 def check_profile(profile: str) -> str:

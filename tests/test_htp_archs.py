@@ -1,0 +1,90 @@
+"""Hexagon arch profiles (issue 22, deliverable 1): what each arch sets in each upstream version, checked against
+numbers read from the sources (May: ggml-org/ggml bb4dc86a, October: llama.cpp 0c1e57098bba), and what a session
+on such a device does: a v68 device under 2026-10 opens none, under 2026-05 runs every matmul on HVX (no HMX in
+its skel), and a DSP crash names the skel of the device's arch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kazeia.backends.htp.archs import KNOWN_ARCHS, arch_profile, parse_arch, session_refusal
+from kazeia.backends.htp.host.crash_record import crash_record
+from kazeia.backends.htp.settings import HtpSettings
+from kazeia.errors import KazeiaError
+
+MiB = 1 << 20
+
+
+def test_each_arch_sets_what_the_sources_say():
+    # CMakeLists.txt build_htp_skel: May v68 v69 v73 v75 v79 v81; October v73 v75 v79 v81
+    assert [a for a in KNOWN_ARCHS if arch_profile(a, "2026-05").skel] == [68, 69, 73, 75, 79, 81]
+    assert [a for a in KNOWN_ARCHS if arch_profile(a, "2026-10").skel] == [73, 75, 79, 81]
+    # May htp/CMakeLists.txt HTP_HMX_VERSIONS v73 v75 v79 v81
+    assert [a for a in KNOWN_ARCHS if arch_profile(a, "2026-05").hmx] == [73, 75, 79, 81]
+    # hvx-base.h: `#if __HVX_ARCH__ < 79` -> qf32 adds
+    assert [a for a in KNOWN_ARCHS if not arch_profile(a, "2026-10").ieee_f32_add] == [68, 69, 73, 75]
+    assert not arch_profile(75, "2026-05").ieee_f32_add and arch_profile(79, "2026-05").ieee_f32_add
+    # htp-ops.h HTP_OP_MAX_VMEM_DEFAULT (3355443200u) from v75; ggml_hexagon_init: 3000 * MiB below
+    assert arch_profile(75, "2026-10").vmem_bytes == 3355443200 == 3200 * MiB
+    assert arch_profile(73, "2026-10").vmem_bytes == arch_profile(69, "2026-05").vmem_bytes == 3000 * MiB
+    # htp-ctx.h HTP_MAX_MMAPS: 16 (May), 64 (October); October's prep_op_bufs defragments once
+    assert (arch_profile(79, "2026-05").mmap_slots, arch_profile(79, "2026-10").mmap_slots) == (16, 64)
+    assert arch_profile(79, "2026-10").defrag and not arch_profile(79, "2026-05").defrag
+    # opt_dma64 = opt_arch > 79 (October only)
+    assert [a for a in KNOWN_ARCHS if arch_profile(a, "2026-10").dma64] == [81]
+    assert not any(arch_profile(a, "2026-05").dma64 for a in KNOWN_ARCHS)
+
+
+@pytest.mark.parametrize("text, arch", [("v79", 79), ("V73", 73), ("75", 75), (" v68 ", 68)])
+def test_arch_values_are_read_as_ggml_hexagon_init_reads_them(text, arch):
+    assert parse_arch(text) == arch
+    assert HtpSettings.from_env({"GGML_HEXAGON_ARCH": text}).arch == arch
+
+
+@pytest.mark.parametrize("text", ["v70", "zz", "v", "vv79", "7" * 40, "-73", "0x49"])
+def test_an_arch_kazeia_does_not_model_is_one_line(text):
+    with pytest.raises(KazeiaError) as e:
+        HtpSettings.from_env({"GGML_HEXAGON_ARCH": text})
+    assert "\n" not in str(e.value) and "GGML_HEXAGON_ARCH" in str(e.value)
+
+
+def test_only_october_below_v73_refuses_the_session():
+    assert [a for a in KNOWN_ARCHS if session_refusal(a, "2026-10")] == [68, 69]
+    assert not any(session_refusal(a, "2026-05") for a in KNOWN_ARCHS)
+    line = session_refusal(68, "2026-10")
+    assert "\n" not in line and "libggml-htp-v68.so" in line and "kazeia's hypothesis" in line
+
+
+def test_a_crash_names_the_skel_of_the_devices_arch():
+    assert any('"./libggml-htp-v73.so"' in s for s in crash_record("bus-error", arch=73))
+    assert not any("v75" in s for s in crash_record("bus-error", arch=81))
+
+
+def _kazeia(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_HEXAGON_", "KAZEIA_HTP_"))}
+    return subprocess.run([sys.executable, "-m", "kazeia", *args], capture_output=True, text=True, timeout=300,
+                          env=env)
+
+
+def _matmul_paths(stderr: str) -> set[str]:
+    return {line.split()[4] for line in stderr.splitlines()
+            if line.startswith("KZOP") and " MUL_MAT " in line and "(blk." in line}  # May leaves the lm_head on the CPU
+
+
+@pytest.mark.slow
+def test_a_v68_device(q4b1):
+    """Under 2026-10: no session, one line, exit 2. Under 2026-05 (a v68 skel without HMX: op_matmul ->
+    op_matmul_hvx) the 38-token prefill that overflows HMX's VTCM on v79 runs every Q4_0 MUL_MAT on HVX."""
+    args = ("run", "-m", q4b1, "-dev", "HTP0", "--n-prompt", "38", "-n", "1", "--temp", "0", "--oplog")
+    october = _kazeia(*args, "--htp-arch", "v68")
+    assert october.returncode == 2 and "no session" in october.stderr
+    assert len([s for s in october.stderr.splitlines() if s.strip()]) == 1, october.stderr
+    may = _kazeia(*args, "--htp-arch", "v68", "--htp-profile", "2026-05")
+    assert may.returncode == 0, may.stderr[-2000:]
+    assert _matmul_paths(may.stderr) == {"HTP0/hvx"}
+    v79 = _kazeia(*args, "--htp-profile", "2026-05")
+    assert "HTP0/hmx" in _matmul_paths(v79.stderr) or v79.returncode == 3
