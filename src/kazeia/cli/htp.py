@@ -135,10 +135,10 @@ def run_faults(args: argparse.Namespace) -> int:
     print("profiles (--htp-profile, env KAZEIA_HTP_PROFILE):")
     for p in PROFILES.values():
         print(f"  {p.name:10s} {p.description}")
-    from kazeia.backends.htp.archs import describe
+    from kazeia.backends.htp import describe_archs
 
     print("\narchs (--htp-arch vNN, env GGML_HEXAGON_ARCH; default v79), per code generation (robust is 2026-05's):")
-    for line in describe():
+    for line in describe_archs():
         print(line)
     print("\nfault injections (--fault NAME, repeatable; env KAZEIA_HTP_FAULTS=a,b), all off by default:")
     for f in FAULTS.values():

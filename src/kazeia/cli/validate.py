@@ -250,7 +250,7 @@ def htp_profile(text: str) -> str:
 
 def htp_arch(text: str) -> str:
     """--htp-arch: a Hexagon arch kazeia models (v68 .. v81), given as GGML_HEXAGON_ARCH spells it."""
-    from kazeia.backends.htp.archs import parse_arch
+    from kazeia.backends.htp import parse_arch
 
     try:
         return f"v{parse_arch(text, '--htp-arch')}"

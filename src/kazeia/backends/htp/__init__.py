@@ -1,11 +1,11 @@
 """The emulated Hexagon NPU (-dev HTP0): llama.cpp's ggml-hexagon backend in software, per upstream version
-(profiles.py) and per arch (settings.py). This face is what the rest of kazeia (engine, debug, cli, bench) uses;
+(profiles.py) and per arch (archs.py). This face is what the rest of kazeia (engine, debug, cli, bench) uses;
 nothing outside htp/ imports past it. Names load lazily: `from kazeia.backends.htp import HtpSettings` reads
 settings.py only, not the whole device model.
 
 The units, from the bottom up (each imports only those below it; tests/test_layering.py):
-- profiles.py, settings.py, fp16.py, msg.py (what host and DSP exchange: upstream htp-msg.h / htp-ops.h), l2.py
-  (2026-10's dirty-range L2 table);
+- profiles.py, archs.py (what each Hexagon arch sets per version), settings.py, fp16.py, msg.py (what host and
+  DSP exchange: upstream htp-msg.h / htp-ops.h), l2.py (2026-10's dirty-range L2 table);
 - kernels/: the native kernels of the numerics (one family per file: IR, front, portable twin);
 - vtcm/: the VTCM arena, its areas, the MUL_MAT plan (May's on the DSP, October's on the host) and every other
   op's scratch layout;
@@ -26,6 +26,7 @@ _FACE = {
     "kazeia.backends.htp.backend": ("HtpBackend",),
     "kazeia.backends.htp.settings": ("HtpSettings", "DEFAULT_HVX_THREADS", "DEFAULT_VTCM", "MAX_HVX_THREADS"),
     "kazeia.backends.htp.profiles": ("FAULTS", "PROFILES", "Profile", "check_faults", "get_profile"),
+    "kazeia.backends.htp.archs": ("KNOWN_ARCHS", "arch_profile", "describe_archs", "parse_arch", "session_refusal"),
     "kazeia.backends.htp.msg": ("STATUS_NAMES", "STATUS_OK", "DeviceState"),
     "kazeia.backends.htp.host.support": ("MAX_SRC1_ROWS", "supports_op"),
     "kazeia.backends.htp.host.crash_record": ("VTCM_VA", "ParsedCrash", "crash_record", "parse_crash"),

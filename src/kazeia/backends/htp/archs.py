@@ -114,7 +114,7 @@ SOURCES = (
 )
 
 
-def describe(generations: tuple[str, ...] = ("2026-05", "2026-10")) -> list[str]:
+def describe_archs(generations: tuple[str, ...] = ("2026-05", "2026-10")) -> list[str]:
     """Lines for `kazeia htp faults`: one per arch and version, then where each rule comes from."""
     lines = []
     for gen in generations:
