@@ -13,7 +13,7 @@ from kazeia import __version__
 from kazeia.errors import DeviceDeathError, KazeiaError
 
 SUBCOMMANDS = ["run", "make_model", "bench", "htp", "trace", "replay", "compare", "bisect", "determinism",
-               "oracle", "investigate", "crashlog", "gate", "upgrade"]
+               "oracle", "investigate", "crashlog", "gate", "upgrade", "check"]
 
 
 class Parser(argparse.ArgumentParser):

@@ -260,8 +260,10 @@ class _Cursor:
             raise GGUFError(self.path, f"unknown value type {vtype} for key '{key}'")
 
 
-def _scan_header(path: str, buf: memoryview) -> tuple[int, dict[str, Any], dict[str, TensorInfo], int]:
+def _scan_header(path: str, buf: memoryview,
+                 header_only: bool = False) -> tuple[int, dict[str, Any], dict[str, TensorInfo], int]:
     """Walk the whole header with bounds checks, reading it: (version, metadata, tensors, alignment).
+    `header_only`: the data section may be absent (a file cut after its header); every other check holds.
     Raises GGUFError on the first problem."""
     if len(buf) < 4 or bytes(buf[:4]) != GGUF_MAGIC:
         got = bytes(buf[:4])
@@ -310,7 +312,7 @@ def _scan_header(path: str, buf: memoryview) -> tuple[int, dict[str, Any], dict[
             if d == 0 or d > 1 << 40:
                 raise GGUFError(path, f"tensor '{name}' has an absurd dimension {d}")
             n *= d
-        if n > 8 * len(buf) + 1024:  # even 1-bit types could not hold this many elements in this file
+        if not header_only and n > 8 * len(buf) + 1024:  # even 1-bit types could not hold this many elements
             raise GGUFError(path, f"tensor '{name}' has {n} elements, more than the file could hold")
         ttype = c.unpack("I", 4, f"type of '{name}'")
         if ttype not in _KNOWN_TYPES:
@@ -330,7 +332,7 @@ def _scan_header(path: str, buf: memoryview) -> tuple[int, dict[str, Any], dict[
         for d in dims[1:]:
             nbytes *= d
         start = data_start + offset
-        if start + nbytes > len(buf):
+        if start + nbytes > len(buf) and not header_only:
             raise GGUFError(path, f"tensor '{name}' data [{start}, {start + nbytes}) runs past the end of "
                                   f"file ({len(buf)} bytes)")
         if offset % alignment:
@@ -347,8 +349,9 @@ def _scan_header(path: str, buf: memoryview) -> tuple[int, dict[str, Any], dict[
     return version, metadata, tensors, alignment
 
 
-def load_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Open, validate and memory-map a GGUF file. Raises GGUFError with a one-line reason."""
+def load_gguf(path: str | os.PathLike, header_only: bool = False) -> GGUFFile:
+    """Open, validate and memory-map a GGUF file. Raises GGUFError with a one-line reason. `header_only`: only
+    the header is read and the data section may be missing (kazeia check); `data` then must not be used."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise GGUFError(path, "no such file")
@@ -367,5 +370,5 @@ def load_gguf(path: str | os.PathLike) -> GGUFFile:
         mm = np.memmap(path, dtype=np.uint8, mode="r")
     except OSError as e:
         raise GGUFError(path, f"cannot read the file ({e.strerror or e})") from None
-    version, metadata, tensors, alignment = _scan_header(path, memoryview(mm))
+    version, metadata, tensors, alignment = _scan_header(path, memoryview(mm), header_only)
     return GGUFFile(path, version, metadata, tensors, mm, alignment)

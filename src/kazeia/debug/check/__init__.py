@@ -1,0 +1,157 @@
+"""`kazeia check`: from a GGUF header alone, what each MUL_MAT weight meets on the HTP under every version, arch,
+VTCM size and ubatch asked for, before the model reaches a phone.
+
+    report = check_model("q4b.gguf", ubatches=(512,))
+    report.result("2026-05", 79).verdict    # 'death': ffn_down's HMX layout overflows 8 MiB at M 33..64
+
+Nothing past the header is read (a file cut after its header is enough): the weights are placed by their llama.cpp
+names (weights.py) and planned with the arithmetic the emulator itself runs (outcomes.py); report.py renders it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kazeia.backends.htp import DEFAULT, KNOWN_ARCHS, PHONE_CPU, arch_profile, hmx_matmul_seconds, hvx_matmul_seconds
+from kazeia.debug.check.outcomes import SEVERITY, Config, Planner, Range
+from kazeia.debug.check.weights import ModelHeader, WeightClass, read_header
+from kazeia.errors import KazeiaError
+from kazeia.gguf.reader import load_gguf
+from kazeia.graph.tensor import GGMLType
+
+PROFILES = ("2026-05", "robust", "2026-10")
+FAILING = ("no-session", "death", "dropped", "risk")
+MiB = 1 << 20
+# the op queue's shared memory October subtracts from VMEM: per batch 16 buffer descriptors (24 B), 14 tensors
+# (56 B) per op, one op descriptor (232 B) and one profile record (48 B) per op, times the queue depth, in pages,
+# plus a guard page (ggml-hexagon.cpp ggml_hexagon_opqueue, ggml_hexagon_shared_buffer; htp/htp-ops.h)
+OPBATCH, OPQUEUE = 1280, 32
+
+
+def october_shm_bytes(opbatch: int = OPBATCH, opqueue: int = OPQUEUE) -> int:
+    block = 24 * 16 + (56 * 14 + 232 + 48) * opbatch
+    return (block * opqueue + 4095) // 4096 * 4096 + 4096
+
+
+@dataclass
+class ConfigResult:
+    config: Config
+    ranges: dict[str, list[Range]]           # class label -> its M ranges
+    verdict: str                             # the worst outcome over every class and M
+    prefill_tps: float | None                # modeled, MUL_MATs only (None: no session)
+    decode_tps: float | None
+    vmem: dict = field(default_factory=dict)
+
+    def failing(self) -> list[tuple[str, Range]]:
+        return [(label, r) for label, rs in self.ranges.items() for r in rs if r.step.outcome in FAILING]
+
+
+@dataclass
+class CheckReport:
+    header: ModelHeader
+    ctx: int
+    results: list[ConfigResult]
+    classes: list[WeightClass]
+
+    def result(self, profile: str, arch: int, vtcm: int | None = None, ubatch: int | None = None) -> ConfigResult:
+        for r in self.results:
+            c = r.config
+            if (c.profile, c.arch) == (profile, arch) and vtcm in (None, c.vtcm) and ubatch in (None, c.ubatch):
+                return r
+        raise KeyError((profile, arch, vtcm, ubatch))
+
+
+def check_model(path: str, profiles: tuple[str, ...] = PROFILES, archs: tuple[int, ...] = KNOWN_ARCHS,
+                vtcms: tuple[int | None, ...] = (None,), ubatches: tuple[int, ...] = (512,), ctx: int = 4096,
+                threads: int = 6) -> CheckReport:
+    """The matrix profiles x archs x VTCM sizes (None: the arch's own) x ubatches for the model at `path`."""
+    header = read_header(load_gguf(path, header_only=True))
+    planner = Planner()
+    results = []
+    for profile in profiles:
+        for arch in archs:
+            for vtcm in vtcms:
+                for ub in ubatches:
+                    if ub < 1:
+                        raise KazeiaError(f"-ub {ub} must be at least 1")
+                    gen = Config(profile, arch, 0, ub).generation
+                    c = Config(profile, arch, vtcm or arch_profile(arch, gen).vtcm_bytes, ub, threads)
+                    results.append(_result(c, header, planner, ctx))
+    return CheckReport(header, ctx, results, header.classes)
+
+
+def _result(c: Config, header: ModelHeader, planner: Planner, ctx: int) -> ConfigResult:
+    ranges = {w.label: planner.ranges(c, w) for w in header.classes}
+    worst = min((r.step.outcome for rs in ranges.values() for r in rs), key=SEVERITY.__getitem__)
+    opens = worst != "no-session"
+    return ConfigResult(c, ranges, worst, _tps(c, header, planner, c.ubatch) if opens else None,
+                        _tps(c, header, planner, 1) if opens else None, _vmem(c, header, ctx))
+
+
+def _tps(c: Config, header: ModelHeader, planner: Planner, m: int) -> float:
+    """Modeled tokens/s of the MUL_MATs alone at M = m (the lm_head at M = 1): the cost model of the emulator's
+    modeled column for the DSP paths, the phone CPU's for what goes to the CPU."""
+    seconds = 0.0
+    for w in header.classes:
+        rows = min(m, w.m_max or m)
+        s = planner.step(c, w, rows)
+        t = GGMLType[w.qtype.upper()]
+        if s.path == "hmx":
+            one = hmx_matmul_seconds(rows, w.k, w.n, t, s.mc or 32, DEFAULT)
+        elif s.path == "hvx":
+            one = hvx_matmul_seconds(rows, w.k, w.n, t, DEFAULT)
+        else:
+            one = PHONE_CPU.matmul_seconds(rows, w.k, w.n, t)
+        seconds += one * len(w.tensors)
+    return m / seconds if seconds > 0 else 0.0
+
+
+def _vmem(c: Config, header: ModelHeader, ctx: int) -> dict:
+    """The DSP address space the host budgets (opt_vmem, minus October's op queue) against what the model maps."""
+    ap = arch_profile(c.arch, c.generation)
+    budget = ap.vmem_bytes - (october_shm_bytes() if c.generation == "2026-10" else 0)
+    kv = header.kv_bytes_per_cell * ctx
+    return {"budget": budget, "weights": header.device_bytes, "kv": kv, "fits": header.device_bytes + kv <= budget}
+
+
+def gate_regex(label: str) -> str:
+    """The --gate weight regex of a class label ('blk.*.ffn_down.weight q4_0 9728x2560')."""
+    name = label.split()[0]
+    return re.escape(name).replace(r"blk\.\*\.", r"blk\.\d+\.")
+
+
+def safest_settings(r: ConfigResult, report: CheckReport, archs: tuple[int, ...] = ()) -> list[str]:
+    """What to run instead, from this run's arithmetic: the ubatch under the first failing M, a gate per failing
+    range (those weights at those M on the CPU), the env switch that avoids the unit, or the upgrade (on `archs`,
+    the archs that share this outcome table; default r's own)."""
+    fails = [(label, rg) for label, rg in r.failing() if rg.step.outcome != "no-session"]
+    c = r.config
+    if r.verdict == "no-session":
+        return [f"no session on v{c.arch} under {c.profile}: --htp-profile 2026-05 (HVX only) or -dev CPU"]
+    if not fails:
+        return []
+    lo = min(rg.m_lo for _, rg in fails)
+    out = []
+    if lo > 1:
+        out.append(f"-ub {lo - 1} (no ubatch reaches M {lo})")
+    gates = [f"--gate 'weight={gate_regex(label)},m={rg.m_lo}-{rg.m_hi}'" for label, rg in fails]
+    out.append(" ".join(gates) + " (those weights at those M on the CPU)")
+    outcomes = {rg.step.outcome for _, rg in fails}
+    if "death" in outcomes:
+        out.append("GGML_HEXAGON_USE_HMX=0 (every MUL_MAT on HVX)")
+    if "risk" in outcomes:
+        out.append("GGML_HEXAGON_NHMX=0 or GGML_HEXAGON_MM_SELECT=1 (the workarounds of #26123)")
+    if c.generation != "2026-10":
+        ups = {}
+        for a in archs or (c.arch,):
+            try:
+                ups[a] = report.result("2026-10", a, c.vtcm, c.ubatch).verdict
+            except KeyError:
+                continue
+        fixed = [f"v{a}" for a, v in ups.items() if v not in FAILING]
+        if fixed:
+            left = [f"v{a}: {v}" for a, v in ups.items() if v in FAILING]
+            out.append(f"upgrade: 2026-10 runs every class on {', '.join(fixed)}"
+                       + (f" (not on {', '.join(left)})" if left else ""))
+    return out

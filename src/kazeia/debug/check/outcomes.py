@@ -1,0 +1,145 @@
+"""What each MUL_MAT weight class of a model meets on the HTP, per configuration and per M (activation rows):
+upstream's supports_op rules for the version, then the same plan arithmetic the emulator runs (plan_matmul), then
+the arch (no session, HMX built or not) and the public field reports that apply.
+
+Outcomes, in order of severity:
+  no-session   the version opens no session on this arch (October below v73: no skel)
+  death        2026-05: the HMX layout overflows VTCM, op_matmul re-enters itself until the DSP dies (0x2e)
+  dropped      2026-05: HVX VTCM_TOO_SMALL, the op is skipped and its dst keeps stale bytes (garbage, no error)
+  risk         it runs, but a public report with no published cause matches (#26123 on v73 under 2026-10)
+  cpu          supports_op leaves it to the CPU (slow, correct)
+  hvx / hmx    it runs on the DSP on that unit ("hvx" includes robust's fallback and October's HMX refusal)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kazeia.backends.htp import arch_profile, get_profile, plan_matmul
+from kazeia.debug.check.weights import WeightClass
+
+SEVERITY = {"no-session": 0, "death": 1, "dropped": 2, "risk": 3, "cpu": 4, "hvx": 5, "hmx": 6}
+MAY_QUANT = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4")       # bb4dc86a ggml_hexagon_supported_mul_mat
+OCT_QUANT = (*MAY_QUANT, "q4_k", "q5_k", "q6_k")              # 0c1e57098bba, K-quants with K % 256
+MAY_MAX_SRC0_ROWS, MAY_MAX_SRC1_ROWS = 16384, 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    profile: str
+    arch: int
+    vtcm: int
+    ubatch: int
+    threads: int = 6
+
+    @property
+    def generation(self) -> str:
+        return get_profile(self.profile).generation
+
+    def key(self) -> str:
+        return f"{self.profile} v{self.arch} vtcm={self.vtcm} ub={self.ubatch}"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One M's outcome: path (hmx/hvx/cpu/none), outcome (see SEVERITY), VTCM bytes the plan uses, why."""
+
+    path: str
+    outcome: str
+    used: int
+    mc: int | None
+    nc: int | None
+    reason: str
+    report: str | None = None  # the public report whose risk applies
+
+
+@dataclass
+class Range:
+    """M from m_lo to m_hi with one outcome; `step` is m_lo's (its chunks and reason), the bytes span the range."""
+
+    m_lo: int
+    m_hi: int
+    step: Step
+    used_min: int = 0
+    used_max: int = 0
+
+    def add(self, m: int, s: Step) -> None:
+        self.m_hi = m
+        self.used_min, self.used_max = min(self.used_min, s.used), max(self.used_max, s.used)
+
+    def to_dict(self) -> dict:
+        s = self.step
+        return {"m": [self.m_lo, self.m_hi], "path": s.path, "outcome": s.outcome,
+                "vtcm_bytes": [self.used_min, self.used_max], "mc": s.mc, "nc": s.nc, "reason": s.reason,
+                "report": s.report}
+
+
+def _unsupported(c: Config, qtype: str, k: int, n: int, m: int) -> str | None:
+    """Why the version's supports_op leaves this MUL_MAT to the CPU, or None (a F32 src1, a weight in the device's
+    weight buffer, contiguous)."""
+    if c.generation == "2026-10":
+        if qtype in OCT_QUANT:
+            return f"K={k} is not a multiple of {256 if qtype.endswith('_k') else 32}" if k % (
+                256 if qtype.endswith("_k") else 32) else None
+        return None if qtype in ("f16", "f32") else f"{qtype} weights are not supported"
+    if qtype in MAY_QUANT:
+        if k % 32:
+            return f"K={k} is not a multiple of 32"
+        if n > MAY_MAX_SRC0_ROWS:
+            return f"{n} weight rows > {MAY_MAX_SRC0_ROWS} (supports_op's lm_head limit)"
+    elif qtype != "f16":
+        return f"{qtype} weights are not supported"
+    return f"{m} activation rows > {MAY_MAX_SRC1_ROWS}" if m > MAY_MAX_SRC1_ROWS else None
+
+
+class Planner:
+    """Steps per (configuration, class, M), with the plans shared where the arithmetic is the same (the archs of
+    one version differ only in whether HMX is built)."""
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple, Step] = {}
+
+    def step(self, c: Config, w: WeightClass, m: int) -> Step:
+        ap = arch_profile(c.arch, c.generation)
+        if not ap.opens:
+            return Step("none", "no-session", 0, None, None, f"{c.generation} builds no v{c.arch} skel", "GenieX #1170")
+        why = _unsupported(c, w.qtype, w.k, w.n, m)
+        if why is not None:
+            return Step("cpu", "cpu", 0, None, None, why)
+        key = (c.profile, ap.hmx, c.vtcm, c.threads, w.qtype, w.k, w.n, m)
+        s = self._plans.get(key)
+        if s is None:
+            s = self._plans[key] = self._plan(c, ap.hmx, w, m)
+        if s.path == "hmx" and c.generation == "2026-10" and c.arch == 73 and w.qtype not in ("f16", "f32"):
+            return Step(s.path, "risk", s.used, s.mc, s.nc, "quantized HMX MUL_MAT on v73 (n >= 5): test-backend-ops "
+                        "reports ERR = inf and garbage/0x2e on 4B+ models; cause unknown (reported, not explained)",
+                        "llama.cpp #26123")
+        return s
+
+    @staticmethod
+    def _plan(c: Config, hmx_built: bool, w: WeightClass, m: int) -> Step:
+        p = plan_matmul(m, w.k, w.n, w.qtype, vtcm_size=c.vtcm, profile=c.profile, n_threads=c.threads,
+                        hmx_built=hmx_built)
+        if p.path == "cpu":
+            return Step("cpu", "cpu", 0, None, None, p.reason)
+        if p.outcome == "reenter":
+            return Step("hmx", "death", p.used, p.mc, p.nc, f"HMX layout {p.used} B > VTCM {c.vtcm} B: op_matmul "
+                        "re-enters itself until the DSP dies, 0x2e at the next read (the seed's fault; llama.cpp "
+                        "#24963 reports it as a hang on a build where the self call became a loop)")
+        if p.outcome == "dropped" or p.status == "vtcm_too_small":
+            return Step("hvx", "dropped", p.used, p.mc, p.nc, f"HVX needs {p.used} B > VTCM {c.vtcm} B: "
+                        "VTCM_TOO_SMALL, the op is skipped and dst keeps stale bytes")
+        return Step(p.path, p.path, p.used, p.mc, p.nc, p.reason)
+
+    def ranges(self, c: Config, w: WeightClass) -> list[Range]:
+        """The class's M from 1 to its largest (the ubatch, or 1 for the lm_head) as runs of equal outcomes."""
+        top = min(c.ubatch, w.m_max or c.ubatch)
+        out: list[Range] = []
+        for m in range(1, top + 1):
+            s = self.step(c, w, m)
+            last = out[-1] if out else None
+            if last and (last.step.outcome, last.step.path, last.step.report) == (s.outcome, s.path, s.report):
+                last.add(m, s)
+            else:
+                out.append(Range(m, m, s, s.used, s.used))
+        return out

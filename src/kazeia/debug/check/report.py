@@ -1,0 +1,159 @@
+"""`kazeia check`'s outputs: the text table (verdict matrix, then each failing configuration's classes and M
+ranges, its safest settings, modeled speed and VMEM), the JSON (every configuration, every weight by its GGUF
+name with its M ranges) and the HTML heat map (weights x M, coloured by outcome)."""
+
+from __future__ import annotations
+
+import html
+
+from kazeia.debug.check import FAILING, CheckReport, ConfigResult, safest_settings
+from kazeia.debug.check.outcomes import Range
+
+MiB = 1 << 20
+COLOURS = {"hmx": "#2e7d32", "hvx": "#81c784", "cpu": "#ffd54f", "risk": "#fb8c00", "dropped": "#8e24aa",
+           "death": "#c62828", "no-session": "#424242"}
+
+
+def _role(label: str) -> str:
+    """'blk.*.ffn_down.weight q4_0 ...' -> 'ffn_down'; the tied lm_head -> 'lm_head'."""
+    if "(tied lm_head)" in label:
+        return "lm_head"
+    return label.split()[0].replace("blk.*.", "").replace(".weight", "")
+
+
+def _short(r: ConfigResult) -> str:
+    """One cell of the verdict matrix."""
+    if r.verdict == "no-session":
+        return "no session (GenieX #1170)"
+    fails = r.failing()
+    cpu = sorted({_role(label) for label, rs in r.ranges.items()
+                  for rg in rs if rg.step.outcome == "cpu"})
+    on_cpu = f"; CPU: {', '.join(cpu[:3])}{f' +{len(cpu) - 3}' if len(cpu) > 3 else ''}" if cpu else ""
+    if not fails:
+        return "runs" + on_cpu
+    by_outcome: dict[str, list[str]] = {}
+    for label, rg in fails:
+        role = _role(label)
+        by_outcome.setdefault(rg.step.outcome, []).append(f"{role} M {_m(rg)}")
+    word = {"death": "crash", "dropped": "garbage", "risk": "risk"}
+    parts = []
+    for outcome, items in by_outcome.items():
+        more = f" +{len(items) - 2}" if len(items) > 2 else ""
+        report = next((rg.step.report for _, rg in fails if rg.step.outcome == outcome and rg.step.report), None)
+        parts.append(f"{word[outcome]}{f' ({report})' if report else ''}: {', '.join(items[:2])}{more}")
+    return "; ".join(parts) + on_cpu
+
+
+def _m(rg: Range) -> str:
+    return str(rg.m_lo) if rg.m_lo == rg.m_hi else f"{rg.m_lo}..{rg.m_hi}"
+
+
+def text(report: CheckReport) -> str:
+    h = report.header
+    out = [f"kazeia check: {h.path}",
+           f"  {h.arch}, {h.n_layer} layers, {len(report.classes)} MUL_MAT weight classes "
+           f"({sum(len(c.tensors) for c in report.classes)} tensors), {h.device_bytes / MiB:.1f} MiB on the device, "
+           f"KV {h.kv_bytes_per_cell * report.ctx / MiB:.1f} MiB at -c {report.ctx}"]
+    if h.matmul_id:
+        out.append(f"  MUL_MAT_ID expert weights, not planned: {len(h.matmul_id)} (e.g. {h.matmul_id[0]})")
+    if h.not_placed:
+        out.append(f"  not placed (names llama.cpp's table does not know): {', '.join(h.not_placed[:8])}"
+                   + (f" +{len(h.not_placed) - 8}" if len(h.not_placed) > 8 else ""))
+    groups: dict[tuple, dict[str, dict[int, ConfigResult]]] = {}
+    for r in report.results:
+        c = r.config
+        groups.setdefault((c.vtcm, c.ubatch), {}).setdefault(c.profile, {})[c.arch] = r
+    for (vtcm, ub), by_profile in groups.items():
+        profiles = list(by_profile)
+        archs = sorted({a for d in by_profile.values() for a in d})
+        out += ["", f"verdicts at -ub {ub}, VTCM {vtcm} B:", "",
+                "| arch | " + " | ".join(profiles) + " |", "| --- |" + " --- |" * len(profiles)]
+        for a in archs:
+            out.append(f"| v{a} | " + " | ".join(_short(by_profile[p][a]) if a in by_profile[p] else "-"
+                                                 for p in profiles) + " |")
+    shown: set[str] = set()
+    for r in report.results:
+        if r.verdict not in FAILING or r.verdict == "no-session":
+            continue
+        body = _detail(r)
+        if body in shown:  # another arch with the same outcome table: say so once
+            continue
+        shown.add(body)
+        same = [f"v{x.config.arch}" for x in report.results if x.verdict == r.verdict and _detail(x) == body
+                and x.config.profile == r.config.profile and x.config.ubatch == r.config.ubatch]
+        out += ["", f"## {r.config.profile} on {', '.join(same)}, VTCM {r.config.vtcm} B, -ub {r.config.ubatch}: "
+                    f"{r.verdict}", body]
+        archs = tuple(int(a[1:]) for a in same)
+        out += ["safest fast settings:"] + [f"  {s}" for s in safest_settings(r, report, archs)]
+    out += ["", "modeled MUL_MAT speed (the emulator's cost model; the phone CPU's for what goes to the CPU):"]
+    first = (report.results[0].config.vtcm, report.results[0].config.ubatch)
+    for r in report.results:
+        c = r.config
+        if (c.vtcm, c.ubatch) != first:
+            continue
+        out.append(f"  {c.profile:8s} v{c.arch}: " + ("no session" if r.prefill_tps is None else
+                   f"prefill {r.prefill_tps:.0f} t/s at M {c.ubatch}, decode {r.decode_tps:.1f} t/s"))
+    out += ["", "VMEM (the DSP address space the host budgets for mappings; kazeia counts weights and F16 KV, not the "
+                "compute buffer):"]
+    seen = set()
+    for r in report.results:
+        v, c = r.vmem, r.config
+        key = (c.generation, v["budget"])
+        if key in seen:
+            continue
+        seen.add(key)
+        archs = [f"v{x.config.arch}" for x in report.results
+                 if x.config.generation == c.generation and x.vmem["budget"] == v["budget"]]
+        out.append(f"  {c.generation} {'/'.join(dict.fromkeys(archs))}: budget {v['budget'] / MiB:.0f} MiB, weights "
+                   f"{v['weights'] / MiB:.0f} + KV {v['kv'] / MiB:.0f} MiB: "
+                   + ("fits" if v["fits"] else "does not fit at once: batches flush and the DSP drops and remakes "
+                      "mappings (on v73, #26123's address-space hypothesis: kazeia's, unverified)"))
+    return "\n".join(out)
+
+
+def _detail(r: ConfigResult) -> str:
+    lines = ["| weight class | M | path | outcome | VTCM bytes | why |", "| --- | --- | --- | --- | ---: | --- |"]
+    for label, rs in r.ranges.items():
+        for rg in rs:
+            s = rg.step
+            used = "-" if not rg.used_max else (str(rg.used_max) if rg.used_min == rg.used_max
+                                                 else f"{rg.used_min}..{rg.used_max}")
+            lines.append(f"| {label} | {_m(rg)} | {s.path} | {s.outcome}{f' ({s.report})' if s.report else ''} | "
+                         f"{used} | {s.reason[:110]} |")
+    return "\n".join(lines)
+
+
+def to_dict(report: CheckReport) -> dict:
+    h = report.header
+    configs = []
+    for r in report.results:
+        c = r.config
+        weights = []
+        for w in report.classes:
+            rs = [rg.to_dict() for rg in r.ranges[w.label]]
+            weights += [{"name": name, "class": w.label, "type": w.qtype, "k": w.k, "n": w.n, "ranges": rs}
+                        for name in w.tensors]
+        configs.append({"profile": c.profile, "arch": f"v{c.arch}", "vtcm": c.vtcm, "ubatch": c.ubatch,
+                        "verdict": r.verdict, "summary": _short(r), "prefill_tps": r.prefill_tps,
+                        "decode_tps": r.decode_tps, "vmem": r.vmem, "safest": safest_settings(r, report),
+                        "weights": weights})
+    return {"model": h.path, "arch": h.arch, "n_layer": h.n_layer, "ctx": report.ctx, "matmul_id": h.matmul_id,
+            "not_placed": h.not_placed, "configs": configs}
+
+
+def heatmap_html(report: CheckReport) -> str:
+    """One heat map per configuration: a row per weight class, a column per M, coloured by outcome."""
+    parts = ["<!doctype html><meta charset=utf-8><title>kazeia check</title><style>body{font:13px sans-serif}"
+             "table{border-collapse:collapse}td{padding:0;height:14px}td.l{padding-right:8px;white-space:nowrap}"
+             "</style>", f"<h1>kazeia check: {html.escape(report.header.path)}</h1><p>"]
+    parts += [f"<span style='background:{col};padding:0 8px'>&nbsp;</span> {k} " for k, col in COLOURS.items()]
+    parts.append("</p>")
+    for r in report.results:
+        c = r.config
+        parts.append(f"<h2>{html.escape(c.key())}: {html.escape(_short(r))}</h2><table>")
+        for label, rs in r.ranges.items():
+            cells = "".join(f"<td title='M {_m(rg)}: {html.escape(rg.step.outcome)}' style='background:"
+                            f"{COLOURS[rg.step.outcome]};width:{2 * (rg.m_hi - rg.m_lo + 1)}px'></td>" for rg in rs)
+            parts.append(f"<tr><td class=l>{html.escape(label)}</td>{cells}</tr>")
+        parts.append("</table>")
+    return "".join(parts)
