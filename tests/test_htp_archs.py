@@ -88,3 +88,80 @@ def test_a_v68_device(q4b1):
     assert _matmul_paths(may.stderr) == {"HTP0/hvx"}
     v79 = _kazeia(*args, "--htp-profile", "2026-05")
     assert "HTP0/hmx" in _matmul_paths(v79.stderr) or v79.returncode == 3
+
+
+# --- VMEM: the host's budget for what one batch maps -----------------------------------------------------------
+
+def test_octobers_op_queue_memory_from_its_structs():
+    """htp-ops.h: htp_buf_desc 24 B, htp_tensor 56 B (u64 + 3 u32 + 2 u16 + 2 x 4 u32), htp_op_desc 232 B
+    (2 u32 + 16 + 32 i32 + 10 + 4 + 2 u16), htp_prof_desc 48 B (4 + 8 u32); 14 tensors per op; OPBATCH 1280 x
+    OPQUEUE 32, rounded to 4 KiB, plus the 4 KiB guard page of ggml_hexagon_shared_buffer."""
+    from kazeia.backends.htp import october_shm_bytes
+
+    block = 24 * 16 + 1280 * (56 * 14 + 232 + 48)
+    assert block == 1_362_304 and october_shm_bytes(1280, 32) == 43_593_728 + 4096
+    assert october_shm_bytes(1, 1) == 8192  # 1448 B -> one page, plus the guard page
+
+
+@pytest.mark.parametrize("env, want", [
+    ({}, 3_355_443_200 - 43_597_824),
+    ({"GGML_HEXAGON_ARCH": "v73"}, 3000 * MiB - 43_597_824),
+    ({"KAZEIA_HTP_PROFILE": "2026-05", "GGML_HEXAGON_ARCH": "v73"}, 3000 * MiB),
+    ({"KAZEIA_HTP_PROFILE": "2026-05"}, 3_355_443_200),
+    ({"GGML_HEXAGON_VMEM": "512"}, 512 * MiB - 43_597_824),
+    ({"GGML_HEXAGON_VMEM": "512", "GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"}, 512 * MiB - 8192),
+])
+def test_the_vmem_budget_per_version_and_arch(env, want):
+    assert HtpSettings.from_env(env).max_vmem == want
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "x", "70000", "9" * 30])
+def test_a_hostile_vmem_or_mbuf_is_one_line(raw):
+    for name in ("GGML_HEXAGON_VMEM", "GGML_HEXAGON_MBUF"):
+        with pytest.raises(KazeiaError) as e:
+            HtpSettings.from_env({name: raw})
+        assert name in str(e.value) and "\n" not in str(e.value)
+
+
+def test_weights_are_mapped_in_chunks_of_mbuf():
+    """llama.cpp allocates device weights in buffers of at most get_max_size (GGML_HEXAGON_MBUF): a batch maps the
+    chunks its weights are in, not the whole file."""
+    import numpy as np
+
+    from kazeia.backends.htp.msg import OpBatch, vmem_span
+    from kazeia.graph import builder as gb
+    from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, make_tensor
+
+    weights = Buffer("weights", np.zeros(5 * (1 << 29), dtype=np.uint8), BufferUsage.WEIGHTS)  # 2.5 GiB, not touched
+    w0 = make_tensor(GGMLType.F32, (256, 4), buffer=weights, offset=0)
+    w2 = make_tensor(GGMLType.F32, (256, 4), buffer=weights, offset=(1 << 31) + 4096)
+    assert vmem_span(w0, 1 << 30) == ((weights, 0), 1 << 30)
+    assert vmem_span(w2, 1 << 30) == ((weights, 2), 1 << 29)
+    assert vmem_span(w2, 4 << 30) == (weights, 5 << 29)
+    compute = Buffer("compute", np.zeros(1 << 20, dtype=np.uint8), BufferUsage.COMPUTE)
+
+    def matmul(w, name):
+        node = gb.mul_mat(w, make_tensor(GGMLType.F32, (256, 8), buffer=compute, offset=0), name)
+        node.buffer, node.offset = compute, 65536
+        return node
+
+    for limit, fits in (((1 << 30) + (1 << 29) + (1 << 20), True), ((1 << 30) + (1 << 29), False)):
+        b = OpBatch(vmem_limit=limit)
+        b.add_op(matmul(w0, "a"), 0, None)
+        assert b.vmem == (1 << 30) + (1 << 20)  # chunk 0 of the weights and the compute buffer
+        assert b.fits(matmul(w2, "b"), 1280, 8192) == fits  # + chunk 2 (0.5 GiB)
+        assert b.fits(matmul(w0, "c"), 1280, 8192)  # nothing new to map
+
+
+@pytest.mark.slow
+def test_an_op_over_the_vmem_budget(q4b1):
+    """2026-10 aborts on the host (GGML_ABORT in enqueue_op: one line, exit 3) when one op maps more than the
+    budget; 2026-05 has no such check (its batch takes the op, and the DSP maps what it can)."""
+    args = ("run", "-m", q4b1, "-dev", "HTP0", "--n-prompt", "8", "-n", "1", "--temp", "0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_HEXAGON_", "KAZEIA_HTP_"))}
+    october = subprocess.run([sys.executable, "-m", "kazeia", *args], capture_output=True, text=True, timeout=300,
+                             env={**env, "GGML_HEXAGON_VMEM": "48"})
+    assert october.returncode == 3 and "op does not fit into empty batch" in october.stderr, october.stderr
+    may = subprocess.run([sys.executable, "-m", "kazeia", *args, "--htp-profile", "2026-05"], capture_output=True,
+                         text=True, timeout=300, env={**env, "GGML_HEXAGON_VMEM": "48"})
+    assert may.returncode == 0, may.stderr[-2000:]

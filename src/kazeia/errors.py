@@ -59,3 +59,10 @@ class DeviceOpError(KazeiaError):
     """An op on the device returned a non-OK status that the host chose to surface (robust profile)."""
 
     exit_code = 3
+
+
+class HostAbortError(KazeiaError):
+    """The host backend aborted the process on a limit it checks itself (GGML_ABORT: 2026-10's op that does not
+    fit an empty batch). Nothing reached the device; exit status 3, as a device failure."""
+
+    exit_code = 3

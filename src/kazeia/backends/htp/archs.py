@@ -29,6 +29,16 @@ MMAP_SLOTS = {"2026-05": 16, "2026-10": 64}   # htp-ctx.h HTP_MAX_MMAPS
 VTCM_ASSUMED = 8 * MiB             # main.c vtcm_alloc's fallback when HAP_compute_res_query_VTCM fails
 
 
+def october_shm_bytes(opbatch: int = 1280, opqueue: int = 32) -> int:
+    """The op queue's pinned shared memory, which 2026-10 subtracts from VMEM (max_vmem): per batch 16 buffer
+    descriptors (htp_buf_desc, 24 B), 14 tensors per op (htp_tensor, 56 B; 4 outputs + 10 inputs), one op
+    descriptor (htp_op_desc, 232 B) and one profile record (htp_prof_desc, 48 B) per op, times the queue depth,
+    rounded to pages, plus a guard page (ggml-hexagon.cpp ggml_hexagon_opqueue, ggml_hexagon_shared_buffer;
+    htp/htp-ops.h). 1280 x 32: 43,597,824 B."""
+    block = 24 * 16 + (56 * 14 + 232 + 48) * opbatch
+    return (block * opqueue + 4095) // 4096 * 4096 + 4096
+
+
 @dataclass(frozen=True)
 class ArchProfile:
     arch: int

@@ -20,7 +20,9 @@ STATUS_NAMES = {1: "OK", 2: "INTERNAL-ERROR", 3: "NO-SUPPORT", 4: "INVAL-PARAMS"
 
 MAX_BUFS = 16  # HTP_OP_MAX_BUFS: buffer table entries per batch
 MAX_INPUTS = 6  # HTP_OP_MAX_INPUTS
-MAX_VMEM = 3200 * 1024 * 1024  # GGML_HEXAGON_VMEM default on v75+
+MAX_VMEM = 3200 * 1024 * 1024  # GGML_HEXAGON_VMEM default on v75+ (archs.py: 3000 MiB below; 2026-10 subtracts
+                               # its op queue's shared memory: HtpSettings.max_vmem)
+MAX_BUF = 1 << 30  # GGML_HEXAGON_MBUF default: the largest buffer llama.cpp allocates for weights (get_max_size)
 
 TENSOR_COMPUTE = 1  # htp_tensor flag: lives in a compute buffer (not a weight)
 
@@ -65,27 +67,46 @@ class OpBatch:
     _by_tensor: dict[Tensor, int] = field(default_factory=dict)
     _buf_index: dict[object, int] = field(default_factory=dict)  # buffer -> its entry in the buffer table
     check_type: bool = False  # 2026-10 (#25968): a descriptor is reused only for the same type too
+    vmem_limit: int = MAX_VMEM  # the host's VMEM budget (max_vmem): a batch mapping more is flushed first
+    mbuf: int = MAX_BUF  # weight buffers are counted in chunks of this many bytes (vmem_span)
+    _vmem_keys: set | None = None  # the chunks counted in `vmem` (None: worked out again from the tensors)
 
     def empty(self) -> bool:
         return not self.ops
 
+    def vmem_keys(self) -> set:
+        if self._vmem_keys is None:
+            self._vmem_keys = {vmem_span(d.tensor, self.mbuf)[0] for d in self.tensors}
+        return self._vmem_keys
+
+    def _extra_vmem(self, tensors) -> int:
+        """The VMEM these tensors would add: the chunks (vmem_span) the batch does not map yet."""
+        keys, extra, seen = self.vmem_keys(), 0, set()
+        for t in tensors:
+            key, size = vmem_span(t, self.mbuf)
+            if key not in keys and key not in seen:
+                seen.add(key)
+                extra += size
+        return extra
+
     def fits(self, node: Tensor, max_ops: int, max_tensors: int) -> bool:
         if len(self.ops) >= max_ops:
             return False
-        extra_tens = extra_bufs = extra_vmem = 0
+        extra_tens = extra_bufs = 0
         seen_bufs: set = set()
         by_tensor, buf_index = self._by_tensor, self._buf_index
+        new = []
         for t in op_tensors(node):
             if t in by_tensor:
                 continue
             extra_tens += 1
+            new.append(t)
             b = t.buffer
             if b not in buf_index and b not in seen_bufs:
                 seen_bufs.add(b)
                 extra_bufs += 1
-                extra_vmem += b.size
         return (len(self.buffers) + extra_bufs <= MAX_BUFS and len(self.tensors) + extra_tens <= max_tensors
-                and self.vmem + extra_vmem <= MAX_VMEM)
+                and self.vmem + self._extra_vmem(new) <= self.vmem_limit)
 
     def add_tensor(self, t: Tensor) -> int:
         # de-duplicate by data address with identical ne and nb (2026-05: type NOT compared, as upstream then;
@@ -106,7 +127,11 @@ class OpBatch:
             bi = len(self.buffers)
             self.buffers.append(t.buffer)
             self._buf_index[t.buffer] = bi
-            self.vmem += t.buffer.size
+        key, size = vmem_span(t, self.mbuf)
+        keys = self.vmem_keys()
+        if key not in keys:
+            keys.add(key)
+            self.vmem += size
         flags = TENSOR_COMPUTE if t.buffer.usage == BufferUsage.COMPUTE else 0
         d = TensorDesc(len(self.tensors), t, addr, _nbytes(t), t.type, t.ne, t.nb, flags, bi)
         self.tensors.append(d)
@@ -116,19 +141,20 @@ class OpBatch:
 
     def room_for(self, tensors: tuple[Tensor, ...], max_tensors: int) -> bool:
         """try_fuse_common: the tensor table, the buffer table and VMEM can take these tensors too."""
-        extra_tens = extra_bufs = extra_vmem = 0
+        extra_tens = extra_bufs = 0
         seen: set = set()
+        new = []
         for t in tensors:
             if t in self._by_tensor:
                 continue
             extra_tens += 1
+            new.append(t)
             b = t.buffer
             if b not in self._buf_index and b not in seen:
                 seen.add(b)
                 extra_bufs += 1
-                extra_vmem += b.size
         return (len(self.buffers) + extra_bufs <= MAX_BUFS and len(self.tensors) + extra_tens <= max_tensors
-                and self.vmem + extra_vmem <= MAX_VMEM)
+                and self.vmem + self._extra_vmem(new) <= self.vmem_limit)
 
     def fuse(self, op: OpDesc, node: Tensor, name: str) -> OpDesc:
         """Merge `node` into `op` (the batch's last op) under the fused op's upstream `name`."""
@@ -148,6 +174,19 @@ class OpBatch:
 
 
 _OP_TENSORS: IdentityCache[tuple[tuple, tuple[Tensor, ...]]] = IdentityCache("htp.op_tensors", limit=16384)
+
+
+def vmem_span(t: Tensor, mbuf: int) -> tuple[object, int]:
+    """(what the DSP maps for tensor t, its bytes): its buffer, except that a weight buffer larger than `mbuf` is
+    counted in mbuf-sized chunks, as llama.cpp allocates device weights in buffers of at most get_max_size
+    (GGML_HEXAGON_MBUF, 1 GiB; ggml_backend_alloc_ctx_tensors_from_buft). kazeia keeps the whole file as one
+    buffer, so a chunk here is a byte range of it (llama.cpp cuts at tensor boundaries, in its create order: the
+    same number of chunks, not always the same tensors in each)."""
+    b = t.buffer
+    if b.usage != BufferUsage.WEIGHTS or b.size <= mbuf:
+        return b, b.size
+    i = t.offset // mbuf
+    return (b, i), min(mbuf, b.size - i * mbuf)
 
 
 def op_tensors(node: Tensor) -> tuple[Tensor, ...]:

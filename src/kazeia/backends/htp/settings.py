@@ -37,6 +37,21 @@ FUSION_FLAGS = {"ALLREDUCE+ADD": 2, "RMS_NORM+MUL": 4, "MUL_MAT+ADD": 8, "MUL_MA
 GONE_IN_2026_10 = ("GGML_HEXAGON_USE_HMX", "GGML_HEXAGON_OPSTAGE")
 
 
+MiB = 1 << 20
+
+
+def _mib(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    """A MiB count (GGML_HEXAGON_VMEM, _MBUF: upstream reads them with strtoul * MiB): 1 .. 65536. VMEM=0 asks
+    the device to measure its address space, which kazeia, with no device, cannot do: one line."""
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    v = _int(env, name, 0)
+    if not 1 <= v <= 65536:
+        what = " (0 asks a device to measure its address space; kazeia has none: give MiB)" if v == 0 else ""
+        raise KazeiaError(f"{name}={raw!r} must be a size in MiB, 1 .. 65536{what}")
+    return v
+
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -74,6 +89,8 @@ class HtpSettings:
     devices: int = 1  # GGML_HEXAGON_DEVICES (or the deprecated NDEV): sessions the host would open
     vtcm_grant: int | None = None  # KAZEIA_HTP_VTCM_GRANT: VTCM the DSP is granted (None: the session's size)
     ignored: tuple[str, ...] = ()  # switches the profile's upstream no longer reads, set by the user
+    vmem_mib: int | None = None  # GGML_HEXAGON_VMEM: the DSP address space for mappings (None: the arch's)
+    mbuf_mib: int = 1024  # GGML_HEXAGON_MBUF: the largest weight buffer (get_max_size)
 
     @property
     def hmx_enabled(self) -> bool:
@@ -108,6 +125,18 @@ class HtpSettings:
         from kazeia.backends.htp.archs import arch_profile
 
         return arch_profile(self.arch, self.profile_generation)
+
+    @cached_property
+    def max_vmem(self) -> int:
+        """The host's VMEM budget per batch (ggml_hexagon_session::allocate): GGML_HEXAGON_VMEM or the arch's
+        opt_vmem; 2026-10 subtracts its op queue's pinned shared memory (shm_size)."""
+        vmem = self.vmem_mib * MiB if self.vmem_mib is not None else self.arch_profile.vmem_bytes
+        if self.profile_generation == "2026-10":
+            from kazeia.backends.htp.archs import october_shm_bytes
+
+            shm = october_shm_bytes(self.opbatch, self.opqueue)
+            vmem = vmem - shm if vmem > shm else vmem
+        return vmem
 
     @cached_property
     def dsp_vtcm_bytes(self) -> int:
@@ -205,6 +234,8 @@ class HtpSettings:
             devices=_devices(merged),
             vtcm_grant=vtcm_grant,
             ignored=ignored,
+            vmem_mib=_mib(merged, "GGML_HEXAGON_VMEM", None),
+            mbuf_mib=_mib(merged, "GGML_HEXAGON_MBUF", 1024),
             **selects,
         )
 

@@ -13,7 +13,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from kazeia.backends.htp import DEFAULT, KNOWN_ARCHS, PHONE_CPU, arch_profile, hmx_matmul_seconds, hvx_matmul_seconds
+from kazeia.backends.htp import (
+    DEFAULT,
+    KNOWN_ARCHS,
+    PHONE_CPU,
+    arch_profile,
+    hmx_matmul_seconds,
+    hvx_matmul_seconds,
+    october_shm_bytes,
+)
 from kazeia.debug.check.outcomes import SEVERITY, Config, Planner, Range
 from kazeia.debug.check.weights import ModelHeader, WeightClass, read_header
 from kazeia.errors import KazeiaError
@@ -23,17 +31,6 @@ from kazeia.graph.tensor import GGMLType
 PROFILES = ("2026-05", "robust", "2026-10")
 FAILING = ("no-session", "death", "dropped", "risk")
 MiB = 1 << 20
-# the op queue's shared memory October subtracts from VMEM: per batch 16 buffer descriptors (24 B), 14 tensors
-# (56 B) per op, one op descriptor (232 B) and one profile record (48 B) per op, times the queue depth, in pages,
-# plus a guard page (ggml-hexagon.cpp ggml_hexagon_opqueue, ggml_hexagon_shared_buffer; htp/htp-ops.h)
-OPBATCH, OPQUEUE = 1280, 32
-
-
-def october_shm_bytes(opbatch: int = OPBATCH, opqueue: int = OPQUEUE) -> int:
-    block = 24 * 16 + (56 * 14 + 232 + 48) * opbatch
-    return (block * opqueue + 4095) // 4096 * 4096 + 4096
-
-
 @dataclass
 class ConfigResult:
     config: Config

@@ -58,7 +58,8 @@ class BatchRecord:
         """The whole recorded batch again, numbered `seq` (its tables copied: the new batch is the one sent)."""
         b = self.batch
         return OpBatch(seq, list(b.ops), list(b.tensors), list(b.buffers), b.vmem, None,
-                       {a: v[:] for a, v in b._by_data.items()}, dict(b._by_tensor), dict(b._buf_index), b.check_type)
+                       {a: v[:] for a, v in b._by_data.items()}, dict(b._by_tensor), dict(b._buf_index), b.check_type,
+                       b.vmem_limit, b.mbuf)
 
     def prefix(self, k: int, seq: int) -> tuple[OpBatch, BatchRecord]:
         """The open batch after its first k ops, numbered `seq` (what add_op built), and the record of those k
@@ -75,7 +76,8 @@ class BatchRecord:
             j = sum(1 for i in self.op_index[:k] if i == n_ops - 1) - 1
             ops[-1] = replace(ops[-1], fused=ops[-1].fused[:j], name=ops[-1].name if j else None, l2_spans=None)
         batch = OpBatch(seq, ops, tensors, buffers, vmem, None, by_data,
-                        {d.tensor: d.index for d in tensors}, {b: i for i, b in enumerate(buffers)}, src.check_type)
+                        {d.tensor: d.index for d in tensors}, {b: i for i, b in enumerate(buffers)}, src.check_type,
+                        src.vmem_limit, src.mbuf)
         rec = BatchRecord(self.placement)
         rec.nodes, rec.srcs, rec.graph_index, rec.sizes = (self.nodes[:k], self.srcs[:k], self.graph_index[:k],
                                                            self.sizes[:k])

@@ -27,11 +27,19 @@ from kazeia.backends.htp.host.crash_record import crash_record
 from kazeia.backends.htp.host.fusion import Fuser
 from kazeia.backends.htp.host.oplog import OpDump, kzop_line
 from kazeia.backends.htp.host.timing import Timing
-from kazeia.backends.htp.msg import AEE_EINTERRUPTED, MAX_INPUTS, STATUS_NAMES, STATUS_OK, OpBatch, OpDesc
+from kazeia.backends.htp.msg import (
+    AEE_EINTERRUPTED,
+    MAX_INPUTS,
+    STATUS_NAMES,
+    STATUS_OK,
+    OpBatch,
+    OpDesc,
+    op_tensors,
+)
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
-from kazeia.errors import DeviceDeathError, DeviceOpError
+from kazeia.errors import DeviceDeathError, DeviceOpError, HostAbortError
 from kazeia.graph.tensor import Tensor, type_name
 from kazeia.identity import IdentityCache, binding
 
@@ -138,7 +146,7 @@ class HostSession:
         self.max_tensors = settings.opbatch * (1 + MAX_INPUTS)
         self._seq = 1
         # the open batch (while a record is replayed: empty, its number only)
-        self._batch = OpBatch(seq=1, check_type=profile.descriptor_checks_type)
+        self._batch = self._new_batch(1)
         self.in_flight: deque[OpBatch] = deque()
         self.last_enqueued: OpDesc | None = None
         self.dead: DeviceDeathError | None = None
@@ -156,6 +164,11 @@ class HostSession:
         self._recording: BatchRecord | None = None
         # 2026-10 op fusion (fusion.py): None when the profile or GGML_HEXAGON_OPFUSION has none
         self.fuser = Fuser(settings, self.max_tensors) if profile.october and settings.opfusion > 0 else None
+
+    def _new_batch(self, seq: int) -> OpBatch:
+        s = self.settings
+        return OpBatch(seq=seq, check_type=self.profile.descriptor_checks_type, vmem_limit=s.max_vmem,
+                       mbuf=s.mbuf_mib << 20)
 
     @property
     def batch(self) -> OpBatch:
@@ -192,6 +205,11 @@ class HostSession:
             return self._enqueued(node, fused=True)
         if not self._batch.fits(node, self.settings.opbatch, self.max_tensors):
             self.flush_batch()
+            if self.profile.october and not self._batch.fits(node, self.settings.opbatch, self.max_tensors):
+                needs = self._batch._extra_vmem(op_tensors(node))
+                raise HostAbortError(f"ggml-hex: {self.name} op does not fit into empty batch (vmem/tensor/buffer "
+                                     f"limit exceeded): {node.op} {node.name} maps {needs} B, max_vmem "
+                                     f"{self._batch.vmem_limit} B")
         batch = self._batch
         if not batch.ops:
             rec = self._records.peek(node)
@@ -280,7 +298,7 @@ class HostSession:
             self._records.put(batch.ops[0].node, self._recording.close(batch))
             self._recording = None
         self._seq += 1
-        self._batch = OpBatch(seq=self._seq, check_type=self.profile.descriptor_checks_type)
+        self._batch = self._new_batch(self._seq)
 
     def flush_pending(self, all_: bool = False) -> None:
         while self.in_flight:
@@ -315,7 +333,7 @@ class HostSession:
         self._check_alive()
         self._seq = seq
         self._replay = self._recording = None
-        self._batch = OpBatch(seq=seq, check_type=self.profile.descriptor_checks_type)
+        self._batch = self._new_batch(seq)
         for node, graph_index, *fused in ops:
             if fused and fused[0] and self._batch.ops:  # merged into the last op, as the recorded host did
                 self.last_enqueued = self._batch.fuse(self._batch.ops[-1], node, fused[0])
