@@ -147,6 +147,11 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "KAZEIA_HTP_VTCM_GRANT bytes, by default 1 MiB less than the session's size. Under 2026-10 a kernel "
           "whose exact layout no longer fits returns an op status (INTERNAL-ERROR for HMX, VTCM-TOO-SMALL for "
           "HVX) instead of running; no such report is known (code-derived)."),
+    Fault("v73-hmx-quant-inf",
+          "Reported, not explained (llama.cpp #26123, open): on v73 (8 Gen 2) every quantized MUL_MAT the HMX takes "
+          "(n >= 5 under 2026-10) fails test-backend-ops with ERR = inf; F16/F32 and n <= 4 pass; models give "
+          "garbage. The fault makes the output of each quantized HMX MUL_MAT +inf on a v73 device (no effect on "
+          "other archs); what the hardware or kernel does wrong is not public."),
     Fault("dma-unbalanced",
           "HVX matmul leaves one DMA descriptor outstanding at the end of the op; the next op's first DMA pop "
           "returns that stale completion and its first weight row is read before it arrived. Upstream balances "
@@ -161,8 +166,11 @@ def get_profile(name: str) -> Profile:
     return p
 
 
+# faults that inject a public report's symptom whose cause is not published: the report they stand for
+REPORTED = {"v73-hmx-quant-inf": "llama.cpp #26123"}
+
 # faults whose mechanism is a structure only one code generation has
-ONLY_IN = {"dma-unbalanced": "2026-05", "vtcm-grant-short": "2026-10"}
+ONLY_IN = {"dma-unbalanced": "2026-05", "vtcm-grant-short": "2026-10", "v73-hmx-quant-inf": "2026-10"}
 
 
 def check_faults(names: tuple[str, ...] | list[str], profile: str | None = None) -> tuple[str, ...]:

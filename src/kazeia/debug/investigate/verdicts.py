@@ -23,7 +23,15 @@ def evaluate(cx: Context, table: tuple[Judged, ...]) -> None:
 
 
 def _with_gate(cx: Context, parts: list[str]) -> str:
-    """The verdict's sentences, closed by the gate's first sentence when a gate was proposed."""
+    """The verdict's sentences, closed by the gate's first sentence when a gate was proposed; a fault injected for
+    a public report is named as that report's symptom, reported and not explained."""
+    from kazeia.backends.htp import REPORTED
+
+    for name in cx.spec.faults:
+        if name in REPORTED:
+            parts = [*parts, f"This run injects {name}, the symptom of {REPORTED[name]} as reported upstream; its "
+                             "cause is not published, so the mechanism named here is the injection's, not a "
+                             "confirmed one."]
     g = cx.inv.gate
     if g:
         checked = "validated by a rerun" if g.get("validated") else "NOT validated"
