@@ -48,6 +48,9 @@ class Dsp:
         self.on_batch_start: list[Callable[[Dsp, OpBatch], None]] = []
         self.hmx_scale = 0.0  # the HMX output-conversion scale last loaded (reset value 0)
         self.dma_stale_pop = False  # a DMA descriptor left outstanding by the previous op (fault injection)
+        # fault l2-lazy-stale (#25876): data address -> what an HMX MUL_MAT's dst held before it wrote it, this batch
+        self.stale_reads: dict[int, object] = {}
+        self.in_fused = False  # running the later nodes of a fused op (their inputs come from inside the op)
         # timing races (fault injections only) come from here: run-dependent unless KAZEIA_HTP_RACE_SEED is set
         self.race = np.random.default_rng(settings.race_seed)
         self.injector = None  # test deaths (engine/recovery.py: DeathInjector): tick() before each op
@@ -90,14 +93,18 @@ class Dsp:
         status = rec.status
         if self.on_op_done:
             self.on_op_done(op, batch, rec)
-        for sub in op.fused:
-            if self.on_op_start:
-                self.on_op_start(sub, batch)
-            srec = self.executor.execute(self, self.octx, sub, batch)
-            if status == STATUS_OK:
-                status = srec.status
-            if self.on_op_done:
-                self.on_op_done(sub, batch, srec)
+        self.in_fused = True
+        try:
+            for sub in op.fused:
+                if self.on_op_start:
+                    self.on_op_start(sub, batch)
+                srec = self.executor.execute(self, self.octx, sub, batch)
+                if status == STATUS_OK:
+                    status = srec.status
+                if self.on_op_done:
+                    self.on_op_done(sub, batch, srec)
+        finally:
+            self.in_fused = False
         return OpRecord(rec.path, status, rec.detail)
 
     def process_batch(self, batch: OpBatch) -> list[int]:
@@ -105,6 +112,7 @@ class Dsp:
         if self.death is not None:
             return []
         self.octx = OpContext()  # memset(octx, 0): the src1 shortcut never survives a batch
+        self.stale_reads = {}  # (the flush-invalidate at batch start makes every earlier write visible)
         for cb in self.on_batch_start:
             cb(self, batch)
         if self.l2 is not None:

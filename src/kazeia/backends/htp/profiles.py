@@ -152,6 +152,11 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "(n >= 5 under 2026-10) fails test-backend-ops with ERR = inf; F16/F32 and n <= 4 pass; models give "
           "garbage. The fault makes the output of each quantized HMX MUL_MAT +inf on a v73 device (no effect on "
           "other archs); what the hardware or kernel does wrong is not public."),
+    Fault("l2-lazy-stale",
+          "Reported, not explained (llama.cpp #25876, closed stale): on v81 after the lazy-L2 rework an ADD that "
+          "consumes an HMX MUL_MAT's output reads stale data; OPFILTER=ADD fixes it. The fault makes an ADD of the "
+          "same batch that is not fused into that MUL_MAT read what the output's memory held before the MUL_MAT "
+          "wrote it, on a v81 device (no effect on other archs); the root cause is not published."),
     Fault("dma-unbalanced",
           "HVX matmul leaves one DMA descriptor outstanding at the end of the op; the next op's first DMA pop "
           "returns that stale completion and its first weight row is read before it arrived. Upstream balances "
@@ -167,10 +172,11 @@ def get_profile(name: str) -> Profile:
 
 
 # faults that inject a public report's symptom whose cause is not published: the report they stand for
-REPORTED = {"v73-hmx-quant-inf": "llama.cpp #26123"}
+REPORTED = {"v73-hmx-quant-inf": "llama.cpp #26123", "l2-lazy-stale": "llama.cpp #25876"}
 
 # faults whose mechanism is a structure only one code generation has
-ONLY_IN = {"dma-unbalanced": "2026-05", "vtcm-grant-short": "2026-10", "v73-hmx-quant-inf": "2026-10"}
+ONLY_IN = {"dma-unbalanced": "2026-05", "vtcm-grant-short": "2026-10", "v73-hmx-quant-inf": "2026-10",
+           "l2-lazy-stale": "2026-10"}
 
 
 def check_faults(names: tuple[str, ...] | list[str], profile: str | None = None) -> tuple[str, ...]:

@@ -50,6 +50,8 @@ class HmxPath:
                                             f"0x{c.end - 1:06x} crosses a 4 MiB VTCM bank ({node.name})",
                                {"vtcm_offset": boundary, **c.to_dict()})
         out = array(node)
+        if "l2-lazy-stale" in self.settings.faults and self.settings.arch == 81:
+            dsp.stale_reads[node.data_addr] = out.copy()  # what an unfused consumer will read (#25876)
         if batched or not (w.ne[2] == w.ne[3] == 1):
             y = self._hmx_batched_f16(node)
         else:

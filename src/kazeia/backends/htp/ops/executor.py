@@ -141,6 +141,18 @@ def _elementwise_ufunc(node: Tensor) -> np.ufunc | None:
     return fn
 
 
+def _stale_add(dsp: Dsp, node: Tensor) -> OpRecord | None:
+    """Fault l2-lazy-stale (#25876, reported, not explained): an ADD that is not fused into the HMX MUL_MAT whose
+    output it reads, in the same batch, reads what that output's memory held before the MUL_MAT wrote it."""
+    olds = [dsp.stale_reads.get(s.data_addr) if s is not None else None for s in node.src]
+    if all(o is None for o in olds):
+        return None
+    a, b = (o if o is not None and o.shape == array(s).shape else array(s) for o, s in zip(olds, node.src))
+    with np.errstate(all="ignore"):
+        np.add(a, b, out=array(node))
+    return OpRecord(path="hvx", status=STATUS_OK)
+
+
 class Executor:
     def __init__(self, settings: HtpSettings, profile: Profile, weights: WeightStore | None = None) -> None:
         self.settings = settings
@@ -154,6 +166,10 @@ class Executor:
         node = op.node
         if node.op == "MUL_MAT":
             return self.matmul.op_matmul(dsp, octx, op, batch)
+        if dsp.stale_reads and node.op == "ADD" and not dsp.in_fused:
+            rec = _stale_add(dsp, node)
+            if rec is not None:
+                return rec
         b = self._bound.get(node, lambda: self._bind(node),
                             lambda b: b.src is node.src and b.route_path == node.route_path)
         placement = op.placement
