@@ -62,7 +62,10 @@ class _CumulativeHook(Hook):
         status, reason, judged = v.status, v.reason, True
         if status == FAIL and not (is_output or identical):
             nonfinite_new = finite and nonfinite_out and v.kind in ("nan", "inf")
-            if not nonfinite_new:
+            if _beyond_drift(v.nmse, in_nmse):
+                reason = (f"{v.reason}, from inputs at NMSE {in_nmse:.3g}: over {AMPLIFICATION:.0e} times what "
+                          "their drift explains")
+            elif not nonfinite_new:
                 status, judged = DRIFT, False
                 reason = f"{v.reason} (inputs already differed: input NMSE {in_nmse:.3g})" if in_nmse is not None \
                     else f"{v.reason} (inputs already differed)"
@@ -80,6 +83,19 @@ class _CumulativeHook(Hook):
         cause = f"device died inside this op: {info.extra.get('kind')}: {info.extra.get('cause')}"
         self.rows.append(make_row("cumulative", self.ubatch, node, info, None, node_threshold(node), DEATH,
                                   reason=cause, nmse=math.inf))
+
+
+# An op whose output error exceeds its inputs' by more than this factor made the error itself, drifted inputs or not
+# (one rounding of every element, a matmul's or a softmax's conditioning, stay orders of magnitude below; a stale or
+# wrong read does not: #25876's ADD measured 6e7).
+AMPLIFICATION = 1e4
+
+
+def _beyond_drift(nmse: float | None, in_nmse: float | None) -> bool:
+    """The output's NMSE is more than AMPLIFICATION times its inputs' (both finite, the inputs' above zero)."""
+    if nmse is None or in_nmse is None or not math.isfinite(in_nmse) or in_nmse <= 0:
+        return False
+    return nmse > AMPLIFICATION * in_nmse
 
 
 def run_cumulative(spec: RunSpec, reference: Reference, report: CompareReport, hooks, strict: bool) -> None:

@@ -81,8 +81,12 @@ def prefix_reference(cx: Context, spec: RunSpec):
 
 def dump_op(cx: Context, name: str, at: str) -> tuple[str, list]:
     """Rerun the spec dumping the node `name` (captures `at`) under <out>/dumps: (the directory, its dumps)."""
-    from kazeia.debug.dump import DumpHook, load_dumps
+    from kazeia.debug.dump import DumpHook, load_dump
 
     d = cx.out("dumps", "x")[:-2]
-    run(cx.spec, hooks=(DumpHook(op_regex(name), d, at=at),))
-    return d, load_dumps(d)
+    hook = DumpHook(op_regex(name), d, at=at)
+    run(cx.spec, hooks=(hook,))
+    if not hook.entries:
+        return d, []
+    # this run's captures only: an output directory used before keeps the dumps of earlier investigations
+    return d, [load_dump(d, op=entry) for entry in hook.entries]

@@ -87,7 +87,10 @@ def numeric_verdict(cx: Context) -> None:
     f = cx.findings
     parts = [cx.inv.outcome + "."]
     if f.first_bad:
-        parts.append(f"The first op out of tolerance (each op fed the float64 reference's inputs) is {f.first_bad}.")
+        first = f.compare.first_failure if f.compare is not None else None
+        how = ("in the run itself: its inputs were near the reference's, its output not" if first is not None
+               and first.mode == "cumulative" else "each op fed the float64 reference's inputs")
+        parts.append(f"The first op out of tolerance ({how}) is {f.first_bad}.")
     if f.determinism is not None:
         parts.append("The run is deterministic." if f.determinism.deterministic else
                      f"The run is NOT deterministic: {f.determinism.message}.")
