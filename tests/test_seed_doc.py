@@ -107,18 +107,24 @@ def workdir(q4b2_real, tmp_path_factory):
     return d
 
 
-def test_every_checked_command_shows_what_the_document_says(workdir):
-    blocks = checked_blocks(open(DOC, encoding="utf-8").read())
-    assert len(blocks) >= 10
-    env = dict(os.environ)
+def run_blocks(blocks, cwd, env: dict) -> list[str]:
+    """Run every checked command in `cwd` with bash; what each one's output lacks (empty: all hold)."""
+    env = dict(env)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     failures = []
     for block in blocks:
         for cmd, expect in block:
             # one pipe for stdout and stderr: the lines in the order a terminal shows them
-            r = subprocess.run(["bash", "-c", cmd], cwd=workdir, env=env, stdout=subprocess.PIPE,
+            r = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, timeout=900)
             problem = check_output(r.stdout, r.returncode, expect)
             if problem:
                 failures.append(f"$ {cmd}\n  {problem}\n  output tail: {r.stdout.splitlines()[-6:]}")
+    return failures
+
+
+def test_every_checked_command_shows_what_the_document_says(workdir):
+    blocks = checked_blocks(open(DOC, encoding="utf-8").read())
+    assert len(blocks) >= 10
+    failures = run_blocks(blocks, workdir, dict(os.environ))
     assert not failures, "\n".join(failures)
