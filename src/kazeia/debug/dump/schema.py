@@ -241,6 +241,7 @@ def _settings(v: Any, where: str) -> None:
              "nhmx": integer(0, 16), "mm_select": integer(0, 2), "fa_select": integer(0, 2),
              "gdn_select": integer(0, 2), "opfusion": integer(0, 127), "devices": integer(1, 16),
              "vtcm_grant": optional(integer(4096, MAX_VTCM)),
+             "vmem_mib": optional(integer(1, 65536)), "mbuf_mib": integer(1, 65536),
              "ignored": list_of(one_of("GGML_HEXAGON_USE_HMX", "GGML_HEXAGON_OPSTAGE"), limit=2)})(v, where)
 
 

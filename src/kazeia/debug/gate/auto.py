@@ -105,14 +105,17 @@ def device_model_digest() -> str:
 
 def _switches(settings: HtpSettings) -> dict[str, str]:
     """The version's own switches a child must see (2026-05: USE_HMX; 2026-10: NHMX, the selects, OPFUSION and a
-    VTCM grant), by their env names."""
+    VTCM grant; both: the VMEM budget and the weight buffer size), by their env names."""
+    memory = {"GGML_HEXAGON_MBUF": str(settings.mbuf_mib)}  # (the VMEM budget a batch maps against)
+    if settings.vmem_mib is not None:
+        memory["GGML_HEXAGON_VMEM"] = str(settings.vmem_mib)
     if settings.profile_generation != "2026-10":
-        return {"GGML_HEXAGON_USE_HMX": str(int(settings.use_hmx))}
+        return {"GGML_HEXAGON_USE_HMX": str(int(settings.use_hmx)), **memory}
     env = {f"GGML_HEXAGON_{k.upper()}": str(getattr(settings, k))
            for k in ("nhmx", "mm_select", "fa_select", "gdn_select", "opfusion")}
     if settings.vtcm_grant is not None:
         env["KAZEIA_HTP_VTCM_GRANT"] = str(settings.vtcm_grant)
-    return env
+    return {**env, **memory}
 
 
 def source_of(model_path: str, settings: HtpSettings, ubatch: int) -> dict:
