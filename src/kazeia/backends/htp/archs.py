@@ -39,6 +39,15 @@ def october_shm_bytes(opbatch: int = 1280, opqueue: int = 32) -> int:
     return (block * opqueue + 4095) // 4096 * 4096 + 4096
 
 
+def host_vmem_budget(vmem_bytes: int, generation: str, opbatch: int = 1280, opqueue: int = 32) -> int:
+    """The host's VMEM budget per batch (ggml_hexagon_session::allocate: max_vmem) from opt_vmem: 2026-10
+    subtracts its op queue's shared memory (when opt_vmem is larger), 2026-05 does not."""
+    if generation != "2026-10":
+        return vmem_bytes
+    shm = october_shm_bytes(opbatch, opqueue)
+    return vmem_bytes - shm if vmem_bytes > shm else vmem_bytes
+
+
 @dataclass(frozen=True)
 class ArchProfile:
     arch: int

@@ -90,23 +90,8 @@ class OpBatch:
         return extra
 
     def fits(self, node: Tensor, max_ops: int, max_tensors: int) -> bool:
-        if len(self.ops) >= max_ops:
-            return False
-        extra_tens = extra_bufs = 0
-        seen_bufs: set = set()
-        by_tensor, buf_index = self._by_tensor, self._buf_index
-        new = []
-        for t in op_tensors(node):
-            if t in by_tensor:
-                continue
-            extra_tens += 1
-            new.append(t)
-            b = t.buffer
-            if b not in buf_index and b not in seen_bufs:
-                seen_bufs.add(b)
-                extra_bufs += 1
-        return (len(self.buffers) + extra_bufs <= MAX_BUFS and len(self.tensors) + extra_tens <= max_tensors
-                and self.vmem + self._extra_vmem(new) <= self.vmem_limit)
+        """fit_op: one more op, and the tables and VMEM can take its tensors (room_for)."""
+        return len(self.ops) < max_ops and self.room_for(op_tensors(node), max_tensors)
 
     def add_tensor(self, t: Tensor) -> int:
         # de-duplicate by data address with identical ne and nb (2026-05: type NOT compared, as upstream then;

@@ -130,13 +130,10 @@ class HtpSettings:
     def max_vmem(self) -> int:
         """The host's VMEM budget per batch (ggml_hexagon_session::allocate): GGML_HEXAGON_VMEM or the arch's
         opt_vmem; 2026-10 subtracts its op queue's pinned shared memory (shm_size)."""
-        vmem = self.vmem_mib * MiB if self.vmem_mib is not None else self.arch_profile.vmem_bytes
-        if self.profile_generation == "2026-10":
-            from kazeia.backends.htp.archs import october_shm_bytes
+        from kazeia.backends.htp.archs import host_vmem_budget
 
-            shm = october_shm_bytes(self.opbatch, self.opqueue)
-            vmem = vmem - shm if vmem > shm else vmem
-        return vmem
+        vmem = self.vmem_mib * MiB if self.vmem_mib is not None else self.arch_profile.vmem_bytes
+        return host_vmem_budget(vmem, self.profile_generation, self.opbatch, self.opqueue)
 
     @cached_property
     def dsp_vtcm_bytes(self) -> int:

@@ -18,9 +18,10 @@ from kazeia.backends.htp import (
     KNOWN_ARCHS,
     PHONE_CPU,
     arch_profile,
+    get_profile,
     hmx_matmul_seconds,
+    host_vmem_budget,
     hvx_matmul_seconds,
-    october_shm_bytes,
 )
 from kazeia.debug.check.outcomes import SEVERITY, Config, Planner, Range
 from kazeia.debug.check.weights import ModelHeader, WeightClass, read_header
@@ -72,7 +73,7 @@ def check_model(path: str, profiles: tuple[str, ...] = PROFILES, archs: tuple[in
                 for ub in ubatches:
                     if ub < 1:
                         raise KazeiaError(f"-ub {ub} must be at least 1")
-                    gen = Config(profile, arch, 0, ub).generation
+                    gen = get_profile(profile).generation
                     c = Config(profile, arch, vtcm or arch_profile(arch, gen).vtcm_bytes, ub, threads)
                     results.append(_result(c, header, planner, ctx))
     return CheckReport(header, ctx, results, header.classes)
@@ -106,8 +107,7 @@ def _tps(c: Config, header: ModelHeader, planner: Planner, m: int) -> float:
 
 def _vmem(c: Config, header: ModelHeader, ctx: int) -> dict:
     """The DSP address space the host budgets (opt_vmem, minus October's op queue) against what the model maps."""
-    ap = arch_profile(c.arch, c.generation)
-    budget = ap.vmem_bytes - (october_shm_bytes() if c.generation == "2026-10" else 0)
+    budget = host_vmem_budget(arch_profile(c.arch, c.generation).vmem_bytes, c.generation)
     kv = header.kv_bytes_per_cell * ctx
     return {"budget": budget, "weights": header.device_bytes, "kv": kv, "fits": header.device_bytes + kv <= budget}
 

@@ -15,13 +15,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kazeia.backends.htp import arch_profile, get_profile, plan_matmul
+from kazeia.backends.htp import (
+    K_QUANTS,
+    MAX_SRC1_ROWS,
+    MAX_WEIGHT_ROWS,
+    OCTOBER_QUANT_TYPES,
+    arch_profile,
+    get_profile,
+    plan_matmul,
+)
 from kazeia.debug.check.weights import WeightClass
 
 SEVERITY = {"no-session": 0, "death": 1, "dropped": 2, "risk": 3, "cpu": 4, "hvx": 5, "hmx": 6}
-MAY_QUANT = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4")       # bb4dc86a ggml_hexagon_supported_mul_mat
-OCT_QUANT = (*MAY_QUANT, "q4_k", "q5_k", "q6_k")              # 0c1e57098bba, K-quants with K % 256
-MAY_MAX_SRC0_ROWS, MAY_MAX_SRC1_ROWS = 16384, 1024
+# upstream's quantized src0 types (ggml_hexagon_supported_mul_mat): October's (0c1e57098bba, K-quants with K % 256);
+# May's (bb4dc86a) are those without the K-quants. Not the emulator's own list (host/support.py runs MXFP4, Q5_K
+# on the CPU for want of their numerics): check predicts what upstream does.
+OCT_QUANT = tuple(t.name.lower() for t in OCTOBER_QUANT_TYPES)
+MAY_QUANT = tuple(t.name.lower() for t in OCTOBER_QUANT_TYPES if t not in K_QUANTS)
+MAY_MAX_SRC0_ROWS, MAY_MAX_SRC1_ROWS = MAX_WEIGHT_ROWS, MAX_SRC1_ROWS  # May's supports_op row limits
 
 
 @dataclass(frozen=True)
