@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
 
+from cli_utils import kazeia_clean as _kazeia
 from kazeia.backends.htp import plan_matmul
 from kazeia.debug.check import check_model
 from kazeia.debug.check.outcomes import Config, Planner
@@ -177,12 +176,6 @@ def test_what_it_cannot_place_and_what_is_not_a_model(tmp_path):
     with pytest.raises(KazeiaError) as e:
         check_model(str(cut))
     assert "\n" not in str(e.value)
-
-
-def _kazeia(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_HEXAGON_", "KAZEIA_HTP_"))}
-    return subprocess.run([sys.executable, "-m", "kazeia", *args], capture_output=True, text=True, timeout=300,
-                          env=env)
 
 
 def test_the_cli_table_json_and_heat_map(qwen3_4b, tmp_path):

@@ -15,23 +15,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from cli_utils import kazeia_clean as kazeia
 from kazeia.backends.htp import HtpSettings, matmul_node, plan_for_node, supports_op
 from kazeia.backends.htp.host.session import HostSession
 from kazeia.errors import KazeiaError
-
-
-def kazeia(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_HEXAGON_", "KAZEIA_HTP_"))}
-    full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "kazeia", *args], capture_output=True, text=True, timeout=300,
-                          env=full)
 
 
 def test_october_switches_and_their_defaults():

@@ -5,12 +5,9 @@ its skel), and a DSP crash names the skel of the device's arch."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
+from cli_utils import kazeia_clean as _kazeia
 from kazeia.backends.htp.archs import KNOWN_ARCHS, arch_profile, parse_arch, session_refusal
 from kazeia.backends.htp.host.crash_record import crash_record
 from kazeia.backends.htp.settings import HtpSettings
@@ -62,12 +59,6 @@ def test_only_october_below_v73_refuses_the_session():
 def test_a_crash_names_the_skel_of_the_devices_arch():
     assert any('"./libggml-htp-v73.so"' in s for s in crash_record("bus-error", arch=73))
     assert not any("v75" in s for s in crash_record("bus-error", arch=81))
-
-
-def _kazeia(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_HEXAGON_", "KAZEIA_HTP_"))}
-    return subprocess.run([sys.executable, "-m", "kazeia", *args], capture_output=True, text=True, timeout=300,
-                          env=env)
 
 
 def _matmul_paths(stderr: str) -> set[str]:
@@ -158,10 +149,7 @@ def test_an_op_over_the_vmem_budget(q4b1):
     """2026-10 aborts on the host (GGML_ABORT in enqueue_op: one line, exit 3) when one op maps more than the
     budget; 2026-05 has no such check (its batch takes the op, and the DSP maps what it can)."""
     args = ("run", "-m", q4b1, "-dev", "HTP0", "--n-prompt", "8", "-n", "1", "--temp", "0")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_HEXAGON_", "KAZEIA_HTP_"))}
-    october = subprocess.run([sys.executable, "-m", "kazeia", *args], capture_output=True, text=True, timeout=300,
-                             env={**env, "GGML_HEXAGON_VMEM": "48"})
+    october = _kazeia(*args, env={"GGML_HEXAGON_VMEM": "48"})
     assert october.returncode == 3 and "op does not fit into empty batch" in october.stderr, october.stderr
-    may = subprocess.run([sys.executable, "-m", "kazeia", *args, "--htp-profile", "2026-05"], capture_output=True,
-                         text=True, timeout=300, env={**env, "GGML_HEXAGON_VMEM": "48"})
+    may = _kazeia(*args, "--htp-profile", "2026-05", env={"GGML_HEXAGON_VMEM": "48"})
     assert may.returncode == 0, may.stderr[-2000:]

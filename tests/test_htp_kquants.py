@@ -12,15 +12,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
+from cli_utils import kazeia_clean as _kazeia
 from kazeia.backends.htp.host.kquants import KQuantWeight
 from kazeia.backends.htp.host.repack import RepackedWeight
 from kazeia.backends.htp.hvx.dot_2026_10 import hvx_matmul_2026_10, quantize_activations_2026_10
@@ -140,12 +137,6 @@ def test_hvx_dot_in_octobers_order(qtype):
                 t = F32(t + F32(F32(big_m) * F32(sa)))
                 acc = F32(acc + t)
             assert y[mi, ni] == acc, (qtype, mi, ni)
-
-
-def _kazeia(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_HEXAGON_", "KAZEIA_HTP_"))}
-    return subprocess.run([sys.executable, "-m", "kazeia", *args], capture_output=True, text=True, timeout=300,
-                          env=env)
 
 
 @pytest.fixture(scope="module")
