@@ -84,7 +84,8 @@ class RefBackend(NumpyBackend):
     def __init__(self, weight_cache: WeightCache | None = None) -> None:
         super().__init__()
         self.weights = weight_cache if weight_cache is not None else WeightCache()
-        self.shadows: dict[Tensor, tuple[Tensor, np.ndarray]] = {}  # root -> (root, float64 values)
+        # root -> (root, float64 values, the buffer version they describe)
+        self.shadows: dict[Tensor, tuple[Tensor, np.ndarray, int]] = {}
 
     def begin_graph(self, graph: Graph) -> None:
         super().begin_graph(graph)
@@ -123,9 +124,12 @@ class RefBackend(NumpyBackend):
 
     def _shadow_view(self, t: Tensor) -> np.ndarray | None:
         entry = self.shadows.get(t.root)
+        if entry is not None and entry[2] != entry[0].buffer.version:  # the buffer was rewritten behind the graph
+            del self.shadows[t.root]  # (a context reset, a recovery restoring the recurrent state): stale
+            entry = None
         if entry is None or t.type not in _SHADOWED or t.root.type != t.type:
             return None
-        root, sh = entry
+        root, sh, _ = entry
         el = 4  # bytes per F32 element in the buffer
         start = (t.offset - root.offset) // el
         flat = sh.reshape(-1)
@@ -154,7 +158,7 @@ class RefBackend(NumpyBackend):
     def _ensure_shadow(self, t: Tensor) -> None:
         root = t.root
         if root not in self.shadows and root.type in _SHADOWED:
-            self.shadows[root] = (root, array(root).astype(np.float64))
+            self.shadows[root] = (root, array(root).astype(np.float64), root.buffer.version)
 
     def value(self, t: Tensor) -> np.ndarray:
         """The float64 value of a tensor as the oracle knows it (shadow if any, else the buffer)."""

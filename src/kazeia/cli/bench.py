@@ -3,7 +3,9 @@
 Each test runs once as a warm-up (the first call builds the graph and loads the compiled matmul
 kernels), then `-r` measured repetitions, each from an empty KV cache. `ppN` feeds a synthetic N-token prompt
 as one decode call (split into micro-batches of `-ub`); `tgN` feeds N single tokens one by one, like
-llama-bench. t/s is the mean ± sample standard deviation over the repetitions of tokens / seconds.
+llama-bench. t/s is the mean ± sample standard deviation over the repetitions of tokens / seconds. With
+`-np N -kvu`, N sequences get their own tokens in the same decode calls (llama-batched-bench's PP and TG with
+npl = N, prompts not shared) and t/s counts the tokens of all of them.
 
 Backend columns (extension point). A backend in the session may add columns to the table by exposing
 
@@ -36,8 +38,17 @@ from kazeia.cli.bench_report import (  # noqa: F401  (BenchResult, format_md, re
     mean_sd,
     record,
 )
-from kazeia.cli.common import Session, add_common, add_device_args, add_model_args, model_path, open_session
-from kazeia.engine.context import Model
+from kazeia.cli.common import (
+    Session,
+    add_common,
+    add_device_args,
+    add_model_args,
+    add_parallel_args,
+    model_path,
+    open_session,
+    spec_from_args,
+)
+from kazeia.engine.context import MAX_SEQ, Model
 from kazeia.engine.generate import synthetic_prompt
 from kazeia.errors import KazeiaError
 
@@ -46,11 +57,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure prompt processing and generation speed (like llama-bench)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p, prompt=False)
+    add_parallel_args(p)
     add_device_args(p)
     p.set_defaults(ctx_size=None)  # default: just enough for the largest test, as llama-bench sizes it
-    _help(p, "ctx_size", "context size in tokens (default: the largest pp + the largest tg, like llama-bench)")
+    _help(p, "ctx_size", "context size in tokens (default: the largest pp + the largest tg, like llama-bench, times "
+                         "-np)")
     _help(p, "device", "CPU, HTP0 (emulated Hexagon NPU) or REF (float64); a comma list benchmarks each")
-    V.retype(p, {"device": V.devices})
+    V.retype(p, {"device": V.devices, "parallel": V.int_list(1, MAX_SEQ)})
+    p.set_defaults(parallel="1")
+    _help(p, "parallel", "sequences decoded side by side, comma list (llama-batched-bench's -npl; default 1); "
+                         "several need -kvu")
     g = p.add_argument_group("tests")
     g.add_argument("-p", "--n-prompt", type=V.int_list(0), default="64,256", metavar="N[,N...]",
                    help="prompt sizes for ppN tests, comma list, 0 = none (default 64,256)")
@@ -93,8 +109,9 @@ def parse_list(s: str, what: str) -> list[int]:
 
 def bench_tests(args: argparse.Namespace) -> list[BenchTest]:
     depths = parse_list(getattr(args, "n_depth", "0"), "-d") or [0]
-    tests = [BenchTest("pp", n, d) for d in depths for n in parse_list(args.n_prompt, "-p") if n > 0]
-    tests += [BenchTest("tg", n, d) for d in depths for n in parse_list(args.n_gen, "-n") if n > 0]
+    seqs = parse_list(str(getattr(args, "parallel", 1) or 1), "-np")
+    tests = [BenchTest("pp", n, d, k) for k in seqs for d in depths for n in parse_list(args.n_prompt, "-p") if n > 0]
+    tests += [BenchTest("tg", n, d, k) for k in seqs for d in depths for n in parse_list(args.n_gen, "-n") if n > 0]
     if not tests:
         raise KazeiaError("nothing to measure: give -p and/or -n sizes above 0")
     return tests
@@ -162,31 +179,45 @@ def _timed(s: Session, run: Callable[[], None]) -> tuple[float, dict[str, float]
 
 def _runners(s: Session, test: BenchTest) -> tuple[Callable[[], None], Callable[[], None]]:
     """(measured run, warm-up run): ppN decodes N prompt tokens at once, tgN decodes N tokens one by one
-    (warmed up with one token, as llama-bench does). Both start where the cache is (see `_fill`)."""
+    (warmed up with one token, as llama-bench does). Both start where the cache is (see `_fill`). With -np, every
+    sequence gets tokens of its own in the same decode calls (llama-batched-bench's PP and TG, prompts not
+    shared)."""
     if test.kind == "pp":
-        prompt = synthetic_prompt(test.n, s.model.args.n_vocab, s.tok.is_control)
+        prompts = _tokens(s, test.n, test.n_seq, seed=0)
 
         def pp() -> None:
-            s.ctx.decode(prompt)
+            _decode(s, prompts)
 
         return pp, pp
-    tokens = synthetic_prompt(test.n, s.model.args.n_vocab, s.tok.is_control, seed=1)
+    tokens = _tokens(s, test.n, test.n_seq, seed=1)
 
     def tg() -> None:
-        for t in tokens:
-            s.ctx.decode([t])
+        for i in range(test.n):
+            _decode(s, [t[i:i + 1] for t in tokens])
 
     def warm() -> None:
-        s.ctx.decode(tokens[:1])
+        _decode(s, [t[:1] for t in tokens])
 
     return tg, warm
 
 
+def _tokens(s: Session, n: int, n_seq: int, seed: int) -> list[list[int]]:
+    """n synthetic tokens per sequence (sequence k's drawn with seed + 100 k, so the first is llama-bench's)."""
+    return [synthetic_prompt(n, s.model.args.n_vocab, s.tok.is_control, seed=seed + 100 * k) for k in range(n_seq)]
+
+
+def _decode(s: Session, seqs: list[list[int]]) -> None:
+    if len(seqs) == 1:
+        s.ctx.decode(seqs[0])
+    else:
+        s.ctx.decode_seqs(seqs)
+
+
 def _fill(s: Session, test: BenchTest) -> None:
-    """Empty the KV cache, then decode test.depth tokens (untimed) so the test starts at that depth."""
+    """Empty the KV cache, then decode test.depth tokens per sequence (untimed) so the test starts at that depth."""
     s.ctx.reset()
     if test.depth:
-        s.ctx.decode(synthetic_prompt(test.depth, s.model.args.n_vocab, s.tok.is_control, seed=2))
+        _decode(s, _tokens(s, test.depth, test.n_seq, seed=2))
 
 
 def measure(s: Session, test: BenchTest, reps: int, warmup: bool = True,
@@ -206,7 +237,7 @@ def measure(s: Session, test: BenchTest, reps: int, warmup: bool = True,
         for k, v in counters.items():
             extra.setdefault(k, []).append(v)
         if progress:
-            progress(f"{test.name} rep {i + 1}/{reps}: {test.n / dt:.2f} t/s")
+            progress(f"{test.name} rep {i + 1}/{reps}: {test.tokens / dt:.2f} t/s")
     return seconds, extra
 
 
@@ -231,28 +262,31 @@ def peak_rss_bytes() -> int:
 def _session_args(args: argparse.Namespace, tests: list[BenchTest]) -> argparse.Namespace:
     ns = argparse.Namespace(**vars(args))
     ns.n_prompt = None  # (llama-bench's -p / --n-prompt are the test sizes here, not a prompt)
-    if ns.ctx_size is None:
-        ns.ctx_size = max(t.depth for t in tests) + max([t.n for t in tests if t.kind == "pp"], default=0) \
-            + max([t.n for t in tests if t.kind == "tg"], default=0)
+    ns.parallel = max(t.n_seq for t in tests)  # spec_from_args refuses several sequences without -kvu, early
+    if ns.ctx_size is None:  # several sequences share the one (unified) KV cache
+        ns.ctx_size = (max(t.depth for t in tests) + max([t.n for t in tests if t.kind == "pp"], default=0)
+                       + max([t.n for t in tests if t.kind == "tg"], default=0)) * ns.parallel
     return ns
 
 
 def bench_device(args: argparse.Namespace, model: Model, info: ModelInfo, device: str, tests: list[BenchTest],
                  progress: Callable[[str], None] | None) -> list[BenchResult]:
-    s = open_session(args, model=model, device=device)
-    try:
-        threads = blas_threads()
-        out = []
-        for test in tests:
-            say = (lambda m, t=test: progress(f"{device} {m}")) if progress else None
-            seconds, extra = measure(s, test, args.repetitions, not args.no_warmup, say)
-            out.append(BenchResult(info, device.upper(), ",".join(b.name for b in s.scheduler.backends), threads,
-                                   args.ubatch_size, args.flash_attn != "off", args.cache_type_k,
-                                   args.cache_type_v, test, seconds, extra))
-        return out
-    finally:
-        for b in s.scheduler.backends:
-            b.close()
+    """The tests on one device: a session per number of sequences (its recurrent cache holds one cell each)."""
+    out = []
+    for n_seq in dict.fromkeys(t.n_seq for t in tests):
+        s = open_session(argparse.Namespace(**{**vars(args), "parallel": n_seq}), model=model, device=device)
+        try:
+            threads = blas_threads()
+            for test in (t for t in tests if t.n_seq == n_seq):
+                say = (lambda m, t=test: progress(f"{device} {m}")) if progress else None
+                seconds, extra = measure(s, test, args.repetitions, not args.no_warmup, say)
+                out.append(BenchResult(info, device.upper(), ",".join(b.name for b in s.scheduler.backends),
+                                       threads, args.ubatch_size, args.flash_attn != "off", args.cache_type_k,
+                                       args.cache_type_v, test, seconds, extra))
+        finally:
+            for b in s.scheduler.backends:
+                b.close()
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -263,7 +297,8 @@ def main(args: argparse.Namespace) -> int:
     if not devices:
         raise KazeiaError("-dev: no device given")
     sargs = _session_args(args, tests)
-    need = max(t.depth + t.n for t in tests)
+    spec_from_args(sargs)  # the flags' own refusals (-np without -kvu) before the model loads
+    need = max((t.depth + t.n) * t.n_seq for t in tests)
     if sargs.ctx_size > 0 and need > sargs.ctx_size:
         raise KazeiaError(f"a test needs {need} tokens of context; -c is {sargs.ctx_size}")
     model = Model.load(model_path(args))

@@ -16,10 +16,17 @@ class BenchTest:
     kind: str  # "pp" or "tg"
     n: int
     depth: int = 0  # tokens already in the KV cache when the test starts
+    n_seq: int = 1  # -np: sequences side by side, n tokens each (llama-batched-bench's npl)
 
     @property
     def name(self) -> str:
-        return f"{self.kind}{self.n}" + (f" @ d{self.depth}" if self.depth else "")
+        return f"{self.kind}{self.n}" + (f" x{self.n_seq} seq" if self.n_seq > 1 else "") \
+            + (f" @ d{self.depth}" if self.depth else "")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens one repetition feeds: n per sequence (llama-batched-bench's pl*pp, pl*tg)."""
+        return self.n * self.n_seq
 
 
 @dataclass(frozen=True)
@@ -46,10 +53,10 @@ class BenchResult:
 
     @property
     def samples_ts(self) -> list[float]:
-        return [self.test.n / s for s in self.seconds]
+        return [self.test.tokens / s for s in self.seconds]
 
     def extra_ts(self, col: str) -> list[float]:
-        return [self.test.n / s for s in self.extra_seconds.get(col, []) if s > 0]
+        return [self.test.tokens / s for s in self.extra_seconds.get(col, []) if s > 0]
 
 
 def mean_sd(xs: list[float]) -> tuple[float, float]:
@@ -111,7 +118,7 @@ def record(r: BenchResult, peak_rss: int) -> dict:
         "model_n_params": r.model.params, "backends": r.backends, "device": r.device, "n_threads": r.threads,
         "n_ubatch": r.n_ubatch, "flash_attn": r.flash_attn, "type_k": r.type_k, "type_v": r.type_v,
         "n_prompt": r.test.n if r.test.kind == "pp" else 0, "n_gen": r.test.n if r.test.kind == "tg" else 0,
-        "n_depth": r.test.depth,
+        "n_depth": r.test.depth, "n_seq": r.test.n_seq,
         "test": r.test.name, "avg_ns": int(statistics.fmean(r.seconds) * 1e9) if r.seconds else 0,
         "stddev_ns": int(statistics.stdev(r.seconds) * 1e9) if len(r.seconds) > 1 else 0,
         "avg_ts": m, "stddev_ts": sd, "samples_ns": [int(s * 1e9) for s in r.seconds],

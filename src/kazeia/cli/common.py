@@ -10,7 +10,7 @@ from kazeia import settings
 from kazeia.backends.devices import DeviceOptions
 from kazeia.backends.ref import WeightCache
 from kazeia.cli import validate as V
-from kazeia.engine.context import Model
+from kazeia.engine.context import MAX_SEQ, Model
 from kazeia.engine.session import SYNC_ENV, RunSpec, Session
 from kazeia.errors import KazeiaError
 from kazeia.limits import decode_text
@@ -53,6 +53,17 @@ def add_model_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
     n.add_argument("--cpu-strict", type=V.integer(0, 1), default=None, metavar="0|1", help="no thread affinity to set")
     g.add_argument("-ctk", "--cache-type-k", choices=["f16", "f32", "q8_0"], default="f16")
     g.add_argument("-ctv", "--cache-type-v", choices=["f16", "f32", "q8_0"], default="f16")
+
+
+def add_parallel_args(p: argparse.ArgumentParser) -> None:
+    """-np / -kvu, for the commands that run several sequences side by side (bench, trace)."""
+    g = p.add_argument_group("sequences")
+    g.add_argument("-np", "--parallel", type=V.positive(MAX_SEQ), default=1, metavar="N",
+                   help="sequences decoded side by side in one batch (llama.cpp's -np / llama-batched-bench's -npl; "
+                        "default 1); a hybrid model's recurrent layers then see n_seqs = N")
+    g.add_argument("-kvu", "--kv-unified", action="store_true",
+                   help="one KV cache stream shared by the sequences (llama.cpp's -kvu); kazeia runs several "
+                        "sequences only this way")
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:
@@ -113,6 +124,10 @@ def spec_from_args(args: argparse.Namespace, device: str | None = None) -> RunSp
         raise KazeiaError("--n-prompt must be positive")
     policy = g("gates")
     n_predict = g("n_predict", 0) or 0
+    n_seq = g("parallel", 1) or 1
+    if n_seq > 1 and not g("kv_unified", False):
+        raise KazeiaError(f"-np {n_seq}: kazeia runs several sequences in one unified KV cache only; add -kvu "
+                          f"(llama.cpp's default, a KV stream per sequence, is not modelled)")
     return RunSpec(model=g("model"), prompt=prompt_text(args), n_prompt=n_prompt, device=(device or g("device", "CPU")),
                    htp_profile=g("htp_profile"), vtcm=g("vtcm"), faults=list(g("fault") or []),
                    env=_htp_env(args), cpu_ops=g("cpu_ops"), cpu_nodes=g("cpu_nodes"),
@@ -121,7 +136,7 @@ def spec_from_args(args: argparse.Namespace, device: str | None = None) -> RunSp
                    ctx=g("ctx_size", 4096), flash_attn=g("flash_attn", "on") != "off",
                    n_predict=max(0, n_predict), stop_after=g("stop_after"), n_gpu_layers=g("n_gpu_layers"),
                    type_k=g("cache_type_k", "f16"), type_v=g("cache_type_v", "f16"), recover=g("recover", False),
-                   max_deaths=g("max_deaths", 12))
+                   max_deaths=g("max_deaths", 12), n_seq=n_seq)
 
 
 def _htp_env(args: argparse.Namespace) -> dict[str, str]:

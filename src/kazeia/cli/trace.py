@@ -1,5 +1,5 @@
 """kazeia trace: run a prompt with the op trace on (KZOP lines on stderr, JSONL file), and print where every
-op ran. The same trace is `kazeia run --oplog`
+op ran; with `-np N -kvu`, the prompt in N sequences side by side. The same trace is `kazeia run --oplog`
 (GGML_HEXAGON_OPLOG is the HTP host's enqueue-time log, another tool)."""
 
 from __future__ import annotations
@@ -8,7 +8,14 @@ import argparse
 import sys
 
 from kazeia.cli import validate as V
-from kazeia.cli.common import add_common, add_device_args, add_model_args, open_session, prompt_tokens
+from kazeia.cli.common import (
+    add_common,
+    add_device_args,
+    add_model_args,
+    add_parallel_args,
+    open_session,
+    prompt_tokens,
+)
 from kazeia.engine.progress import ticking
 from kazeia.engine.session import check_generation
 from kazeia.errors import DeviceDeathError
@@ -17,6 +24,7 @@ from kazeia.errors import DeviceDeathError
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("trace", help="run with the per-op trace (KZOP lines + JSONL) and a placement table")
     add_model_args(p)
+    add_parallel_args(p)
     add_device_args(p)
     p.add_argument("-n", "--n-predict", type=V.integer(0), default=0, help="tokens to generate after the prompt")
     p.add_argument("-o", "--jsonl", type=V.output_file, default="kazeia-trace.jsonl", help="JSONL trace file")
@@ -41,10 +49,16 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         with ticking("trace", progress):
-            logits = s.ctx.decode(ids)
-            for _ in range(args.n_predict):
-                trace.ubatch += 1
-                logits = s.ctx.decode([int(logits[-1].argmax())])
+            if s.ctx.n_seq == 1:
+                logits = s.ctx.decode(ids)
+                for _ in range(args.n_predict):
+                    trace.ubatch += 1
+                    logits = s.ctx.decode([int(logits[-1].argmax())])
+            else:  # -np N: the prompt in every sequence, then each sequence's own greedy tokens, side by side
+                logits = s.ctx.decode_seqs([ids] * s.ctx.n_seq)
+                for _ in range(args.n_predict):
+                    trace.ubatch += 1
+                    logits = s.ctx.decode_seqs([[int(row.argmax())] for row in logits])
     except DeviceDeathError as e:
         print(str(e), file=sys.stderr)
         status = e.exit_code

@@ -3,7 +3,8 @@
 `Model.load(path)` reads the GGUF (memory-mapped), picks the architecture file and checks the weights.
 `Context.decode(tokens)` splits tokens into micro-batches of at most n_ubatch, builds (or reuses) the graph
 for each, lets the graph allocator place intermediates, writes the inputs, runs the scheduler and returns
-the logits of the requested rows.
+the logits of the requested rows. `Context.decode_seqs(seqs)` feeds several sequences in lockstep (llama.cpp's
+`-np N` with a unified KV cache, `-kvu`), cut into micro-batches as llama.cpp's split_equal cuts them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kazeia.models.base import ModelArgs, arch_module, model_args, require_weigh
 from kazeia.models.transformer import GraphOptions, Inputs, LayerCache, make_inputs, position_streams
 
 FA_KV_PAD = 256  # llama.cpp pads the attended KV length to 256 cells with flash attention
+MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
 
 
 @dataclass
@@ -51,7 +53,9 @@ class Model:
 
 
 class KVCache:
-    """Per-layer K and V caches [n_embd_kv, size]; cell i holds position i (one sequence)."""
+    """Per-layer K and V caches [n_embd_kv, size]. One sequence: cell i holds position i. Several sequences (one
+    unified stream, llama.cpp's -kvu): cells are taken in order and `cell_seq`/`cell_pos` say whose token each
+    holds, which the mask reads."""
 
     def __init__(self, args: ModelArgs, size: int, type_k: GGMLType = GGMLType.F16,
                  type_v: GGMLType = GGMLType.F16, layers: list[int] | None = None) -> None:
@@ -72,12 +76,15 @@ class KVCache:
         for t in tensors:
             t.buffer, t.offset = self.buffer, off
             off += (t.nbytes + Buffer.ALIGN - 1) // Buffer.ALIGN * Buffer.ALIGN
-        self.n_past = 0
+        self.n_past = 0  # cells in use (one sequence: its length)
+        self.cell_seq = np.full(size, -1, dtype=np.int32)  # several sequences: the owner of each cell (-1: free)
+        self.cell_pos = np.zeros(size, dtype=np.int64)
 
     def clear(self) -> None:
         self.buffer.data[:] = 0
         self.buffer.version += 1
         self.n_past = 0
+        self.cell_seq[:] = -1
 
 
 @dataclass
@@ -89,9 +96,18 @@ class _BuiltGraph:
 
 class Context:
     def __init__(self, model: Model, scheduler: Scheduler, n_ctx: int = 4096, n_ubatch: int = 512,
-                 flash_attn: bool = True, type_k: GGMLType = GGMLType.F16, type_v: GGMLType = GGMLType.F16) -> None:
+                 flash_attn: bool = True, type_k: GGMLType = GGMLType.F16, type_v: GGMLType = GGMLType.F16,
+                 n_seq: int = 1) -> None:
+        """`n_seq`: the sequences `decode_seqs` runs side by side (llama.cpp's n_seq_max, -np), in one unified KV
+        cache of n_ctx cells and one recurrent-state cell each."""
         if n_ctx <= 0 or n_ubatch <= 0:
             raise KazeiaError("context size and micro-batch size must be positive")
+        if not 1 <= n_seq <= MAX_SEQ:
+            raise KazeiaError(f"the number of sequences must be in [1, {MAX_SEQ}] (llama.cpp's LLAMA_MAX_SEQ)")
+        if n_seq > n_ubatch:
+            raise KazeiaError(f"-np {n_seq} sequences do not fit in a micro-batch of {n_ubatch} tokens (raise -ub)")
+        self.n_seq = n_seq
+        self.seq_n_past = 0  # decode_seqs: tokens of each sequence so far (they advance together)
         self.model = model
         self.args = model.args
         self.scheduler = scheduler
@@ -100,7 +116,7 @@ class Context:
         self.opts = GraphOptions(flash_attn=flash_attn)
         kv_layers = getattr(model.arch, "attention_layers", None)  # a hybrid keeps KV for its attention layers only
         self.kv = KVCache(model.args, n_ctx, type_k, type_v, kv_layers(model.args) if kv_layers else None)
-        self.rs = RecurrentCache.for_model(model.args, model.arch)  # conv/SSM states of recurrent layers, or None
+        self.rs = RecurrentCache.for_model(model.args, model.arch, n_seq)  # conv/SSM states per sequence, or None
         self.allocator = GraphAllocator()
         # graphs by (tokens, KV cells, outputs): a decode builds each shape once and replays it every token
         self._graphs: IdentityCache[_BuiltGraph] = IdentityCache("context.graphs", limit=9, bind=True, by_value=True)
@@ -122,6 +138,7 @@ class Context:
 
     def reset(self) -> None:
         self.kv.clear()
+        self.seq_n_past = 0
         if self.rs is not None:
             self.rs.clear()
 
@@ -138,33 +155,31 @@ class Context:
         pad = FA_KV_PAD if self.opts.flash_attn else 32
         return min(self.kv.size, (n_end + pad - 1) // pad * pad)
 
-    def _graph_for(self, n_tokens: int, n_kv: int, n_out: int) -> _BuiltGraph:
-        bg = self._build(n_tokens, n_kv, n_out)
+    def _graph_for(self, n_tokens: int, n_kv: int, n_out: int, n_seqs: int = 1) -> _BuiltGraph:
+        bg = self._build(n_tokens, n_kv, n_out, n_seqs)
         self.allocator.allocate(bg.graph)
         return bg
 
-    def _build(self, n_tokens: int, n_kv: int, n_out: int) -> _BuiltGraph:
+    def _build(self, n_tokens: int, n_kv: int, n_out: int, n_seqs: int = 1) -> _BuiltGraph:
+        """The graph of a micro-batch of n_tokens = n_seqs x (tokens per sequence); only a recurrent layer's
+        shapes depend on n_seqs."""
         def make() -> _BuiltGraph:
             arch_inputs = getattr(self.model.arch, "make_inputs", None)
-            inp = (arch_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn) if arch_inputs is not None else
+            inp = (arch_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, n_seqs=n_seqs)
+                   if arch_inputs is not None else
                    make_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, self.opts.kq_mask_cast, self.args.n_embd))
             caches = self.rs.layer_caches(self.kv.layers) if self.rs is not None else self.kv.layers
             graph, logits = self.model.arch.build(self.args, self.model.weights, inp, caches, n_kv, self.opts)
             return _BuiltGraph(graph, inp, logits)
-        return self._graphs.get((n_tokens, n_kv, n_out), make)
+        key = (n_tokens, n_kv, n_out) if n_seqs == 1 else (n_tokens, n_kv, n_out, n_seqs)
+        return self._graphs.get(key, make)
 
     def decode(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
         """Feed tokens at the next positions; returns logits [n_out, n_vocab] of the last micro-batch
         (its last row only unless all_logits)."""
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        if tokens.size == 0:
-            raise KazeiaError("nothing to decode: empty token list")
-        if self.n_past + tokens.size > self.n_ctx:
-            raise ContextOverflowError(
-                f"{tokens.size} tokens do not fit in the context: {self.n_past} used of {self.n_ctx} "
-                f"(raise -c, up to the model's {self.args.n_ctx_train})")
-        if tokens.min() < 0 or tokens.max() >= self.args.n_vocab:
-            raise KazeiaError(f"token id out of range [0, {self.args.n_vocab})")
+        if self.n_seq > 1:
+            raise KazeiaError(f"this context runs {self.n_seq} sequences side by side: feed them with decode_seqs")
+        tokens = self._checked(tokens)
         logits = None
         pieces = [tokens[s:s + self.n_ubatch] for s in range(0, tokens.size, self.n_ubatch)]
         if self.policy is not None:  # split rules: sizes whose graphs hold no node in a range to avoid
@@ -175,6 +190,71 @@ class Context:
             if self.on_ubatch:
                 self.on_ubatch(i, chunk.size)
         return logits
+
+    def _checked(self, tokens, n_seqs: int = 1) -> np.ndarray:
+        """tokens as int64, refused when empty, out of the vocabulary or beyond the context."""
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            raise KazeiaError("nothing to decode: empty token list")
+        if self.n_past + n_seqs * tokens.size > self.n_ctx:
+            what = f"{tokens.size} tokens" + (f" x {n_seqs} sequences" if n_seqs > 1 else "")
+            raise ContextOverflowError(
+                f"{what} do not fit in the context: {self.n_past} used of {self.n_ctx} "
+                f"(raise -c, up to the model's {self.args.n_ctx_train})")
+        if tokens.min() < 0 or tokens.max() >= self.args.n_vocab:
+            raise KazeiaError(f"token id out of range [0, {self.args.n_vocab})")
+        return tokens
+
+    def decode_seqs(self, seqs: list) -> np.ndarray:
+        """Continue every sequence of the context by the same number of tokens (seqs[s] continues sequence s), as
+        llama-batched-bench does: micro-batches as llama.cpp's split_equal cuts them (all sequences, at most
+        n_ubatch // n_seq tokens each, sequence after sequence), cells of one unified KV cache in order, a mask
+        that lets a token see only its own sequence's cells. Returns the logits of each sequence's last token
+        [n_seq, n_vocab]."""
+        if len(seqs) != self.n_seq:
+            raise KazeiaError(f"decode_seqs: {len(seqs)} sequences given, the context runs {self.n_seq}")
+        arrays = [np.asarray(t, dtype=np.int64).reshape(-1) for t in seqs]
+        if len({a.size for a in arrays}) != 1:
+            raise KazeiaError("decode_seqs: the sequences advance together, so they need the same number of tokens")
+        for a in arrays:
+            self._checked(a, self.n_seq)
+        n, per = arrays[0].size, self.n_ubatch // self.n_seq
+        logits = None
+        for i, start in enumerate(range(0, n, per)):
+            chunk = np.stack([a[start:start + per] for a in arrays])  # (n_seq, t)
+            logits = self._decode_seqs_ubatch(chunk)
+            if self.on_ubatch:
+                self.on_ubatch(i, chunk.size)
+        return logits
+
+    def _decode_seqs_ubatch(self, chunk: np.ndarray) -> np.ndarray:
+        S, t = chunk.shape
+        c0, p0 = self.kv.n_past, self.seq_n_past
+        n_kv = self._n_kv(c0 + S * t)
+        bg = self._graph_for(S * t, n_kv, S, S)
+        seq = np.repeat(np.arange(S), t)  # token i of the micro-batch: sequence seq[i], position pos[i]
+        pos = p0 + np.tile(np.arange(t), S)
+        self.kv.cell_seq[c0:c0 + S * t], self.kv.cell_pos[c0:c0 + S * t] = seq, pos
+
+        def write() -> None:
+            inp = bg.inputs
+            array(inp.tokens)[...] = chunk.reshape(-1).astype(np.int32)
+            array(inp.pos)[...] = position_streams(pos, inp.pos.ne[0] // (S * t)).astype(np.int32)
+            if self.rs is not None:
+                self.rs.write_inputs(inp)
+            cells = np.arange(c0, c0 + S * t, dtype=np.int64)
+            array(inp.kv_idx)[...] = cells
+            if inp.v_idx is not None:
+                array(inp.v_idx)[...] = cells
+            owner, at = self.kv.cell_seq[:n_kv], self.kv.cell_pos[:n_kv]
+            visible = (owner[None, :] == seq[:, None]) & (at[None, :] <= pos[:, None])
+            m = array(inp.mask)[0, 0]  # (S*t, n_kv)
+            m[...] = np.where(visible, 0.0, -np.inf).astype(m.dtype)
+            array(inp.out_ids)[...] = (np.arange(S) * t + t - 1).astype(np.int32)  # each sequence's last token
+
+        self._run(bg, write, f"micro-batch of {S} sequences x {t} tokens at position {p0}")
+        self.kv.n_past, self.seq_n_past = c0 + S * t, p0 + t
+        return np.array(array(bg.logits)[0, 0], dtype=np.float32)
 
     def _split(self, n: int) -> tuple[list[int], list[int]]:
         """(offsets, sizes) of the pieces the policy's split rules cut a micro-batch of n tokens into."""
@@ -193,24 +273,30 @@ class Context:
         n_kv = self._n_kv(p0 + T)
         n_out = T if all_logits else 1
         bg = self._graph_for(T, n_kv, n_out)
-        self._write_inputs(bg.inputs, tokens, p0, n_kv, all_logits)
+        self._run(bg, lambda: self._write_inputs(bg.inputs, tokens, p0, n_kv, all_logits),
+                  f"micro-batch of {T} tokens at position {p0}")
+        self.kv.n_past = p0 + T
+        out = array(bg.logits)[0, 0]  # (n_out, n_vocab)
+        return np.array(out, dtype=np.float32)
+
+    def _run(self, bg: _BuiltGraph, write_inputs, what: str) -> None:
+        """Write the inputs and run the graph; with a recovery, a re-run after a device death starts from the same
+        inputs and recurrent state."""
+        write_inputs()
         self.last_graph = bg.graph
         if self.recovery is None:
             self.scheduler.compute(bg.graph)
             self.scheduler.read_output(bg.logits)  # llama_decode reads the logits: an asynchronous device finishes
-        else:  # a re-run after a device death starts from the same inputs and recurrent state
-            state = self.rs.buffer.data.copy() if self.rs is not None else None
+            return
+        state = self.rs.buffer.data.copy() if self.rs is not None else None
 
-            def prepare() -> None:
-                if state is not None:
-                    self.rs.buffer.data[:] = state
-                    self.rs.buffer.version += 1
-                self._write_inputs(bg.inputs, tokens, p0, n_kv, all_logits)
+        def prepare() -> None:
+            if state is not None:
+                self.rs.buffer.data[:] = state
+                self.rs.buffer.version += 1
+            write_inputs()
 
-            self.recovery.compute(bg.graph, bg.logits, prepare, f"micro-batch of {T} tokens at position {p0}")
-        self.kv.n_past = p0 + T
-        out = array(bg.logits)[0, 0]  # (n_out, n_vocab)
-        return np.array(out, dtype=np.float32)
+        self.recovery.compute(bg.graph, bg.logits, prepare, what)
 
     def _write_inputs(self, inp: Inputs, tokens: np.ndarray, p0: int, n_kv: int, all_logits: bool) -> None:
         T = tokens.size

@@ -2,7 +2,7 @@
 
 Every recurrent (gated-delta-net) layer keeps, per cell, a conv state row `cache_r_l{il}` (the last d_conv - 1
 inputs of each conv channel) and an SSM state row `cache_s_l{il}` (the delta-rule state), both F32 as llama.cpp's
-default type_r/type_s. One sequence uses cell 0. The graph reads the rows of its cells (GET_ROWS through the
+default type_r/type_s. Sequence s uses cell s. The graph reads the rows of its cells (GET_ROWS through the
 `rs_s_copy` input) and writes the new states back in place (CPY), so a prompt split into micro-batches, then
 decode, carries the state exactly. Unlike the KV cache the state cannot be rewound: it always describes all
 `n_past` tokens. `clear` zeroes it (llama.cpp zeroes a freshly allocated cell inside the graph instead).
@@ -37,12 +37,13 @@ class RecurrentCache:
             off += n
 
     @classmethod
-    def for_model(cls, args: ModelArgs, arch: ModuleType) -> RecurrentCache | None:
-        """The cache an architecture with recurrent layers needs (None for the others)."""
+    def for_model(cls, args: ModelArgs, arch: ModuleType, n_seq: int = 1) -> RecurrentCache | None:
+        """The cache an architecture with recurrent layers needs, one cell per sequence (llama.cpp's
+        max(1, n_seq_max) cells); None for the others."""
         layers = getattr(arch, "recurrent_layers", None)
         if layers is None or not layers(args):
             return None
-        return cls(args.n_embd_r, args.n_embd_s, layers(args), args.n_layer)
+        return cls(args.n_embd_r, args.n_embd_s, layers(args), args.n_layer, n_seq)
 
     @property
     def nbytes(self) -> int:

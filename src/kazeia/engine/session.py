@@ -55,6 +55,7 @@ class RunSpec:
     type_v: str = "f16"  # -ctv
     recover: bool = False  # --recover: survive device deaths (engine/recovery.py)
     max_deaths: int = 12
+    n_seq: int = 1  # -np: sequences run side by side (bench, trace), in one unified KV cache (-kvu)
 
     @property
     def model_path(self) -> str:
@@ -221,7 +222,7 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
         raise KazeiaError("-ctv q8_0: V cache quantization requires flash attention (-fa on)")
     sched = make_scheduler(backends, router, spec.stop_after)
     ctx = Context(model, sched, n_ctx=n_ctx_for(spec, model), n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
-                  type_k=type_k, type_v=type_v)
+                  type_k=type_k, type_v=type_v, n_seq=spec.n_seq)
     if spec.policy:
         from kazeia.engine.policy import Policy
 

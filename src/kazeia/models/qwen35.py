@@ -1,6 +1,6 @@
 """Qwen3.5 (dense hybrid, `general.architecture = qwen35`): gated-delta-net (GDN) layers with a full-attention
 layer every `full_attention_interval` layers, as llama.cpp's src/models/qwen35.cpp and delta-net-base.cpp build
-them (fused GATED_DELTA_NET for decode and prefill, one sequence).
+them (fused GATED_DELTA_NET for decode and prefill; several sequences as split_equal groups them).
 
 Layer il is full attention when (il + 1) % full_attention_interval != 0 is false, unless the per-layer array
 `attention.recurrent_layers` says otherwise. Every layer: attn_norm -> {GDN | attention} -> + residual ->
@@ -214,8 +214,8 @@ def _state_rows(g: Graph, cache_tensor: Tensor, s_copy: Tensor, name: str, il: i
     """build_rs: the rows of the sequences' cells, gathered (GET_ROWS) into the compute buffer and expanded; named
     `name` when given (conv_states), else ggml's node_<index> (the SSM state, named by its reshape).
     llama.cpp also zeroes a freshly allocated cell in the graph (SCALE by 0) and copies the cells of sequences
-    beyond this ubatch's (GET_ROWS + CPY, zero rows with one sequence); kazeia's recurrent cache zeroes a cell on
-    reset and runs one sequence, so those three nodes per state are not built."""
+    beyond this ubatch's (GET_ROWS + CPY); kazeia's recurrent cache zeroes its cells on reset and every micro-batch
+    holds all its sequences (zero rows beyond), so those three nodes per state are not built."""
     states = gb.reshape(cache_tensor, cache_tensor.ne[0], cache_tensor.ne[1], name=f"{cache_tensor.name} (reshaped)")
     rows = gb.get_rows(states, s_copy)
     return g.expand(_named(rows, name, il) if name else rows)  # [state_size, n_seqs]
@@ -223,8 +223,10 @@ def _state_rows(g: Graph, cache_tensor: Tensor, s_copy: Tensor, name: str, il: i
 
 def gated_delta_net(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tensor, inp: HybridInputs,
                     cache: RecurrentLayerCache) -> Tensor:
-    """build_layer_attn_linear (fused delta rule, one sequence, recurrent cell 0): cur [E, T] -> [E, T]."""
-    T, n_seqs = cur.ne[1], inp.s_copy.ne[0]
+    """build_layer_attn_linear (fused delta rule; sequence s in recurrent cell s): cur [E, n_seqs*T] -> [E, n_seqs*T],
+    T tokens per sequence (llama.cpp's n_seq_tokens; split_equal gives every sequence as many)."""
+    n_seqs = inp.s_copy.ne[0]
+    T = cur.ne[1] // n_seqs
     S, Hk, Hv, C, dc = a.ssm_d_state, a.ssm_n_group, a.ssm_dt_rank, a.conv_channels, a.ssm_d_conv
     p = f"blk.{il}."
     # llama.cpp names the reshape after a projection (cb on the reshaped tensor): the MUL_MAT is node_<index>
@@ -277,8 +279,10 @@ def gated_delta_net(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tenso
     o = gb.mul(_named(gb.rms_norm(out, a.rms_eps), "norm", il), w[p + "ssm_norm.weight"])  # [S, Hv, T, n_seqs]
     zs = gb.silu(gb.reshape(z, S, Hv, T, n_seqs, name=f"z-{il} (reshaped)"))
     o = gb.mul(o, zs)
-    o = gb.reshape(o, S * Hv, T * n_seqs, name=f"final_output-{il}")
-    return _named(gb.mul_mat(w[p + "ssm_out.weight"], o), "linear_attn_out", il)  # [E, T]
+    o = gb.reshape(o, S * Hv, T, n_seqs, name=f"final_output-{il}")  # [S*Hv, T, n_seqs]
+    # the projection sees the sequences as a third dimension (a broadcast src1: what May's HTP refuses, #26094)
+    out = _named(gb.mul_mat(w[p + "ssm_out.weight"], o), "linear_attn_out", il)  # [E, T, n_seqs]
+    return gb.reshape(out, out.ne[0], T * n_seqs)  # [E, n_seqs*T]: `linear_attn_out-il (reshaped)`
 
 
 def build(a: Args, w: dict[str, Tensor], inp: HybridInputs, caches: list, n_kv: int,

@@ -17,7 +17,8 @@ The model is deliberately simple and documented term by term:
 - Ops the HTP refuses, or a routing rule sends to the host, run on the phone's CPU (`PhoneCpu`: cores, GFLOP/s
   per core and memory bandwidth as stated parameters, never this machine's clock): a matmul costs
   max(FLOPs / (cores * per-core rate), weight bytes / bandwidth) plus one hand-over; other ops their bytes /
-  bandwidth.
+  bandwidth. A refused matmul whose weight the loader put in the HTP's REPACK buffer also pays the copy of that
+  weight to the CPU on every compute (`weight_copy_seconds`).
 
 Constants are CALIBRATED, not derived: the HMX MAC rate, the HVX dot-product rate, the dequant rate and the
 HVX streaming bandwidth were chosen so that a 256-token prefill of the real Qwen3-4B Q4_0 graph (36 layers,
@@ -36,8 +37,9 @@ from kazeia.backends.htp.host.support import supports_op
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
 from kazeia.backends.htp.vtcm.scratch import op_scratch
+from kazeia.graph import builder as gb
 from kazeia.graph import rowsplit
-from kazeia.graph.tensor import GGMLType, Tensor, is_quantized, row_size
+from kazeia.graph.tensor import GGMLType, Tensor, TFlag, is_quantized, make_tensor, row_size
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,6 @@ class CostModel:
     op_overhead_s: float = 6e-6  # per op on the DSP (dispatch, worker pool wake-up)
     hmx_setup_s: float = 25e-6  # HMX lock, queue, bias load per matmul
     batch_overhead_s: float = 120e-6  # dspqueue write + read round trip per batch
-    cpu_flops_per_s: float = 60e9  # phone CPU (PhoneCpu: 4 cores x 15 GFLOP/s) for ops the HTP refuses
     hvx_f32_macs_per_s: float = 4.0e10  # fp32 MACs on HVX (a quarter of the int8 dot rate): GATED_DELTA_NET
     dsp_scalar_macs_per_s: float = 6 * 1.0e9  # scalar loop: one MAC per cycle per thread, 6 threads at ~1 GHz
 
@@ -65,6 +66,7 @@ class PhoneCpu:
     gflops_per_core: float = 15.0
     bandwidth: float = 30e9
     handover_s: float = 150e-6
+    unrepack_bytes_per_s: float = 2e9  # one host thread un-repacking x4x2 rows (get_tensor): see weight_copy_seconds
 
     @property
     def flops_per_s(self) -> float:
@@ -142,13 +144,6 @@ def ssm_conv_seconds(node: Tensor, c: CostModel = DEFAULT) -> float:
     return macs / c.hvx_f32_macs_per_s + 2 * node.src[0].nbytes / c.hvx_stream_bytes_per_s + c.op_overhead_s
 
 
-def cpu_op_seconds(node: Tensor, c: CostModel = DEFAULT) -> float:
-    if node.op == "MUL_MAT":
-        w, x = node.src[0], node.src[1]
-        return 2.0 * w.ne[0] * w.ne[1] * x.nrows / c.cpu_flops_per_s
-    return node.nbytes / 8e9
-
-
 # ------------------------------------------------------------------------------------------------------------
 # modeled time of a whole graph the caller built (no data needed: placement and paths come from the same
 # decisions the backend makes; kazeia.engine.modeled builds graphs of whole models from shapes)
@@ -164,14 +159,15 @@ class OpCost:
 
 def op_seconds(node: Tensor, settings: HtpSettings, c: CostModel = DEFAULT) -> OpCost:
     """Modeled time of one node as the HTP backend (with these settings) would place and run it; a node a routing
-    rule sends to the host (`route_path` "cpu") is priced on the phone's CPU (PHONE_CPU)."""
+    rule sends to the host (`route_path` "cpu") or the HTP refuses is priced on the phone's CPU (PHONE_CPU), as
+    the module says."""
     if node.route_path == "cpu":
         return OpCost(node.name, node.desc(), "CPU", PHONE_CPU.op_seconds(node))
+    if not supports_op(node, settings):
+        return OpCost(node.name, node.desc(), "CPU", PHONE_CPU.op_seconds(node) + weight_copy_seconds(node, settings))
     if rowsplit.parse_split(node.route_path) is not None:  # a split-op rule: the pieces, each on its own plan
         pieces = [op_seconds(p, settings, c) for p in rowsplit.split_nodes(node)]
         return OpCost(node.name, node.desc(), "+".join(p.where for p in pieces), sum(p.seconds for p in pieces))
-    if not supports_op(node, settings):
-        return OpCost(node.name, node.desc(), "CPU", cpu_op_seconds(node, c))
     if node.op == "MUL_MAT":
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
@@ -189,6 +185,22 @@ def op_seconds(node: Tensor, settings: HtpSettings, c: CostModel = DEFAULT) -> O
     if node.op == "SSM_CONV":
         return OpCost(node.name, node.op, "HTP0/hvx", ssm_conv_seconds(node, c))
     return OpCost(node.name, node.desc(), "HTP0/hvx", elementwise_seconds(node, c))
+
+
+def weight_copy_seconds(node: Tensor, settings: HtpSettings) -> float:
+    """The copy of a refused MUL_MAT's weight to the CPU, on every compute. llama.cpp's loader puts a weight in the
+    HTP's REPACK buffer when the HTP takes a probe MUL_MAT of it with a [K, 512] src1 (llama-model-loader.cpp
+    weight_buft_supported); that buffer is not host memory (ggml_backend_hexagon_repack_buffer_type_is_host:
+    false), so when the op itself is refused at run time (a src1 shape the probe did not have: #26094's
+    [K, T, n_seqs]) ggml-backend's scheduler copies the weight into the CPU split on every graph compute
+    (ggml_backend_sched_compute_splits), through get_tensor's row-by-row un-repack (repack_q4x4x2_q4_0). 0 for an
+    op whose weight the loader kept on the CPU (the lm_head past 16K rows, an OPFILTER match). A routing rule's
+    CPU op (`route_path`) is priced without it: kazeia's gates are not a scheduler copy."""
+    if node.op != "MUL_MAT" or not node.src[0].flags & TFlag.WEIGHT:
+        return 0.0
+    w = node.src[0]
+    probe = gb.mul_mat(w, make_tensor(GGMLType.F32, (w.ne[0], 512, w.ne[2], w.ne[3])))
+    return w.nbytes / PHONE_CPU.unrepack_bytes_per_s if supports_op(probe, settings) else 0.0
 
 
 def graph_seconds(nodes: list[Tensor], settings: HtpSettings, c: CostModel = DEFAULT) -> tuple[float, list[OpCost]]:
