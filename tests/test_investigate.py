@@ -241,3 +241,12 @@ def test_a_failure_without_an_overflow_is_not_called_an_overflow():
     assert mechanism(cx).startswith(f"HMX chunk search finds no chunking for {64 * 1024} B")
     over = plan_for_node(matmul_node(M, 9728, 2560), replace(settings, vtcm_bytes=8 * 1024 * 1024))
     assert over.overflow > 0 and f"over by {over.overflow} B" in why_it_fails(over)
+
+
+def test_a_hang_is_named_as_a_hang_not_a_death():
+    """The reentry-tail-call build: the same chain ends in a DSP that never answers, not in a code the host reads."""
+    over = plan_for_node(matmul_node(M, 9728, 2560), HtpSettings(profile="2026-05", vtcm_bytes=8 * 1024 * 1024))
+    text = mechanism(_context(plan=over, death={"kind": "hang", "code": 0}))
+    assert text.startswith(f"HMX VTCM plan overflow by {over.overflow} B")
+    assert "compiled as a jump" in text and "hang" in text and "0x" not in text and "DSP death" not in text
+    assert "kazeia's hypothesis" in text

@@ -55,6 +55,11 @@ class DeviceDeathError(KazeiaError):
                 "detail": getattr(self, "detail", None), "crash_record": getattr(self, "crash_record", None)}
 
 
+class DeviceHangError(DeviceDeathError):
+    """The (emulated) device never answers: an op on the DSP cannot finish (the process lives, the host's
+    dspqueue_read would block forever). A death for every tool that survives deaths: the session is unusable."""
+
+
 class DeviceOpError(KazeiaError):
     """An op on the device returned a non-OK status that the host chose to surface (robust profile)."""
 

@@ -139,7 +139,11 @@ class Dsp:
                 if f.kind == "stack-overflow":
                     f.detail.setdefault("stack_used", self.octx.stack_used)
                 self.death = Death(f.kind, f.cause, op.node.name, op.index, batch.seq, op.graph_index, f.detail)
-                self.farf("ERROR", f"process exception: {f.kind}: {f.cause} (op #{op.index} {op.node.desc()})")
+                if f.kind == "hang":  # no exception: the op's FARF line, over and over
+                    self.farf("HIGH", f"HMX matmul failed (ret=-1), falling back to HVX (repeats without end: "
+                                      f"op #{op.index} {op.node.desc()})")
+                else:
+                    self.farf("ERROR", f"process exception: {f.kind}: {f.cause} (op #{op.index} {op.node.desc()})")
                 if self.on_op_fault:
                     self.on_op_fault(op, batch, f)
                 break

@@ -194,7 +194,7 @@ class DspFault(Exception):
 
     def __init__(self, kind: str, cause: str, detail: dict | None = None):
         super().__init__(cause)
-        self.kind = kind  # "stack-overflow" | "bus-error" | "abort"
+        self.kind = kind  # "stack-overflow" | "bus-error" | "abort" | "hang" (the process lives, the op never ends)
         self.cause = cause
         self.detail = dict(detail or {})  # what the crash record shows: vtcm_offset (Bad VA), stack_used, the load
 

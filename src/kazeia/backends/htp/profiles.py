@@ -157,6 +157,12 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "consumes an HMX MUL_MAT's output reads stale data; OPFILTER=ADD fixes it. The fault makes an ADD of the "
           "same batch that is not fused into that MUL_MAT read what the output's memory held before the MUL_MAT "
           "wrote it, on a v81 device (no effect on other archs); the root cause is not published."),
+    Fault("reentry-tail-call",
+          "A build of the 2026-05 code, not a defect of its own: the compiler turned op_matmul's last statement, "
+          "`return op_matmul(octx);` after a failed HMX matmul (htp/matmul-ops.c), into a jump (tail-call "
+          "elimination). The re-entry then takes no stack, so instead of the seed's stack overflow the DSP retries "
+          "the same failing plan forever and the host waits in dspqueue_read: a hang (llama.cpp #24963's symptom; "
+          "which builds do this is kazeia's hypothesis)."),
     Fault("dma-unbalanced",
           "HVX matmul leaves one DMA descriptor outstanding at the end of the op; the next op's first DMA pop "
           "returns that stale completion and its first weight row is read before it arrived. Upstream balances "
@@ -175,7 +181,7 @@ def get_profile(name: str) -> Profile:
 REPORTED = {"v73-hmx-quant-inf": "llama.cpp #26123", "l2-lazy-stale": "llama.cpp #25876"}
 
 # faults whose mechanism is a structure only one code generation has
-ONLY_IN = {"dma-unbalanced": "2026-05", "vtcm-grant-short": "2026-10", "v73-hmx-quant-inf": "2026-10",
+ONLY_IN = {"dma-unbalanced": "2026-05", "reentry-tail-call": "2026-05", "vtcm-grant-short": "2026-10", "v73-hmx-quant-inf": "2026-10",
            "l2-lazy-stale": "2026-10"}
 
 

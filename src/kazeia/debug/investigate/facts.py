@@ -82,6 +82,11 @@ class FactsHook(Hook):
 
     def on_fault(self, node: Tensor, info: OpInfo) -> None:
         f = self._facts(node, info)
+        # the facts are the first instance's (a prompt of several micro-batches runs ffn_out-0 at M = 512, then
+        # at the remainder's M): the fault's own instance is the one to describe
+        f.dst, f.srcs = _label(node), [_label(s) if s else "" for s in node.src]
+        if node.op == "MUL_MAT":
+            f.m = node.src[1].ne[1]
         f.faulted, f.fault, f.path = True, dict(info.extra), f"{info.backend}/dsp"
         self.fault = f
 

@@ -46,6 +46,10 @@ def mechanism(cx: Context) -> str:
     death = f.death or (f.first.death if f.first else None) or {}
     head = (f"HMX VTCM plan overflow by {p.overflow} B" if p.status == "overflow"
             else f"HMX chunk search finds no chunking for {p.vtcm} B")
+    if death.get("kind") == "hang":
+        return (f"{head} → {_CONSEQUENCE.get(p.outcome, p.outcome)}, compiled as a jump (this build: the injected "
+                f"reentry-tail-call; which builds do so is kazeia's hypothesis) → the DSP retries the op forever "
+                f"(a hang; the host's dspqueue_read never returns)")
     code = death.get("code")
     seen = f"the host sees 0x{code:x} at its next flush_pending" if code is not None else "the host sees the death late"
     return (f"{head} → {_CONSEQUENCE.get(p.outcome, p.outcome)} → DSP death ({death.get('kind') or 'death'}; "

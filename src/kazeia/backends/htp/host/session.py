@@ -39,7 +39,7 @@ from kazeia.backends.htp.msg import (
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
-from kazeia.errors import DeviceDeathError, DeviceOpError, HostAbortError
+from kazeia.errors import DeviceDeathError, DeviceHangError, DeviceOpError, HostAbortError
 from kazeia.graph.tensor import Tensor, type_name
 from kazeia.identity import IdentityCache, binding
 
@@ -377,6 +377,8 @@ class HostSession:
         # has to wait, and the wait is cancelled (AEE_EINTERRUPTED)
         if self.dsp.death is not None and self.dsp.death.batch_seq <= batch.seq:
             d = self.dsp.death
+            if d.kind == "hang":
+                raise self._hang(batch, d)
             err = DeviceDeathError(
                 f"ggml-hex: dspqueue_read failed: 0x{AEE_EINTERRUPTED:08x}",
                 code=AEE_EINTERRUPTED,
@@ -393,6 +395,20 @@ class HostSession:
         if self.profile.surface_status and any(s != STATUS_OK for s in statuses):
             status = next(s for s in statuses if s != STATUS_OK)
         return Response(batch, status, statuses)
+
+    def _hang(self, batch: OpBatch, d) -> DeviceHangError:
+        """The DSP never answers: its process lives, one op never ends. A phone's host blocks in dspqueue_read
+        forever and prints nothing; kazeia, which knows the op cannot finish, says so and stops."""
+        err = DeviceHangError(
+            f"ggml-hex: {self.name}: dspqueue_read: no response for batch {batch.seq}: the DSP is still in op "
+            f"#{d.op_index} {d.op_name} (a hang: a device waits here forever; kazeia stops the run)",
+            code=0, last_enqueued=self.last_enqueued.node.name if self.last_enqueued else None,
+            faulting=d.op_name, cause=d.cause)
+        err.batch_seq, err.kind, err.detail = batch.seq, d.kind, d.detail
+        err.crash_record = None  # nothing crashed: no logcat record
+        err.batch_ops = [op.node.name for op in batch.ops]
+        self.dead = err
+        return err
 
     def _check_alive(self) -> None:
         if self.dead is not None:

@@ -122,6 +122,10 @@ class MatmulUnit(HmxPath, HvxPath):
             return rec
         if self.profile.hmx_failure == "reenter":
             # upstream: `return op_matmul(octx);` -- same inputs, same plan, same failure, one more frame
+            if "reentry-tail-call" in self.settings.faults:  # compiled as a jump: no frame, the same failure forever
+                raise DspFault("hang", f"op_matmul re-enters itself as a jump after every HMX failure on "
+                                       f"{node.name} (M={M} K={K} N={N}): the same plan fails the same way each "
+                                       f"time, so the op never finishes")
             octx.stack_used += self.profile.matmul_frame_bytes
             if octx.stack_used > self.profile.dsp_stack_bytes:
                 attempts = octx.stack_used // self.profile.matmul_frame_bytes
