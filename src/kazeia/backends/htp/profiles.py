@@ -181,8 +181,8 @@ def get_profile(name: str) -> Profile:
 REPORTED = {"v73-hmx-quant-inf": "llama.cpp #26123", "l2-lazy-stale": "llama.cpp #25876"}
 
 # faults whose mechanism is a structure only one code generation has
-ONLY_IN = {"dma-unbalanced": "2026-05", "reentry-tail-call": "2026-05", "vtcm-grant-short": "2026-10", "v73-hmx-quant-inf": "2026-10",
-           "l2-lazy-stale": "2026-10"}
+ONLY_IN = {"dma-unbalanced": "2026-05", "reentry-tail-call": "2026-05", "vtcm-grant-short": "2026-10",
+           "v73-hmx-quant-inf": "2026-10", "l2-lazy-stale": "2026-10"}
 
 
 def check_faults(names: tuple[str, ...] | list[str], profile: str | None = None) -> tuple[str, ...]:
