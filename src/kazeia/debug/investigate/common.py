@@ -23,7 +23,8 @@ def sync_spec(cx: Context) -> RunSpec:
 
 
 def cpu_nodes_spec(cx: Context, names: list[str]) -> RunSpec:
-    return cx.spec.with_(cpu_nodes="|".join(op_regex(n) for n in names))
+    # (a node of several micro-batches is named once: the regex picks it in every graph)
+    return cx.spec.with_(cpu_nodes="|".join(op_regex(n) for n in dict.fromkeys(names)))
 
 
 def logits_verdict(cx: Context, r: RunResult) -> Verdict | None:

@@ -68,10 +68,12 @@ def numeric_gate(cx: Context) -> tuple[str, str]:
     """Route every op like the first bad one (same op on the same path) to the CPU."""
     rep = cx.findings.compare
     first = rep.first_failure
-    same = [r.name for r in rep.rows.get("isolated", []) if r.op == first.op and r.path == first.path]
-    spec = cpu_nodes_spec(cx, same or [first.name])
-    ok = validate(cx, spec, f"route the {len(same) or 1} {first.op} ops that ran on {first.backend}/{first.path} "
-                            f"to the CPU")
+    # the compared rows of every micro-batch: a node of several micro-batches is one node to route
+    same = list(dict.fromkeys(r.name for r in rep.rows.get("isolated", []) if r.op == first.op
+                              and r.path == first.path)) or [first.name]
+    spec = cpu_nodes_spec(cx, same)
+    ok = validate(cx, spec, f"route the {len(same)} {first.op} node{'s' if len(same) > 1 else ''} that ran on "
+                            f"{first.backend}/{first.path} to the CPU")
     return f"{'validated' if ok else 'NOT validated'}", spec.command()
 
 
