@@ -51,3 +51,20 @@ def test_bank_crossing_is_named_an_address_fault(q4b2, tmp_path):
     assert "crosses it" in inv.verdict and "(error code 0x2601)" in inv.verdict
     _gate_ok(inv)
     assert os.path.exists(os.path.join(tmp_path, "report.md"))
+
+
+def test_a_defect_of_the_older_code_is_checked_against_the_later_code(tmp_path):
+    """No injection: 2026-05's HVX SSM_CONV strides its staged conv weights by the unpadded per-thread row count
+    (#24470 fixed it), so from 32 tokens conv_output_raw-0 is wrong. The investigation replays that op's dump under
+    2026-10's code, finds it right there, and says so as a defect of the older code."""
+    from kazeia.gguf.writer import preset, write_model
+
+    model = str(tmp_path / "tiny35.gguf")
+    write_model(preset("tiny", arch="qwen35", wtype="q4_0"), model)
+    spec = RunSpec(model=model, n_prompt=40, device="HTP0", htp_profile="2026-05")
+    inv = investigate(spec, str(tmp_path / "inv"), progress=lambda msg: None)
+    assert "is conv_output_raw-0" in inv.verdict
+    assert "the 2026-10 code computes conv_output_raw-0 right" in inv.verdict
+    assert "defect of this version's code" in inv.verdict
+    step = next(s for s in inv.steps if s.name == "the same op under the later code")
+    assert step.summary.startswith("under 2026-10's code the op is right")

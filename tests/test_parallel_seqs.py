@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 import pytest
-from tests.cli_utils import kazeia_clean
 
+from cli_utils import kazeia_clean
 from kazeia.engine.session import RunSpec, build_context
 from kazeia.errors import KazeiaError
 from kazeia.gguf.writer import preset, write_model

@@ -119,6 +119,7 @@ PROFILES: dict[str, Profile] = {
 }
 
 DEFAULT = "2026-10"  # what -dev HTP0 models when nothing names a profile: the code users build today
+LATEST_PROFILE = DEFAULT  # (the name the tools use: "the later code" a fault is checked against)
 
 
 @dataclass(frozen=True)

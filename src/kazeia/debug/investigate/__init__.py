@@ -31,7 +31,7 @@ from kazeia.debug.investigate.findings import Findings, RoutingTrial
 from kazeia.debug.investigate.gate import DEATH_GATE
 from kazeia.debug.investigate.hypotheses import DEATH_HYPOTHESES, NUMERIC_HYPOTHESES, Judged
 from kazeia.debug.investigate.localise import LOCALISE, MISATTRIBUTION
-from kazeia.debug.investigate.mechanism import MECHANISM_GATE, RACE, SIGNATURE, STATE
+from kazeia.debug.investigate.mechanism import LATER_CODE, MECHANISM_GATE, RACE, SIGNATURE, STATE
 from kazeia.debug.investigate.numbers import COMPARE
 from kazeia.debug.investigate.report import Hypothesis, Investigation, Step, write_report
 from kazeia.debug.investigate.reproduce import REPRODUCE
@@ -59,7 +59,7 @@ DEATH = Branch("device death", (LOCALISE, MISATTRIBUTION, TRACE, determinism_ste
                                 ROUTE_CLASSES, PLAN, CRASH, THRESHOLD, ROWS, ADDRESS_GATE, DEATH_GATE),
                DEATH_HYPOTHESES, death_verdict)
 NUMERIC = Branch("wrong numbers", (COMPARE, TRACE, determinism_step(3), DUMP_FIRST_BAD, SIGNATURE, STATE, RACE,
-                                   MECHANISM_GATE), NUMERIC_HYPOTHESES, numeric_verdict)
+                                   LATER_CODE, MECHANISM_GATE), NUMERIC_HYPOTHESES, numeric_verdict)
 HEALTHY = Branch("no fault", (determinism_step(2),), (), healthy_verdict)
 # 2026-10: an op status the host kept sticky and aborted on (status.py)
 STATUS_ERROR = Branch("op status", (STATUS, determinism_step(2), STATUS_GATE), (), status_verdict)

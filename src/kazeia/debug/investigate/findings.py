@@ -110,6 +110,7 @@ class Findings:
     signature: Any = None  # kazeia.debug.signature.Signature of the first bad op's dumped output vs float64
     state_exp: Any = None  # kazeia.debug.state_experiment.StateExperiment
     race: Any = None  # kazeia.debug.race.RaceReport
+    later_code: tuple[str, bool, str] | None = None  # (profile, the op right there?, its judgement) on the dump
 
     def trial(self, kind: str) -> RoutingTrial | None:
         """The routing trial of `kind`, if it was run."""

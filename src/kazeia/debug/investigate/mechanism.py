@@ -29,6 +29,28 @@ def signature_step(cx: Context) -> tuple[str, str]:
     return f.signature.headline(), f"kazeia replay {f.dump_dir}"
 
 
+def later_code_step(cx: Context) -> tuple[str, str]:
+    """The first bad op's dump, on the same inputs, under the code users build today (2026-10): when this run's
+    version is older and the later code computes the op right, the fault is a defect of this version's code that
+    upstream's later code does not have (both as kazeia transcribes them). Injected faults go with the replay: a
+    fault that only the older code has makes the comparison meaningless, so it is not run."""
+    from kazeia.backends.htp import LATEST_PROFILE, ONLY_IN
+    from kazeia.debug.replay import replay
+
+    f = cx.findings
+    settings = cx.spec.htp_settings()
+    if settings is None or settings.profile == LATEST_PROFILE:
+        return f"skipped: the run is not an HTP run of an older version than {LATEST_PROFILE}", ""
+    if any(ONLY_IN.get(n) not in (None, "2026-10") for n in settings.faults):
+        return "skipped: an injected fault that only the older code has", ""
+    r = replay(f.dump, device="HTP0", htp_profile=LATEST_PROFILE)
+    v = r.alone.vs_ref
+    f.later_code = (LATEST_PROFILE, r.alone.ok, v.reason if v is not None else (r.alone.error or "died"))
+    cx.fact(f"{f.first_bad} under {LATEST_PROFILE}'s code", f.later_code[2])
+    return (f"under {LATEST_PROFILE}'s code the op is {'right' if r.alone.ok else 'wrong too'}: {f.later_code[2]}",
+            f"kazeia replay {f.dump_dir} --htp-profile {LATEST_PROFILE}")
+
+
 def state_step(cx: Context) -> tuple[str, str]:
     from kazeia.debug.replay import htp_settings_for
     from kazeia.debug.state_experiment import state_experiment
@@ -110,5 +132,7 @@ def mechanism_gate(cx: Context) -> tuple[str, str]:
 
 SIGNATURE = StepDef("error signature of the first bad op", signature_step, needs=("dump",), gives=("signature",))
 STATE = StepDef("state vs value experiment", state_step, needs=("dump",), gives=("state_exp",))
+LATER_CODE = StepDef("the same op under the later code", later_code_step, needs=("dump", "first_bad"),
+                     gives=("later_code",))
 RACE = StepDef("localise the race", race_step, needs=("dump", "first_bad"), gives=("race",))
 MECHANISM_GATE = StepDef("gate by mechanism", mechanism_gate, needs=("first_bad", "compare"))

@@ -102,6 +102,12 @@ def numeric_verdict(cx: Context) -> None:
         parts.append(f"Mechanism: {cx.inv.mechanism}.")
     elif f.replay is not None and f.replay.diagnosis():
         parts.append(f"Replay: {f.replay.diagnosis()}.")
+    if f.later_code is not None:
+        profile, right, how = f.later_code
+        parts.append(f"On the same inputs the {profile} code computes {f.first_bad} right ({how}): a defect of "
+                     f"this version's code that upstream's later code does not have (both as kazeia transcribes "
+                     f"them; which change fixed it is not established here)." if right else
+                     f"The {profile} code gets {f.first_bad} wrong on the same inputs too ({how}).")
     cx.inv.verdict = _with_gate(cx, parts)
 
 
