@@ -53,6 +53,7 @@ def test_bank_crossing_is_named_an_address_fault(q4b2, tmp_path):
     assert os.path.exists(os.path.join(tmp_path, "report.md"))
 
 
+@pytest.mark.slow
 def test_a_defect_of_the_older_code_is_checked_against_the_later_code(tmp_path):
     """No injection: 2026-05's HVX SSM_CONV strides its staged conv weights by the unpadded per-thread row count
     (#24470 fixed it), so from 32 tokens conv_output_raw-0 is wrong. The investigation replays that op's dump under
