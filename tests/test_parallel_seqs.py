@@ -168,3 +168,23 @@ def test_a_refused_weight_from_the_repack_buffer_is_copied_every_compute(tiny35_
     assert weight_copy_seconds(node, filtered) == 0.0
     ffn = next(n for n in ctx.last_graph.nodes if n.name == "ffn_out-0")
     assert op_seconds(ffn, may).where.startswith("HTP0")
+
+
+def test_check_predicts_where_ssm_out_runs_with_several_sequences(tiny35_q4):
+    """`kazeia check -np 2` from the header alone against the emulator's placement of the same micro-batch (two
+    sequences of 32 tokens at -ub 64: M = 64): under May ssm_out is left to the CPU and tagged #26094, under
+    October it stays on the HTP; its M ranges step by the number of sequences."""
+    from kazeia.debug.check import check_model
+
+    report = check_model(tiny35_q4, profiles=("2026-05", "2026-10"), archs=(79,), ubatches=(64,), n_seqs=(1, 2))
+    for profile in ("2026-05", "2026-10"):
+        placed = _placement(tiny35_q4, profile, 2)["linear_attn_out-0"]
+        two = next(r for r in report.results if r.config.profile == profile and r.config.n_seq == 2)
+        one = next(r for r in report.results if r.config.profile == profile and r.config.n_seq == 1)
+        label = next(k for k in two.ranges if "ssm_out" in k)
+        ranges = two.ranges[label]
+        assert all(r.m_lo % 2 == 0 and r.m_hi % 2 == 0 for r in ranges) and ranges[-1].m_hi == 64
+        at_64 = next(r for r in ranges if r.m_lo <= 64 <= r.m_hi).step
+        assert (at_64.path == "cpu") == (placed == "CPU")
+        assert (at_64.report == "llama.cpp #26094") == (profile == "2026-05")
+        assert all(r.step.path != "cpu" for r in one.ranges[label])  # one sequence: on the HTP in both

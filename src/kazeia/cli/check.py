@@ -37,6 +37,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="VTCM sizes (default: each arch's own, 8 MiB assumed)")
     p.add_argument("-ub", "--ubatch-size", type=_list(V.integer(1, 8192), "-ub"), default=[512], metavar="N[,N]",
                    help="ubatch sizes: M runs from 1 to each (default 512)")
+    p.add_argument("-np", "--parallel", type=_list(V.integer(1, 256), "-np"), default=[1], metavar="N[,N]",
+                   help="sequences per micro-batch (llama.cpp's -np with a hybrid's split_equal; default 1): a "
+                        "recurrent layer's ssm_out then has a [K, T, N] src1")
     p.add_argument("-c", "--ctx-size", type=V.integer(1, 1 << 24), default=4096, help="context, for the KV size")
     p.add_argument("--json", action="store_true", help="print the whole report as one JSON object")
     p.add_argument("--html", type=V.output_file, default=None, metavar="FILE", help="also write the heat map here")
@@ -54,11 +57,13 @@ def main(args: argparse.Namespace) -> int:
     profiles = tuple(dict.fromkeys(args.htp_profile)) if args.htp_profile else PROFILES
     vtcms = tuple(dict.fromkeys(args.vtcm)) if args.vtcm else (None,)
     ubs = tuple(dict.fromkeys(args.ubatch_size))
-    n = len(profiles) * (len(archs) if archs else 6) * len(vtcms) * len(ubs)
+    seqs = tuple(dict.fromkeys(args.parallel))
+    n = len(profiles) * (len(archs) if archs else 6) * len(vtcms) * len(ubs) * len(seqs)
     if n > MAX_CONFIGS:
         raise KazeiaError(f"check: {n} configurations asked for (at most {MAX_CONFIGS})")
     kw = {"archs": tuple(dict.fromkeys(archs))} if archs else {}
-    report = check_model(args.model, profiles=profiles, vtcms=vtcms, ubatches=ubs, ctx=args.ctx_size, **kw)
+    report = check_model(args.model, profiles=profiles, vtcms=vtcms, ubatches=ubs, ctx=args.ctx_size, n_seqs=seqs,
+                         **kw)
     if args.html:
         write_text(args.html, heatmap_html(report))
     print(json.dumps(to_dict(report)) if args.json else text(report))

@@ -27,7 +27,7 @@ from kazeia.debug.check.outcomes import SEVERITY, Config, Planner, Range
 from kazeia.debug.check.weights import ModelHeader, WeightClass, read_header
 from kazeia.errors import KazeiaError
 from kazeia.gguf.reader import load_gguf
-from kazeia.graph.tensor import GGMLType
+from kazeia.graph.tensor import GGMLType, row_size
 
 PROFILES = ("2026-05", "robust", "2026-10")
 FAILING = ("no-session", "death", "dropped", "risk")
@@ -62,8 +62,9 @@ class CheckReport:
 
 def check_model(path: str, profiles: tuple[str, ...] = PROFILES, archs: tuple[int, ...] = KNOWN_ARCHS,
                 vtcms: tuple[int | None, ...] = (None,), ubatches: tuple[int, ...] = (512,), ctx: int = 4096,
-                threads: int = 6) -> CheckReport:
-    """The matrix profiles x archs x VTCM sizes (None: the arch's own) x ubatches for the model at `path`."""
+                threads: int = 6, n_seqs: tuple[int, ...] = (1,)) -> CheckReport:
+    """The matrix profiles x archs x VTCM sizes (None: the arch's own) x ubatches (x sequences per micro-batch) for
+    the model at `path`."""
     header = read_header(load_gguf(path, header_only=True))
     planner = Planner()
     results = []
@@ -71,11 +72,12 @@ def check_model(path: str, profiles: tuple[str, ...] = PROFILES, archs: tuple[in
         for arch in archs:
             for vtcm in vtcms:
                 for ub in ubatches:
-                    if ub < 1:
-                        raise KazeiaError(f"-ub {ub} must be at least 1")
-                    gen = get_profile(profile).generation
-                    c = Config(profile, arch, vtcm or arch_profile(arch, gen).vtcm_bytes, ub, threads)
-                    results.append(_result(c, header, planner, ctx))
+                    for n_seq in n_seqs:
+                        if ub < 1 or not 1 <= n_seq <= ub:
+                            raise KazeiaError(f"-ub {ub} and -np {n_seq}: need 1 <= -np <= -ub")
+                        gen = get_profile(profile).generation
+                        c = Config(profile, arch, vtcm or arch_profile(arch, gen).vtcm_bytes, ub, threads, n_seq)
+                        results.append(_result(c, header, planner, ctx))
     return CheckReport(header, ctx, results, header.classes)
 
 
@@ -83,16 +85,17 @@ def _result(c: Config, header: ModelHeader, planner: Planner, ctx: int) -> Confi
     ranges = {w.label: planner.ranges(c, w) for w in header.classes}
     worst = min((r.step.outcome for rs in ranges.values() for r in rs), key=SEVERITY.__getitem__)
     opens = worst != "no-session"
-    return ConfigResult(c, ranges, worst, _tps(c, header, planner, c.ubatch) if opens else None,
-                        _tps(c, header, planner, 1) if opens else None, _vmem(c, header, ctx))
+    prefill, decode = c.ubatch // c.n_seq * c.n_seq, c.n_seq  # rows of a prompt / a decode micro-batch
+    return ConfigResult(c, ranges, worst, _tps(c, header, planner, prefill) if opens else None,
+                        _tps(c, header, planner, decode) if opens else None, _vmem(c, header, ctx))
 
 
 def _tps(c: Config, header: ModelHeader, planner: Planner, m: int) -> float:
-    """Modeled tokens/s of the MUL_MATs alone at M = m (the lm_head at M = 1): the cost model of the emulator's
-    modeled column for the DSP paths, the phone CPU's for what goes to the CPU."""
+    """Modeled tokens/s of the MUL_MATs alone at M = m (the lm_head at one row per sequence): the cost model of the
+    emulator's modeled column for the DSP paths, the phone CPU's for what goes to the CPU."""
     seconds = 0.0
     for w in header.classes:
-        rows = min(m, w.m_max or m)
+        rows = c.rows(w, m)
         s = planner.step(c, w, rows)
         t = GGMLType[w.qtype.upper()]
         if s.path == "hmx":
@@ -101,6 +104,8 @@ def _tps(c: Config, header: ModelHeader, planner: Planner, m: int) -> float:
             one = hvx_matmul_seconds(rows, w.k, w.n, t, DEFAULT)
         else:
             one = PHONE_CPU.matmul_seconds(rows, w.k, w.n, t)
+            if s.report == "llama.cpp #26094":  # refused at run time, its weight in the REPACK buffer: copied out
+                one += w.n * row_size(t, w.k) / PHONE_CPU.unrepack_bytes_per_s  # every compute (weight_copy_seconds)
         seconds += one * len(w.tensors)
     return m / seconds if seconds > 0 else 0.0
 

@@ -7,7 +7,8 @@ Outcomes, in order of severity:
   death        2026-05: the HMX layout overflows VTCM, op_matmul re-enters itself until the DSP dies (0x2e)
   dropped      2026-05: HVX VTCM_TOO_SMALL, the op is skipped and its dst keeps stale bytes (garbage, no error)
   risk         it runs, but a public report with no published cause matches (#26123 on v73 under 2026-10)
-  cpu          supports_op leaves it to the CPU (slow, correct)
+  cpu          supports_op leaves it to the CPU (slow, correct; with several sequences a recurrent layer's ssm_out
+               under May's rules is #26094)
   hvx / hmx    it runs on the DSP on that unit ("hvx" includes robust's fallback and October's HMX refusal)
 """
 
@@ -42,13 +43,20 @@ class Config:
     vtcm: int
     ubatch: int
     threads: int = 6
+    n_seq: int = 1  # -np: sequences per micro-batch (split_equal: n_seq x ubatch // n_seq rows)
 
     @property
     def generation(self) -> str:
         return get_profile(self.profile).generation
 
     def key(self) -> str:
-        return f"{self.profile} v{self.arch} vtcm={self.vtcm} ub={self.ubatch}"
+        return f"{self.profile} v{self.arch} vtcm={self.vtcm} ub={self.ubatch}" + (
+            f" np={self.n_seq}" if self.n_seq > 1 else "")
+
+    def rows(self, w: WeightClass, m: int) -> int:
+        """The rows class w is multiplied with in a micro-batch of m rows: m, or one per sequence for the classes
+        after llama.cpp's output-row selection (the last layer's FFN, the lm_head)."""
+        return m if w.m_max is None else min(m, w.m_max * self.n_seq)
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,8 @@ class Planner:
         ap = arch_profile(c.arch, c.generation)
         if not ap.opens:
             return Step("none", "no-session", 0, None, None, f"{c.generation} builds no v{c.arch} skel", "GenieX #1170")
+        if w.seq_dim and c.n_seq > 1:
+            return self._per_sequence(c, ap.hmx, w, m)
         why = _unsupported(c, w.qtype, w.k, w.n, m)
         if why is not None:
             return Step("cpu", "cpu", 0, None, None, why)
@@ -126,6 +136,23 @@ class Planner:
                         "reports ERR = inf and garbage/0x2e on 4B+ models; cause unknown (reported, not explained)",
                         "llama.cpp #26123")
         return s
+
+    @staticmethod
+    def _per_sequence(c: Config, hmx_built: bool, w: WeightClass, m: int) -> Step:
+        """A MUL_MAT whose src1 is [K, T, n_seqs] (a recurrent layer's ssm_out in llama.cpp's graph, weights.py):
+        May's supports_op refuses a quantized one with src1 ne[2] != 1; October plans it batched."""
+        if c.generation != "2026-10":
+            if w.qtype not in MAY_QUANT:
+                return Step("cpu", "cpu", 0, None, None, f"{w.qtype} weights are not supported")
+            return Step("cpu", "cpu", 0, None, None, f"src1 [K, T, {c.n_seq} sequences]: May's supports_op refuses a "
+                        "quantized MUL_MAT whose src1 has ne[2] != 1, and the scheduler copies the weight out of the "
+                        "HTP's REPACK buffer every compute (slow)", "llama.cpp #26094")
+        why = _unsupported(c, w.qtype, w.k, w.n, m)
+        if why is not None:
+            return Step("cpu", "cpu", 0, None, None, why)
+        p = plan_matmul(m, w.k, w.n, w.qtype, vtcm_size=c.vtcm, profile=c.profile, n_threads=c.threads,
+                        hmx_built=hmx_built, batched=True, batch_rows=m // c.n_seq, group_size=c.n_seq)
+        return Step(p.path, p.path, p.used, p.mc, p.nc, p.reason)
 
     @staticmethod
     def _plan(c: Config, hmx_built: bool, w: WeightClass, m: int) -> Step:
@@ -143,10 +170,12 @@ class Planner:
         return Step(p.path, p.path, p.used, p.mc, p.nc, p.reason)
 
     def ranges(self, c: Config, w: WeightClass) -> list[Range]:
-        """The class's M from 1 to its largest (the ubatch, or 1 for the lm_head) as runs of equal outcomes."""
-        top = min(c.ubatch, w.m_max or c.ubatch)
+        """The class's M from 1 to its largest (the ubatch, or 1 for the lm_head) as runs of equal outcomes; with
+        several sequences M steps by n_seq (split_equal gives every sequence as many tokens)."""
+        n = c.n_seq
+        top = c.rows(w, c.ubatch // n * n)
         out: list[Range] = []
-        for m in range(1, top + 1):
+        for m in range(n, top + 1, n):
             s = self.step(c, w, m)
             last = out[-1] if out else None
             if last and (last.step.outcome, last.step.path, last.step.report) == (s.outcome, s.path, s.report):

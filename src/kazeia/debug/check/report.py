@@ -26,8 +26,8 @@ def _short(r: ConfigResult) -> str:
     if r.verdict == "no-session":
         return "no session (GenieX #1170)"
     fails = r.failing()
-    cpu = sorted({_role(label) for label, rs in r.ranges.items()
-                  for rg in rs if rg.step.outcome == "cpu"})
+    cpu = sorted({_role(label) + (f" ({rg.step.report})" if rg.step.report else "")
+                  for label, rs in r.ranges.items() for rg in rs if rg.step.outcome == "cpu"})
     on_cpu = f"; CPU: {', '.join(cpu[:3])}{f' +{len(cpu) - 3}' if len(cpu) > 3 else ''}" if cpu else ""
     if not fails:
         return "runs" + on_cpu
@@ -62,11 +62,12 @@ def text(report: CheckReport) -> str:
     groups: dict[tuple, dict[str, dict[int, ConfigResult]]] = {}
     for r in report.results:
         c = r.config
-        groups.setdefault((c.vtcm, c.ubatch), {}).setdefault(c.profile, {})[c.arch] = r
-    for (vtcm, ub), by_profile in groups.items():
+        groups.setdefault((c.vtcm, c.ubatch, c.n_seq), {}).setdefault(c.profile, {})[c.arch] = r
+    for (vtcm, ub, n_seq), by_profile in groups.items():
         profiles = list(by_profile)
         archs = sorted({a for d in by_profile.values() for a in d})
-        out += ["", f"verdicts at -ub {ub}, VTCM {vtcm} B:", "",
+        seqs = f" -np {n_seq}," if n_seq > 1 else ""
+        out += ["", f"verdicts at -ub {ub},{seqs} VTCM {vtcm} B:", "",
                 "| arch | " + " | ".join(profiles) + " |", "| --- |" + " --- |" * len(profiles)]
         for a in archs:
             out.append(f"| v{a} | " + " | ".join(_short(by_profile[p][a]) if a in by_profile[p] else "-"
@@ -80,8 +81,10 @@ def text(report: CheckReport) -> str:
             continue
         shown.add(body)
         same = [f"v{x.config.arch}" for x in report.results if x.verdict == r.verdict and _detail(x) == body
-                and x.config.profile == r.config.profile and x.config.ubatch == r.config.ubatch]
-        out += ["", f"## {r.config.profile} on {', '.join(same)}, VTCM {r.config.vtcm} B, -ub {r.config.ubatch}: "
+                and x.config.profile == r.config.profile and x.config.ubatch == r.config.ubatch
+                and x.config.n_seq == r.config.n_seq]
+        seqs = f", -np {r.config.n_seq}" if r.config.n_seq > 1 else ""
+        out += ["", f"## {r.config.profile} on {', '.join(same)}, VTCM {r.config.vtcm} B, -ub {r.config.ubatch}{seqs}: "
                     f"{r.verdict}", body]
         archs = tuple(int(a[1:]) for a in same)
         out += ["safest fast settings:"] + [f"  {s}" for s in safest_settings(r, report, archs)]
@@ -91,8 +94,10 @@ def text(report: CheckReport) -> str:
         c = r.config
         if (c.vtcm, c.ubatch) != first:
             continue
-        out.append(f"  {c.profile:8s} v{c.arch}: " + ("no session" if r.prefill_tps is None else
-                   f"prefill {r.prefill_tps:.0f} t/s at M {c.ubatch}, decode {r.decode_tps:.1f} t/s"))
+        seqs = f" np {c.n_seq}" if c.n_seq > 1 else ""
+        out.append(f"  {c.profile:8s} v{c.arch}{seqs}: " + ("no session" if r.prefill_tps is None else
+                   f"prefill {r.prefill_tps:.0f} t/s at M {c.ubatch // c.n_seq * c.n_seq}, decode "
+                   f"{r.decode_tps:.1f} t/s"))
     out += ["", "VMEM (the DSP address space the host budgets for mappings; kazeia counts weights and F16 KV, not the "
                 "compute buffer):"]
     seen = set()
@@ -134,7 +139,7 @@ def to_dict(report: CheckReport) -> dict:
             weights += [{"name": name, "class": w.label, "type": w.qtype, "k": w.k, "n": w.n, "ranges": rs}
                         for name in w.tensors]
         configs.append({"profile": c.profile, "arch": f"v{c.arch}", "vtcm": c.vtcm, "ubatch": c.ubatch,
-                        "verdict": r.verdict, "summary": _short(r), "prefill_tps": r.prefill_tps,
+                        "n_seq": c.n_seq, "verdict": r.verdict, "summary": _short(r), "prefill_tps": r.prefill_tps,
                         "decode_tps": r.decode_tps, "vmem": r.vmem, "safest": safest_settings(r, report),
                         "weights": weights})
     return {"model": h.path, "arch": h.arch, "n_layer": h.n_layer, "ctx": report.ctx, "matmul_id": h.matmul_id,

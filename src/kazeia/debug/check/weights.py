@@ -22,6 +22,9 @@ NOT_MATMUL = frozenset({"token_embd", "position_embd", "token_types", "per_layer
                         "shortconv.conv", "ssm_a", "ssm_d", "rope_freqs", "rope_factors_long", "rope_factors_short",
                         "ssm_dt", "time_mix_first", "conv1d"})
 BLOCK = re.compile(r"^blk\.(\d+)\.(.+)\.weight$")
+# architectures whose graph multiplies ssm_out by a [K, n_seq_tokens, n_seqs] src1 (llama.cpp src/models:
+# mamba-base.cpp build_mamba_layer, jamba, plamo2, qwen35, qwen35moe, qwen3next; mamba2's layer reshapes to 2-D first)
+SEQ_DIM_ARCHS = frozenset({"mamba", "jamba", "plamo2", "qwen35", "qwen35moe", "qwen3next"})
 TOP = re.compile(r"^([^.]+(?:\.[^.]+)*)\.weight$")
 
 
@@ -50,6 +53,7 @@ class WeightClass:
     m_max: int | None = None  # rows it is multiplied with at most (None: the ubatch); the lm_head gets 1
     tied: bool = False        # the lm_head is the token embeddings (no output.weight): llama.cpp duplicates them
     last: bool = False        # the last layer's FFN, after llama.cpp's inp_out_ids row selection
+    seq_dim: bool = False     # its src1 is [K, T, n_seqs] (SEQ_DIM_ARCHS' ssm_out), not [K, n_tokens]
 
     @property
     def label(self) -> str:
@@ -107,7 +111,8 @@ def read_header(f: GGUFFile) -> ModelHeader:
         c = by_key.get(key)
         if c is None:
             c = by_key[key] = WeightClass(role, t.type.name.lower(), t.ne[0], t.ne[1],
-                                          m_max=1 if (not mb and role == "output") or last else None, last=last)
+                                          m_max=1 if (not mb and role == "output") or last else None, last=last,
+                                          seq_dim=role == "ssm_out" and arch in SEQ_DIM_ARCHS)
         c.tensors.append(name)
     emb = f.tensors.get("token_embd.weight")
     if "output.weight" not in f.tensors and emb is not None and emb.ne[1] > 1 and emb.ne[2] == emb.ne[3] == 1:

@@ -56,14 +56,16 @@ def matmul_dispatch(m: int, k: int, n: int, qtype: str = "q4_0", *, hmx_enabled:
 def plan_matmul(m: int, k: int, n: int, qtype: str = "q4_0", *, vtcm_size: int = DEFAULT_VTCM_SIZE,
                 profile: str = DEFAULT_PROFILE, n_threads: int = DEFAULT_HVX_THREADS, hmx_enabled: bool = True,
                 hmx_built: bool = True, batched: bool = False, permuted: bool = False,
-                act_stride: int | None = None) -> MatmulPlan:
+                act_stride: int | None = None, batch_rows: int | None = None, group_size: int = 1) -> MatmulPlan:
     """The MUL_MAT decision the backend executes: dispatch, then the HMX plan; if HMX fails, "2026-05" returns
     the failing HMX plan (outcome "reenter": op_matmul recurses forever) and "robust" the HVX plan it falls back
-    to (with the failed attempt in `hmx_attempt`). Batched F16 HMX is planned per batch (the legacy loop)."""
+    to (with the failed attempt in `hmx_attempt`). Batched F16 HMX is planned per batch (the legacy loop).
+    `batch_rows`, `group_size`: a batched MUL_MAT's rows per src1 head and src1 heads per weight head (2026-10's
+    solver reads them; plan_for_node passes them from the node)."""
     if get_profile(check_profile(profile)).october:
         return plan_matmul_2026_10(m, k, n, norm_qtype(qtype), vtcm_size=vtcm_size, n_threads=n_threads,
                                    hmx_enabled=hmx_enabled, hmx_built=hmx_built, batched=batched, permuted=permuted,
-                                   profile=profile)
+                                   batch_rows=batch_rows, group_size=group_size, profile=profile)
     path, reason = matmul_dispatch(m, k, n, qtype, hmx_enabled=hmx_enabled, hmx_built=hmx_built,
                                    batched=batched, permuted=permuted)
     if path == "hvx":
