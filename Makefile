@@ -30,7 +30,7 @@ lint: install
 	$(VENV)/bin/ruff check src tests bench
 
 test: test-deps lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+	$(VENV)/bin/pytest -q -n 2 -p no:cacheprovider
 
 bench: install
 	$(PY) bench/bench_cpu.py
