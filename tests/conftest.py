@@ -64,6 +64,12 @@ def tiny_llama(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory) -> str:
+    """Tiny random Qwen2 with the same shapes, F32 weights, q/k/v biases."""
+    return _write(tmp_path_factory, "tiny_qwen2", arch="qwen2", wtype="f32")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_narrow_heads(tmp_path_factory) -> str:
     """Qwen3 whose q width differs from the hidden size (4 heads x 32 = 128 != 256), like Qwen3-4B; untied."""
     return _write(tmp_path_factory, "tiny_qwen3_nh", arch="qwen3", wtype="f32", head_dim=32, tied=False, seed=3)

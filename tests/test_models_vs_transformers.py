@@ -69,7 +69,7 @@ def ours(path: str, backend: str = "cpu", n_ctx: int = 64, **kw) -> Context:
     return Context(Model.load(path), Scheduler([be]), n_ctx=n_ctx, **kw)
 
 
-MODELS = ["tiny_qwen3", "tiny_llama", "tiny_qwen3_narrow_heads", "tiny_qwen3_q4"]
+MODELS = ["tiny_qwen3", "tiny_llama", "tiny_qwen2", "tiny_qwen3_narrow_heads", "tiny_qwen3_q4"]
 
 
 @pytest.fixture(params=MODELS)

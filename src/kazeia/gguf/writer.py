@@ -89,11 +89,16 @@ PRESETS = {
     # rope on 64 dims, theta 1e7, IMROPE sections 11/11/10), the others gated delta net (16 K / 32 V heads x
     # 128, conv kernel 4); FFN 9216; tied embeddings. Vocabulary smaller than the real 248320 (a synthetic
     # tokenizer), still > 16384 rows so the lm_head stays on the CPU under the HTP's limits.
+    # Qwen2.5 (public configs): 2 KV heads x 128, q/k/v biases, rope theta 1e6, tied embeddings; the real Qwen3
+    # tokenizer stands in for Qwen2.5's (the same byte-level BPE vocabulary; Qwen3 adds tokens and its own template)
+    "qwen2.5-1.5b": replace(_qwen3(28, 1536, 8960, 12, tied=True), arch="qwen2", n_head_kv=2, n_ctx=32768),
+    "qwen2.5-3b": replace(_qwen3(36, 2048, 11008, 16, tied=True), arch="qwen2", n_head_kv=2, n_ctx=32768),
     "qwen35-4b": SynthConfig(arch="qwen35", n_layer=32, n_embd=2560, n_ff=9216, n_head=16, n_head_kv=4,
                              head_dim=256, n_rot=64, n_vocab=32768, n_ctx=262144, rope_base=1e7, rms_eps=1e-6),
 }
 # `--preset tiny` for the other architectures: llama's usual rope/eps; a hybrid with one attention layer in four
 TINY = {"llama": dict(rope_base=1e4, rms_eps=1e-5),
+        "qwen2": dict(rope_base=1e6, rms_eps=1e-6),
         "qwen35": dict(n_layer=4, head_dim=64, n_rot=16, rope_sections=(3, 3, 2, 0), rope_base=1e7,
                        ssm_head_dim=32, ssm_k_heads=2, ssm_v_heads=4)}
 
@@ -109,7 +114,7 @@ def preset(name: str, **overrides) -> SynthConfig:
     return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 
 
-ARCHS = ("qwen3", "llama", "qwen35")
+ARCHS = ("qwen3", "llama", "qwen2", "qwen35")
 
 
 def validate(cfg: SynthConfig) -> None:
@@ -191,6 +196,9 @@ def _dense_layers(cfg: SynthConfig, lin, norm_w, rng):
         yield p + "attn_q.weight", lin(Dq, E), True
         yield p + "attn_k.weight", lin(Dkv, E), True
         yield p + "attn_v.weight", lin(Dkv, E), True
+        if cfg.arch == "qwen2":  # Qwen2's q/k/v biases (F32 vectors, as the converter keeps them)
+            for c, n in (("q", Dq), ("k", Dkv), ("v", Dkv)):
+                yield p + f"attn_{c}.bias", (0.5 * rng.standard_normal(n, dtype=np.float32)), False
         if cfg.arch == "qwen3":
             yield p + "attn_q_norm.weight", norm_w(cfg.head_dim), False
             yield p + "attn_k_norm.weight", norm_w(cfg.head_dim), False
@@ -305,7 +313,7 @@ def _tokenizer(cfg: SynthConfig):
 def _add_synthetic_tokenizer(w: GGUFWriter, cfg: SynthConfig) -> None:
     vocab = make_vocab(cfg.n_vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre({"qwen3": "qwen2", "qwen35": "qwen35"}.get(cfg.arch, "smollm"))
+    w.add_tokenizer_pre({"qwen2": "qwen2", "qwen3": "qwen2", "qwen35": "qwen35"}.get(cfg.arch, "smollm"))
     w.add_token_list(vocab.tokens)
     w.add_token_types(vocab.token_types)
     w.add_token_merges(vocab.merges)

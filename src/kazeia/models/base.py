@@ -11,7 +11,8 @@ from kazeia.errors import GGUFError, UnsupportedError
 from kazeia.gguf.reader import GGUFFile
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, TFlag
 
-ARCHITECTURES = {"llama": "kazeia.models.llama", "qwen3": "kazeia.models.qwen3", "qwen35": "kazeia.models.qwen35"}
+ARCHITECTURES = {"llama": "kazeia.models.llama", "qwen2": "kazeia.models.qwen2", "qwen3": "kazeia.models.qwen3",
+                 "qwen35": "kazeia.models.qwen35"}
 
 
 @dataclass(frozen=True)
