@@ -289,7 +289,7 @@ def test_enqueue_capture_differs_on_htp_and_equals_on_cpu(tiny_qwen3_q4, tmp_pat
 def test_cpu_run_dumps_replay_on_every_device(tiny_qwen3, tmp_path):
     # Qcur's ROPE, the first flash attention (unnamed in llama.cpp: ggml's node_<index>), layer 1's ffn RMS_NORM,
     # its ffn_down MUL_MAT, the K cache store
-    names = ["Qcur-0#2", "node_26", "norm-1#3", "ffn_out-1", "cache_k_l0 (view)"]
+    names = ["Qcur-0#2", "node_25", "norm-1#3", "ffn_out-1", "cache_k_l0 (view)"]
     hook = DumpHook("^(" + "|".join(re.escape(n) for n in names) + ")$", tmp_path)
     res = run(RunSpec(model=tiny_qwen3, n_prompt=9, device="CPU"), hooks=[hook])
     assert res.ok

@@ -103,7 +103,8 @@ def test_dump_writes_the_bytes_and_a_description(tiny_qwen3_q4, tmp_path):
 
 
 def test_a_small_graph_runs_at_the_reserved_plans_addresses(tmp_path):
-    """n_ctx = n_head x head_dim: the worst-case F32 mask [n_ctx, n_ubatch] and flash attention output
+    """The May graph (an F32 mask and its F16 cast, what the seed ran). n_ctx = n_head x head_dim: the worst-case
+    F32 mask [n_ctx, n_ubatch] and flash attention output
     [head_dim x n_head, n_ubatch] have one size, and best fit gives the output the mask's freed block; a 10-token
     graph then has its attention output (the o_proj's src1) start on the bytes of its own mask."""
     from kazeia.backends.cpu import CpuBackend
@@ -113,7 +114,7 @@ def test_a_small_graph_runs_at_the_reserved_plans_addresses(tmp_path):
 
     path = str(tmp_path / "m.gguf")
     write_model(preset("tiny", arch="qwen3", wtype="f32"), path)  # 4 heads x 64 = 256
-    ctx = Context(Model.load(path), Scheduler([CpuBackend()]), n_ctx=256, n_ubatch=64)
+    ctx = Context(Model.load(path), Scheduler([CpuBackend()]), n_ctx=256, n_ubatch=64, kq_mask_cast=True)
     assert ctx.allocator.plans == 1  # the worst case, at creation
     ctx.decode(list(range(10, 20)))
     g = ctx.last_graph
@@ -142,7 +143,7 @@ def test_ngl_puts_the_last_layers_on_the_device(tiny_qwen3_q4):
     full = _placements(tiny_qwen3_q4, None)
     assert _placements(tiny_qwen3_q4, 99) == full and full["ffn_out-0"] == "HTP0" and full["result_norm"] == "HTP0"
     one = _placements(tiny_qwen3_q4, 1)
-    assert one["ffn_out-0"] == one["Qcur-0"] == one["node_26"] == "CPU"  # layer 0 (its attention too)
+    assert one["ffn_out-0"] == one["Qcur-0"] == one["node_25"] == "CPU"  # layer 0 (its attention too)
     assert one["ffn_out-1"] == one["Qcur-1"] == "HTP0" and one["result_norm"] == "CPU"  # output layer: N > 2 only
     assert _placements(tiny_qwen3_q4, 2)["result_norm"] == "CPU" and _placements(tiny_qwen3_q4, 3) == full
     assert set(_placements(tiny_qwen3_q4, 0).values()) == {"CPU"}

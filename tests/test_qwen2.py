@@ -85,3 +85,17 @@ def test_runs_on_htp0_under_every_profile(profile):
     ref = build_context(RunSpec(model=CONVERTED, device="REF", ctx=64)).decode(PROMPT)[-1]
     got = build_context(RunSpec(model=CONVERTED, device="HTP0", htp_profile=profile, ctx=64)).decode(PROMPT)[-1]
     assert np.isfinite(got).all() and _nmse(got, ref) < 1e-3
+
+
+def test_per_op_values_agree_with_llama_eval_callback():
+    """llama-eval-callback's whole log on this file (tests/data/eval_callback_qwen2_tiny_f32_values.txt, values
+    included): every op it prints agrees with kazeia's float64 reference of the same graph within the log's print
+    precision (`kazeia compare --against`), none departs."""
+    from kazeia.debug.evalcb import compare_log, parse_log, reference_nodes
+
+    log, tokens = parse_log(open(os.path.join(DATA, "eval_callback_qwen2_tiny_f32_values.txt")).read())
+    nodes = reference_nodes(RunSpec(model=CONVERTED, tokens=tokens, device="REF"))
+    checks = compare_log(log, nodes)
+    assert not [c for c in checks if c.status == "DEPARTS"]
+    judged = {c.name for c in checks if c.status == "OK"}
+    assert len(judged) >= 80 and {"Qcur-0", "ffn_out-3", "result_output", "node_24"} <= judged

@@ -97,9 +97,10 @@ class _BuiltGraph:
 class Context:
     def __init__(self, model: Model, scheduler: Scheduler, n_ctx: int = 4096, n_ubatch: int = 512,
                  flash_attn: bool = True, type_k: GGMLType = GGMLType.F16, type_v: GGMLType = GGMLType.F16,
-                 n_seq: int = 1) -> None:
+                 n_seq: int = 1, kq_mask_cast: bool = False) -> None:
         """`n_seq`: the sequences `decode_seqs` runs side by side (llama.cpp's n_seq_max, -np), in one unified KV
-        cache of n_ctx cells and one recurrent-state cell each."""
+        cache of n_ctx cells and one recurrent-state cell each. `kq_mask_cast`: the May 2026 graph (an F32 mask and
+        its F16 cast, models/transformer.py) instead of llama.cpp's since #23764."""
         if n_ctx <= 0 or n_ubatch <= 0:
             raise KazeiaError("context size and micro-batch size must be positive")
         if not 1 <= n_seq <= MAX_SEQ:
@@ -113,7 +114,7 @@ class Context:
         self.scheduler = scheduler
         self.n_ctx = n_ctx
         self.n_ubatch = n_ubatch
-        self.opts = GraphOptions(flash_attn=flash_attn)
+        self.opts = GraphOptions(flash_attn=flash_attn, kq_mask_cast=kq_mask_cast)
         kv_layers = getattr(model.arch, "attention_layers", None)  # a hybrid keeps KV for its attention layers only
         self.kv = KVCache(model.args, n_ctx, type_k, type_v, kv_layers(model.args) if kv_layers else None)
         self.rs = RecurrentCache.for_model(model.args, model.arch, n_seq)  # conv/SSM states per sequence, or None
@@ -165,7 +166,7 @@ class Context:
         shapes depend on n_seqs."""
         def make() -> _BuiltGraph:
             arch_inputs = getattr(self.model.arch, "make_inputs", None)
-            inp = (arch_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, n_seqs=n_seqs)
+            inp = (arch_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, self.opts.kq_mask_cast, n_seqs=n_seqs)
                    if arch_inputs is not None else
                    make_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, self.opts.kq_mask_cast, self.args.n_embd))
             caches = self.rs.layer_caches(self.kv.layers) if self.rs is not None else self.kv.layers

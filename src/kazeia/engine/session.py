@@ -222,7 +222,7 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
         raise KazeiaError("-ctv q8_0: V cache quantization requires flash attention (-fa on)")
     sched = make_scheduler(backends, router, spec.stop_after)
     ctx = Context(model, sched, n_ctx=n_ctx_for(spec, model), n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
-                  type_k=type_k, type_v=type_v, n_seq=spec.n_seq)
+                  type_k=type_k, type_v=type_v, n_seq=spec.n_seq, kq_mask_cast=may_graph(spec))
     if spec.policy:
         from kazeia.engine.policy import Policy
 
@@ -232,6 +232,15 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
 
         ctx.recovery = Recovery(sched, max_attempts=spec.max_deaths)  # its rules route through its own gate
     return ctx
+
+
+def may_graph(spec: RunSpec) -> bool:
+    """Whether the run builds llama.cpp's May 2026 graph (an F32 KQ mask and its F16 cast; before #23764): the
+    llama.cpp of the `2026-05` code generation (the 2026-05 and robust profiles), whatever the device, so a CPU or
+    REF reference of such a run names its nodes as the HTP run does. Otherwise today's graph."""
+    from kazeia.backends.htp import HtpSettings
+
+    return HtpSettings.from_options(spec.device_options()).profile_generation == "2026-05"
 
 
 def apply_policy(ctx: Context, policy) -> None:

@@ -13,9 +13,10 @@ build_qkv, build_attn, build_attn_mha, build_ffn, build_inp_*), checked against 
 - Order: build_attn expands Qcur, then Vcur, then Kcur; the K and V cache stores; the views; the attention.
 - Output rows: the last layer applies `out_ids` (GET_ROWS) right after attention, to the attention output and to
   the residual, so its FFN sees only the rows whose logits are wanted (M = 1 for generation).
-- The KQ mask: an F32 input (`attn_inp_kq_mask`) and, with flash attention, its F16 cast (a CPY,
-  `attn_inp_kq_mask (copy)`), as in llama.cpp before #23764 (2026-05-28), the version the original team ran on
-  2026-05-27; `GraphOptions.kq_mask_cast=False` gives the later graph (an F16 mask input, no CPY).
+- The KQ mask, with flash attention: an F16 input (`attn_inp_kq_mask`), as llama.cpp builds it since #23764
+  (2026-05-28), the graph of the `2026-10` profile and of the CPU; `GraphOptions.kq_mask_cast=True` gives the
+  graph the original team ran on 2026-05-27 (the `2026-05` and `robust` profiles): an F32 input and its F16 cast
+  (a CPY, `attn_inp_kq_mask (copy)`), one more node, so ggml's `node_<index>` names after it are one higher.
 Where kazeia differs, on purpose: without flash attention llama.cpp stores V transposed in the cache (per-element
 SET_ROWS) and attends through that layout; kazeia keeps one V layout for both paths (kq, kq_soft_max, kqv, kqv_out
 follow llama.cpp's names, not its V views).
@@ -64,10 +65,10 @@ class RecurrentLayerCache:
 @dataclass
 class GraphOptions:
     flash_attn: bool = True
-    kq_mask_cast: bool = True  # flash attention: F32 mask + F16 CPY (llama.cpp before #23764), else an F16 mask
+    kq_mask_cast: bool = False  # flash attention: F32 mask + F16 CPY (llama.cpp before #23764), else an F16 mask
 
 
-def make_inputs(n_tokens: int, n_kv: int, n_out: int, flash_attn: bool, kq_mask_cast: bool = True,
+def make_inputs(n_tokens: int, n_kv: int, n_out: int, flash_attn: bool, kq_mask_cast: bool = False,
                 n_embd: int = 0) -> Inputs:
     """llama.cpp's graph inputs (build_inp_embd, build_inp_pos, build_attn_inp_kv, build_inp_out_ids); `n_embd` > 0
     adds the embedding input leaf (inp_embd) llama.cpp allocates beside the token path."""
