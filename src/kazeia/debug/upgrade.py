@@ -29,7 +29,7 @@ from kazeia.debug.compare.reference import fix_tokens
 from kazeia.debug.investigate.facts import OpPlan, PlanScan
 from kazeia.debug.judge import WHOLE_MODEL_NMSE, nmse
 from kazeia.debug.runner import RunResult, run
-from kazeia.engine.session import RunSpec
+from kazeia.engine.session import RunSpec, reference_spec
 from kazeia.outputs import ensure_folder, write_text
 
 EXIT = {"fixed": 0, "unchanged": 0, "left": 1, "new fault": 4}
@@ -101,7 +101,7 @@ def _outcome(side: Side, r: RunResult) -> None:
 def _scan(spec: RunSpec, settings: dict[str, HtpSettings]) -> dict[str, PlanScan]:
     """One CPU run planning every MUL_MAT under each version's settings."""
     scans = {p: PlanScan(s) for p, s in settings.items()}
-    run(spec.with_(device="CPU", htp_profile=None, faults=[], gates=[]), hooks=tuple(scans.values()))
+    run(reference_spec(spec, device="CPU", htp_profile=None, faults=[], gates=[]), hooks=tuple(scans.values()))
     return scans
 
 
@@ -116,7 +116,9 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
     from kazeia.gguf.reader import load_gguf
     from kazeia.models.base import model_args
 
-    base = spec.with_(device="HTP0")
+    # both versions run the llama.cpp graph of the scenario as given (the May graph's extra mask cast would shift
+    # every later node_<index> name, and the comparison goes op by op by name): what changes is ggml-hexagon's code
+    base = reference_spec(spec, device="HTP0")
     args = model_args(load_gguf(spec.model_path))  # (the model's shapes, for the modeled rates of both sides)
     settings = {p: base.with_(htp_profile=p).htp_settings() for p in (before, after)}
     progress("planning every MUL_MAT under both versions (one CPU run)")

@@ -56,6 +56,7 @@ class RunSpec:
     recover: bool = False  # --recover: survive device deaths (engine/recovery.py)
     max_deaths: int = 12
     n_seq: int = 1  # -np: sequences run side by side (bench, trace), in one unified KV cache (-kvu)
+    graph: str | None = None  # the llama.cpp graph: "2026-05" or "2026-10"; None: the profile's (may_graph)
 
     @property
     def model_path(self) -> str:
@@ -222,7 +223,8 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
         raise KazeiaError("-ctv q8_0: V cache quantization requires flash attention (-fa on)")
     sched = make_scheduler(backends, router, spec.stop_after)
     ctx = Context(model, sched, n_ctx=n_ctx_for(spec, model), n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
-                  type_k=type_k, type_v=type_v, n_seq=spec.n_seq, kq_mask_cast=may_graph(spec))
+                  type_k=type_k, type_v=type_v, n_seq=spec.n_seq,
+                  kq_mask_cast=graph_generation(spec) == "2026-05")
     if spec.policy:
         from kazeia.engine.policy import Policy
 
@@ -234,13 +236,23 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
     return ctx
 
 
-def may_graph(spec: RunSpec) -> bool:
-    """Whether the run builds llama.cpp's May 2026 graph (an F32 KQ mask and its F16 cast; before #23764): the
-    llama.cpp of the `2026-05` code generation (the 2026-05 and robust profiles), whatever the device, so a CPU or
-    REF reference of such a run names its nodes as the HTP run does. Otherwise today's graph."""
+def graph_generation(spec: RunSpec) -> str:
+    """Which llama.cpp graph the run builds: `spec.graph` when pinned, else that of the HTP profile's code
+    generation (the 2026-05 and robust profiles: "2026-05", the May graph with an F32 KQ mask and its F16 cast,
+    before #23764; else today's), whatever the device. A reference run (CPU, REF) of an HTP run pins it, so the two
+    name their nodes alike."""
+    if spec.graph is not None:
+        if spec.graph not in ("2026-05", "2026-10"):
+            raise KazeiaError(f"unknown llama.cpp graph {spec.graph!r} (2026-05 or 2026-10)")
+        return spec.graph
     from kazeia.backends.htp import HtpSettings
 
-    return HtpSettings.from_options(spec.device_options()).profile_generation == "2026-05"
+    return HtpSettings.from_options(spec.device_options()).profile_generation
+
+
+def reference_spec(spec: RunSpec, **kw) -> RunSpec:
+    """`spec` with `kw` changed (another device, no profile or faults...), on the same llama.cpp graph."""
+    return spec.with_(graph=graph_generation(spec), **kw)
 
 
 def apply_policy(ctx: Context, policy) -> None:

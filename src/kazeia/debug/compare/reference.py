@@ -16,18 +16,26 @@ from kazeia.debug.compare.op_io import read_sources, ref_output
 from kazeia.debug.compare.spill import ArrayStore, SpilledArrays, SpilledSources
 from kazeia.debug.runner import run
 from kazeia.debug.tensors import logical_values
-from kazeia.engine.session import RunSpec, build_context, load_model, prompt_ids
+from kazeia.engine.session import (
+    RunSpec,
+    build_context,
+    graph_generation,
+    load_model,
+    prompt_ids,
+    reference_spec,
+)
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Tensor
 
 
 def ref_spec(spec: RunSpec) -> RunSpec:
-    return spec.with_(device="REF", htp_profile=None, vtcm=None, faults=[], env={}, cpu_ops=None, cpu_nodes=None,
-                      cpu_node_range=None, n_predict=0)
+    return reference_spec(spec, device="REF", htp_profile=None, vtcm=None, faults=[], env={}, cpu_ops=None,
+                          cpu_nodes=None, cpu_node_range=None, n_predict=0)
 
 
 def ref_key(spec: RunSpec) -> tuple:
-    return (os.path.realpath(spec.model_path), tuple(spec.tokens or ()), spec.ubatch, spec.ctx, spec.flash_attn)
+    return (os.path.realpath(spec.model_path), tuple(spec.tokens or ()), spec.ubatch, spec.ctx, spec.flash_attn,
+            graph_generation(spec))
 
 
 @dataclass

@@ -9,7 +9,7 @@ from kazeia.debug.investigate.table import Context
 from kazeia.debug.judge import WHOLE_MODEL_NMSE, Verdict, judge, judge_logits
 from kazeia.debug.runner import RunResult, run
 from kazeia.engine.prefix import layer_end, layers_text
-from kazeia.engine.session import RunSpec
+from kazeia.engine.session import RunSpec, reference_spec
 
 SYNC_ENV = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"}
 
@@ -74,8 +74,8 @@ def prefix_reference(cx: Context, spec: RunSpec):
     key = (spec.stop_after, spec.n_prompt, spec.prompt, tuple(spec.tokens or ()))
     refs = cx.prefix_refs
     if key not in refs:
-        r = run(spec.with_(device="CPU", htp_profile=None, faults=[], env={}, gates=[], policy=None, cpu_ops=None,
-                           cpu_nodes=None, cpu_node_range=None))
+        r = run(reference_spec(spec, device="CPU", htp_profile=None, faults=[], env={}, gates=[], policy=None,
+                               cpu_ops=None, cpu_nodes=None, cpu_node_range=None))
         refs[key] = r.stop_output
     return refs[key]
 

@@ -6,12 +6,13 @@ from kazeia.debug.investigate.common import logits_verdict
 from kazeia.debug.investigate.facts import FactsHook, PlanScan
 from kazeia.debug.investigate.table import Context, StepDef
 from kazeia.debug.runner import run
+from kazeia.engine.session import reference_spec
 
 
 def reproduce(cx: Context) -> tuple[str, str]:
     f, spec = cx.findings, cx.spec
     scan = PlanScan(cx.settings) if cx.settings is not None else None
-    ref = run(spec.with_(device="CPU", htp_profile=None, faults=[], env={}, gates=[]),
+    ref = run(reference_spec(spec, device="CPU", htp_profile=None, faults=[], env={}, gates=[]),
               hooks=(scan,) if scan is not None else ())
     f.reference_logits = ref.logits
     f.graph_order = [p["node"] for p in ref.placements]
