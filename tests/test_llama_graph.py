@@ -64,8 +64,10 @@ def graph_rows(model: Model, kq_mask_cast: bool, n_tokens: int = 10) -> list[tup
 
 
 # more logs of the same llama-eval-callback (tests/data/README.md): a 4-layer llama, whose last layer's output-row
-# GET_ROWS are node_117 and node_118 in llama.cpp's numbering, and llama.cpp's own conversion of a tiny Qwen2
-MORE = [("eval_callback_llama4_tiny_f32.txt", "llama4"), ("eval_callback_qwen2_tiny_f32.txt", "qwen2_converted")]
+# GET_ROWS are node_117 and node_118 in llama.cpp's numbering, and llama.cpp's own conversions of a tiny Qwen2 and
+# a tiny Llama
+MORE = [("eval_callback_llama4_tiny_f32.txt", "llama4"), ("eval_callback_qwen2_tiny_f32.txt", "qwen2_converted"),
+        ("eval_callback_llama_converted_f32.txt", "llama_converted")]
 
 
 @pytest.mark.parametrize("log,which", MORE)
@@ -74,7 +76,7 @@ def test_more_graphs_match_llama_eval_callback_exactly(log, which, tmp_path):
         path = str(tmp_path / "tiny_llama4.gguf")
         write_model(preset("tiny", arch="llama", wtype="f32", n_layer=4), path)
     else:
-        path = os.path.join(DATA, "qwen2_tiny_converted.gguf")
+        path = os.path.join(DATA, f"{which.split('_')[0]}_tiny_converted.gguf")
     want = parse(os.path.join(DATA, log))
     n_tokens = int(want[0][7].split(", ")[1])  # embd's shape: [n_embd, tokens]
     got = graph_rows(Model.load(path), kq_mask_cast=False, n_tokens=n_tokens)

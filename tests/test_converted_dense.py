@@ -1,8 +1,10 @@
-"""Qwen2 against independent oracles, on a file written by llama.cpp's own converter (tests/data, see README.md):
-a tiny random Qwen2ForCausalLM (4 layers, q/k/v biases, GQA, untied) and its `convert_hf_to_gguf.py` output.
+"""Dense models against independent oracles, on files written by llama.cpp's own converter (tests/data, see
+README.md): a tiny random Qwen2ForCausalLM (4 layers, q/k/v biases, GQA, untied) and LlamaForCausalLM (the same
+without biases, NORM rope), each with its `convert_hf_to_gguf.py` output.
 - transformers on the same weights: last-position logits and every position of a prefill split into
   micro-batches within NMSE 1e-6 (F32 weights, F32 KV cache), 16 greedy tokens identical, on `cpu` and `ref`;
-- the graph, node for node, against `llama-eval-callback` on that file (tests/test_llama_graph.py);
+- the graph, node for node, against `llama-eval-callback` on those files (tests/test_llama_graph.py), and Qwen2's
+  per-op values against that log's;
 - every device: the file runs on HTP0 under each profile.
 """
 
@@ -22,28 +24,30 @@ from kazeia.graph.tensor import GGMLType
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 CONVERTED = os.path.join(DATA, "qwen2_tiny_converted.gguf")
-CONVERTED_HF = os.path.join(DATA, "qwen2_tiny_hf")
+FILES = {arch: (os.path.join(DATA, f"{arch}_tiny_converted.gguf"), os.path.join(DATA, f"{arch}_tiny_hf"))
+         for arch in ("qwen2", "llama")}
 PROMPT = [17, 250, 3, 100, 42, 99, 128, 77, 200, 5, 6]
 NMSE_F32 = 1e-6
 N_STEPS = 16
 
 
-def _ours(backend: str, **kw) -> Context:
+def _ours(arch: str, backend: str, **kw) -> Context:
     be = CpuBackend() if backend == "cpu" else RefBackend()
-    return Context(Model.load(CONVERTED), Scheduler([be]), n_ctx=64, type_k=GGMLType.F32, type_v=GGMLType.F32, **kw)
+    return Context(Model.load(FILES[arch][0]), Scheduler([be]), n_ctx=64, type_k=GGMLType.F32, type_v=GGMLType.F32,
+                   **kw)
 
 
 def _nmse(a: np.ndarray, b: np.ndarray) -> float:
     return float(((a.astype(np.float64) - b) ** 2).sum() / (b.astype(np.float64) ** 2).sum())
 
 
-@pytest.fixture(scope="module")
-def hf():
+@pytest.fixture(scope="module", params=list(FILES))
+def hf(request):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(1)
-    m = transformers.AutoModelForCausalLM.from_pretrained(CONVERTED_HF, dtype=torch.float32).eval()
+    m = transformers.AutoModelForCausalLM.from_pretrained(FILES[request.param][1], dtype=torch.float32).eval()
 
     def logits(tokens: list[int]) -> np.ndarray:
         with torch.no_grad():
@@ -54,25 +58,25 @@ def hf():
             out = m.generate(torch.tensor([tokens]), max_new_tokens=n, do_sample=False)
         return out[0, len(tokens):].tolist()
 
-    return logits, greedy
+    return request.param, logits, greedy
 
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("backend", ["cpu", "ref"])
 def test_converter_written_file_matches_transformers(hf, backend):
-    logits, _ = hf
+    arch, logits, _ = hf
     want = logits(PROMPT)
-    ctx = _ours(backend, n_ubatch=4)  # 11 tokens in micro-batches of 4, 4, 3
+    ctx = _ours(arch, backend, n_ubatch=4)  # 11 tokens in micro-batches of 4, 4, 3
     got = ctx.decode(PROMPT, all_logits=True)
     assert _nmse(got[-1], want[-1]) < NMSE_F32
-    whole = _ours(backend).decode(PROMPT, all_logits=True)
+    whole = _ours(arch, backend).decode(PROMPT, all_logits=True)
     assert _nmse(whole, want) < NMSE_F32
 
 
 @pytest.mark.oracle
 def test_greedy_text_agrees_with_transformers(hf):
-    _, greedy = hf
-    ctx = _ours("cpu")
+    arch, _, greedy = hf
+    ctx = _ours(arch, "cpu")
     out, logits = [], ctx.decode(PROMPT)
     for _ in range(N_STEPS):
         out.append(int(logits[-1].argmax()))
@@ -80,10 +84,12 @@ def test_greedy_text_agrees_with_transformers(hf):
     assert out == greedy(PROMPT, N_STEPS)
 
 
+@pytest.mark.parametrize("arch", list(FILES))
 @pytest.mark.parametrize("profile", ["2026-05", "robust", "2026-10"])
-def test_runs_on_htp0_under_every_profile(profile):
-    ref = build_context(RunSpec(model=CONVERTED, device="REF", ctx=64)).decode(PROMPT)[-1]
-    got = build_context(RunSpec(model=CONVERTED, device="HTP0", htp_profile=profile, ctx=64)).decode(PROMPT)[-1]
+def test_runs_on_htp0_under_every_profile(arch, profile):
+    path = FILES[arch][0]
+    ref = build_context(RunSpec(model=path, device="REF", ctx=64)).decode(PROMPT)[-1]
+    got = build_context(RunSpec(model=path, device="HTP0", htp_profile=profile, ctx=64)).decode(PROMPT)[-1]
     assert np.isfinite(got).all() and _nmse(got, ref) < 1e-3
 
 
