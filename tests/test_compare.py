@@ -227,9 +227,9 @@ def test_fault_names_first_hmx_matmul_default_model(default_model, smol_ref, smo
 
 
 @pytest.mark.slow
-def test_death_is_the_op_whose_hmx_plan_overflows(q4b_model, q4b_ref):
+def test_death_is_the_op_whose_hmx_plan_overflows(q4b_model):
     spec = RunSpec(model=q4b_model, n_prompt=N_HMX, device="HTP0", htp_profile="2026-05")
-    r = compare(spec, "isolated", reference=q4b_ref)
+    r = compare(spec, "isolated")  # its own reference: 2026-05 runs May's llama.cpp graph (the mask cast)
     f = r.first_failure
     assert f is not None and f.status == "DEATH" and r.exit_status == 1
     assert r.rows["isolated"][-1] is f and r.deaths["isolated"]["code"] == 0x2E

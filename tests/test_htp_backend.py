@@ -77,7 +77,7 @@ def test_default_batching_surfaces_the_death_late(q4b2):
     assert res.death and res.death["faulting"] == "ffn_out-0"
     from kazeia.engine.session import build_context, prompt_ids
 
-    ctx = build_context(spec(q4b2, 38))
+    ctx = build_context(RunSpec(model=q4b2, n_prompt=38, graph="2026-05"))  # the run's (May) graph: its node_<index>
     ctx.decode(prompt_ids(spec(q4b2, 38), ctx.model))
     o_proj = next(n for n in ctx.last_graph.nodes if n.op == "MUL_MAT" and n.src[0].weight_name ==
                   "blk.1.attn_output.weight")

@@ -4,8 +4,8 @@ Against llama-eval-callback's node list (tests/data/eval_callback_*.txt, recorde
 the same tiny F32 llama and qwen3 and a 10-token prompt): the same names, ops, types, source names and shapes,
 in the same order, views included. That llama.cpp (October 2026) feeds flash attention an F16 mask; kazeia's
 default graph (`kq_mask_cast=False`, what the 2026-10 profile and the CPU run) matches it exactly, node_<index>
-names included. The May 2026 graph the original team ran (the 2026-05 and robust profiles: an F32 mask and its
-F16 cast) differs by that one CPY alone, with ggml's `node_<index>` names after it one higher.
+names included. The May 2026 graph the original team ran (the 2026-05 profile: an F32 mask and its F16 cast)
+differs by that one CPY alone, with ggml's `node_<index>` names after it one higher.
 """
 
 from __future__ import annotations

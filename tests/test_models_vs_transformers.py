@@ -51,8 +51,8 @@ def hf_model(path: str):
         arch = r.get_field("general.architecture").contents()
         head_dim = int(r.get_field(f"{arch}.attention.key_length").contents())
         d, name = os.path.split(path)
-        m = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32,
-                                                              head_dim=head_dim)
+        kw = {} if arch == "qwen2" else {"head_dim": head_dim}  # (Qwen2's config derives it: hidden / heads)
+        m = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32, **kw)
         m.eval()
         _hf_cache[path] = m
     return _hf_cache[path]

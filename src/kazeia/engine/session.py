@@ -237,17 +237,17 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
 
 
 def graph_generation(spec: RunSpec) -> str:
-    """Which llama.cpp graph the run builds: `spec.graph` when pinned, else that of the HTP profile's code
-    generation (the 2026-05 and robust profiles: "2026-05", the May graph with an F32 KQ mask and its F16 cast,
-    before #23764; else today's), whatever the device. A reference run (CPU, REF) of an HTP run pins it, so the two
-    name their nodes alike."""
+    """Which llama.cpp graph the run builds: `spec.graph` when pinned, else "2026-05" (the May graph: an F32 KQ mask
+    and its F16 cast, before #23764) for the 2026-05 profile, the llama.cpp the original team ran, and today's
+    ("2026-10") for every other profile (robust is May's backend with its defects fixed, not May's llama.cpp),
+    whatever the device. A reference run (CPU, REF) of an HTP run pins it, so the two name their nodes alike."""
     if spec.graph is not None:
         if spec.graph not in ("2026-05", "2026-10"):
             raise KazeiaError(f"unknown llama.cpp graph {spec.graph!r} (2026-05 or 2026-10)")
         return spec.graph
     from kazeia.backends.htp import HtpSettings
 
-    return HtpSettings.from_options(spec.device_options()).profile_generation
+    return "2026-05" if HtpSettings.from_options(spec.device_options()).profile == "2026-05" else "2026-10"
 
 
 def reference_spec(spec: RunSpec, **kw) -> RunSpec:

@@ -15,7 +15,7 @@ build_qkv, build_attn, build_attn_mha, build_ffn, build_inp_*), checked against 
   the residual, so its FFN sees only the rows whose logits are wanted (M = 1 for generation).
 - The KQ mask, with flash attention: an F16 input (`attn_inp_kq_mask`), as llama.cpp builds it since #23764
   (2026-05-28), the graph of the `2026-10` profile and of the CPU; `GraphOptions.kq_mask_cast=True` gives the
-  graph the original team ran on 2026-05-27 (the `2026-05` and `robust` profiles): an F32 input and its F16 cast
+  graph the original team ran on 2026-05-27 (the `2026-05` profile): an F32 input and its F16 cast
   (a CPY, `attn_inp_kq_mask (copy)`), one more node, so ggml's `node_<index>` names after it are one higher.
 Where kazeia differs, on purpose: without flash attention llama.cpp stores V transposed in the cache (per-element
 SET_ROWS) and attends through that layout; kazeia keeps one V layout for both paths (kq, kq_soft_max, kqv, kqv_out
