@@ -186,17 +186,17 @@ def _runners(s: Session, test: BenchTest) -> tuple[Callable[[], None], Callable[
         prompts = _tokens(s, test.n, test.n_seq, seed=0)
 
         def pp() -> None:
-            _decode(s, prompts)
+            s.ctx.decode_seqs(prompts)
 
         return pp, pp
     tokens = _tokens(s, test.n, test.n_seq, seed=1)
 
     def tg() -> None:
         for i in range(test.n):
-            _decode(s, [t[i:i + 1] for t in tokens])
+            s.ctx.decode_seqs([t[i:i + 1] for t in tokens])
 
     def warm() -> None:
-        _decode(s, [t[:1] for t in tokens])
+        s.ctx.decode_seqs([t[:1] for t in tokens])
 
     return tg, warm
 
@@ -206,18 +206,11 @@ def _tokens(s: Session, n: int, n_seq: int, seed: int) -> list[list[int]]:
     return [synthetic_prompt(n, s.model.args.n_vocab, s.tok.is_control, seed=seed + 100 * k) for k in range(n_seq)]
 
 
-def _decode(s: Session, seqs: list[list[int]]) -> None:
-    if len(seqs) == 1:
-        s.ctx.decode(seqs[0])
-    else:
-        s.ctx.decode_seqs(seqs)
-
-
 def _fill(s: Session, test: BenchTest) -> None:
     """Empty the KV cache, then decode test.depth tokens per sequence (untimed) so the test starts at that depth."""
     s.ctx.reset()
     if test.depth:
-        _decode(s, _tokens(s, test.depth, test.n_seq, seed=2))
+        s.ctx.decode_seqs(_tokens(s, test.depth, test.n_seq, seed=2))
 
 
 def measure(s: Session, test: BenchTest, reps: int, warmup: bool = True,

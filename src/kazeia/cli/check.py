@@ -11,6 +11,7 @@ import json
 
 from kazeia.cli import validate as V
 from kazeia.cli.common import add_common
+from kazeia.engine.context import MAX_SEQ
 from kazeia.errors import KazeiaError
 
 MAX_CONFIGS = 512  # profiles x archs x VTCM sizes x ubatches: each is a plan table of every class over M
@@ -37,7 +38,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="VTCM sizes (default: each arch's own, 8 MiB assumed)")
     p.add_argument("-ub", "--ubatch-size", type=_list(V.integer(1, 8192), "-ub"), default=[512], metavar="N[,N]",
                    help="ubatch sizes: M runs from 1 to each (default 512)")
-    p.add_argument("-np", "--parallel", type=_list(V.integer(1, 256), "-np"), default=[1], metavar="N[,N]",
+    p.add_argument("-np", "--parallel", type=_list(V.integer(1, MAX_SEQ), "-np"), default=[1], metavar="N[,N]",
                    help="sequences per micro-batch (llama.cpp's -np with a hybrid's split_equal; default 1): a "
                         "recurrent layer's ssm_out then has a [K, T, N] src1")
     p.add_argument("-c", "--ctx-size", type=V.integer(1, 1 << 24), default=4096, help="context, for the KV size")

@@ -49,16 +49,11 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         with ticking("trace", progress):
-            if s.ctx.n_seq == 1:
-                logits = s.ctx.decode(ids)
-                for _ in range(args.n_predict):
-                    trace.ubatch += 1
-                    logits = s.ctx.decode([int(logits[-1].argmax())])
-            else:  # -np N: the prompt in every sequence, then each sequence's own greedy tokens, side by side
-                logits = s.ctx.decode_seqs([ids] * s.ctx.n_seq)
-                for _ in range(args.n_predict):
-                    trace.ubatch += 1
-                    logits = s.ctx.decode_seqs([[int(row.argmax())] for row in logits])
+            # the prompt in every sequence (-np N), then each sequence's own greedy tokens, side by side
+            logits = s.ctx.decode_seqs([ids] * s.ctx.n_seq)
+            for _ in range(args.n_predict):
+                trace.ubatch += 1
+                logits = s.ctx.decode_seqs([[int(row.argmax())] for row in logits])
     except DeviceDeathError as e:
         print(str(e), file=sys.stderr)
         status = e.exit_code

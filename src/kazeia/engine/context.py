@@ -119,7 +119,7 @@ class Context:
         self.kv = KVCache(model.args, n_ctx, type_k, type_v, kv_layers(model.args) if kv_layers else None)
         self.rs = RecurrentCache.for_model(model.args, model.arch, n_seq)  # conv/SSM states per sequence, or None
         self.allocator = GraphAllocator()
-        # graphs by (tokens, KV cells, outputs): a decode builds each shape once and replays it every token
+        # graphs by (tokens, KV cells, outputs, sequences): a decode builds each shape once and replays it every token
         self._graphs: IdentityCache[_BuiltGraph] = IdentityCache("context.graphs", limit=9, bind=True, by_value=True)
         self.last_graph: Graph | None = None
         self.on_ubatch = None  # optional callback(ubatch_index, n_tokens) for progress
@@ -172,8 +172,7 @@ class Context:
             caches = self.rs.layer_caches(self.kv.layers) if self.rs is not None else self.kv.layers
             graph, logits = self.model.arch.build(self.args, self.model.weights, inp, caches, n_kv, self.opts)
             return _BuiltGraph(graph, inp, logits)
-        key = (n_tokens, n_kv, n_out) if n_seqs == 1 else (n_tokens, n_kv, n_out, n_seqs)
-        return self._graphs.get(key, make)
+        return self._graphs.get((n_tokens, n_kv, n_out, n_seqs), make)
 
     def decode(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
         """Feed tokens at the next positions; returns logits [n_out, n_vocab] of the last micro-batch
@@ -211,9 +210,11 @@ class Context:
         llama-batched-bench does: micro-batches as llama.cpp's split_equal cuts them (all sequences, at most
         n_ubatch // n_seq tokens each, sequence after sequence), cells of one unified KV cache in order, a mask
         that lets a token see only its own sequence's cells. Returns the logits of each sequence's last token
-        [n_seq, n_vocab]."""
+        [n_seq, n_vocab]. A context of one sequence decodes it with `decode`."""
         if len(seqs) != self.n_seq:
             raise KazeiaError(f"decode_seqs: {len(seqs)} sequences given, the context runs {self.n_seq}")
+        if self.n_seq == 1:  # one sequence: decode's micro-batches (and the policy's split rules)
+            return self.decode(seqs[0])
         arrays = [np.asarray(t, dtype=np.int64).reshape(-1) for t in seqs]
         if len({a.size for a in arrays}) != 1:
             raise KazeiaError("decode_seqs: the sequences advance together, so they need the same number of tokens")
@@ -235,25 +236,13 @@ class Context:
         bg = self._graph_for(S * t, n_kv, S, S)
         seq = np.repeat(np.arange(S), t)  # token i of the micro-batch: sequence seq[i], position pos[i]
         pos = p0 + np.tile(np.arange(t), S)
-        self.kv.cell_seq[c0:c0 + S * t], self.kv.cell_pos[c0:c0 + S * t] = seq, pos
-
-        def write() -> None:
-            inp = bg.inputs
-            array(inp.tokens)[...] = chunk.reshape(-1).astype(np.int32)
-            array(inp.pos)[...] = position_streams(pos, inp.pos.ne[0] // (S * t)).astype(np.int32)
-            if self.rs is not None:
-                self.rs.write_inputs(inp)
-            cells = np.arange(c0, c0 + S * t, dtype=np.int64)
-            array(inp.kv_idx)[...] = cells
-            if inp.v_idx is not None:
-                array(inp.v_idx)[...] = cells
-            owner, at = self.kv.cell_seq[:n_kv], self.kv.cell_pos[:n_kv]
-            visible = (owner[None, :] == seq[:, None]) & (at[None, :] <= pos[:, None])
-            m = array(inp.mask)[0, 0]  # (S*t, n_kv)
-            m[...] = np.where(visible, 0.0, -np.inf).astype(m.dtype)
-            array(inp.out_ids)[...] = (np.arange(S) * t + t - 1).astype(np.int32)  # each sequence's last token
-
-        self._run(bg, write, f"micro-batch of {S} sequences x {t} tokens at position {p0}")
+        cells = np.arange(c0, c0 + S * t, dtype=np.int64)
+        self.kv.cell_seq[cells], self.kv.cell_pos[cells] = seq, pos
+        owner, at = self.kv.cell_seq[:n_kv], self.kv.cell_pos[:n_kv]
+        visible = (owner[None, :] == seq[:, None]) & (at[None, :] <= pos[:, None])  # its own sequence's past
+        out_rows = np.arange(S) * t + t - 1  # each sequence's last token
+        self._run(bg, lambda: self._write_inputs(bg.inputs, chunk.reshape(-1), pos, cells, visible, out_rows),
+                  f"micro-batch of {S} sequences x {t} tokens at position {p0}")
         self.kv.n_past, self.seq_n_past = c0 + S * t, p0 + t
         return np.array(array(bg.logits)[0, 0], dtype=np.float32)
 
@@ -274,7 +263,10 @@ class Context:
         n_kv = self._n_kv(p0 + T)
         n_out = T if all_logits else 1
         bg = self._graph_for(T, n_kv, n_out)
-        self._run(bg, lambda: self._write_inputs(bg.inputs, tokens, p0, n_kv, all_logits),
+        pos = np.arange(p0, p0 + T)  # one sequence: cell i holds position i
+        visible = np.arange(n_kv)[None, :] <= pos[:, None]  # causal: a token sees itself and the past
+        out_rows = np.arange(T) if all_logits else np.array([T - 1])
+        self._run(bg, lambda: self._write_inputs(bg.inputs, tokens, pos, pos.astype(np.int64), visible, out_rows),
                   f"micro-batch of {T} tokens at position {p0}")
         self.kv.n_past = p0 + T
         out = array(bg.logits)[0, 0]  # (n_out, n_vocab)
@@ -299,18 +291,18 @@ class Context:
 
         self.recovery.compute(bg.graph, bg.logits, prepare, what)
 
-    def _write_inputs(self, inp: Inputs, tokens: np.ndarray, p0: int, n_kv: int, all_logits: bool) -> None:
+    def _write_inputs(self, inp: Inputs, tokens: np.ndarray, pos: np.ndarray, cells: np.ndarray, visible: np.ndarray,
+                      out_rows: np.ndarray) -> None:
+        """A micro-batch's inputs: token i at position pos[i] goes to KV cell cells[i] and attends the cells
+        visible[i] (the mask: 0 there, -inf elsewhere); the logits of rows out_rows are kept."""
         T = tokens.size
-        pos = np.arange(p0, p0 + T)
         array(inp.tokens)[...] = tokens.astype(np.int32)
         array(inp.pos)[...] = position_streams(pos, inp.pos.ne[0] // T).astype(np.int32)
         if self.rs is not None:
             self.rs.write_inputs(inp)
-        array(inp.kv_idx)[...] = pos.astype(np.int64)
+        array(inp.kv_idx)[...] = cells
         if inp.v_idx is not None:
-            array(inp.v_idx)[...] = pos.astype(np.int64)
-        cells = np.arange(n_kv)
-        visible = cells[None, :] <= pos[:, None]  # causal: a token sees itself and the past
+            array(inp.v_idx)[...] = cells
         m = array(inp.mask)[0, 0]  # (T, n_kv)
         m[...] = np.where(visible, 0.0, -np.inf).astype(m.dtype)
-        array(inp.out_ids)[...] = (np.arange(T) if all_logits else np.array([T - 1])).astype(np.int32)
+        array(inp.out_ids)[...] = out_rows.astype(np.int32)

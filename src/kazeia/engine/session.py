@@ -56,7 +56,7 @@ class RunSpec:
     recover: bool = False  # --recover: survive device deaths (engine/recovery.py)
     max_deaths: int = 12
     n_seq: int = 1  # -np: sequences run side by side (bench, trace), in one unified KV cache (-kvu)
-    graph: str | None = None  # the llama.cpp graph: "2026-05" or "2026-10"; None: the profile's (may_graph)
+    graph: str | None = None  # the llama.cpp graph: "2026-05" or "2026-10"; None: the profile's (graph_generation)
 
     @property
     def model_path(self) -> str:

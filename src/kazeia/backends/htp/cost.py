@@ -76,6 +76,10 @@ class PhoneCpu:
         wbytes = n * (row_size(wtype, k) if is_quantized(wtype) or wtype == GGMLType.F16 else 4 * k)
         return max(2.0 * m * k * n / self.flops_per_s, wbytes / self.bandwidth) + self.handover_s
 
+    def weight_copy_seconds(self, nbytes: int) -> float:
+        """One copy of a weight of `nbytes` out of the HTP's REPACK buffer (get_tensor's row-by-row un-repack)."""
+        return nbytes / self.unrepack_bytes_per_s
+
     def op_seconds(self, node: Tensor) -> float:
         if node.op == "MUL_MAT":
             w, x = node.src[0], node.src[1]
@@ -200,7 +204,7 @@ def weight_copy_seconds(node: Tensor, settings: HtpSettings) -> float:
         return 0.0
     w = node.src[0]
     probe = gb.mul_mat(w, make_tensor(GGMLType.F32, (w.ne[0], 512, w.ne[2], w.ne[3])))
-    return w.nbytes / PHONE_CPU.unrepack_bytes_per_s if supports_op(probe, settings) else 0.0
+    return PHONE_CPU.weight_copy_seconds(w.nbytes) if supports_op(probe, settings) else 0.0
 
 
 def graph_seconds(nodes: list[Tensor], settings: HtpSettings, c: CostModel = DEFAULT) -> tuple[float, list[OpCost]]:

@@ -105,7 +105,7 @@ def _tps(c: Config, header: ModelHeader, planner: Planner, m: int) -> float:
         else:
             one = PHONE_CPU.matmul_seconds(rows, w.k, w.n, t)
             if s.report == "llama.cpp #26094":  # refused at run time, its weight in the REPACK buffer: copied out
-                one += w.n * row_size(t, w.k) / PHONE_CPU.unrepack_bytes_per_s  # every compute (weight_copy_seconds)
+                one += PHONE_CPU.weight_copy_seconds(w.n * row_size(t, w.k))  # every compute (cost.py)
         seconds += one * len(w.tensors)
     return m / seconds if seconds > 0 else 0.0
 

@@ -23,8 +23,7 @@ def sync_spec(cx: Context) -> RunSpec:
 
 
 def cpu_nodes_spec(cx: Context, names: list[str]) -> RunSpec:
-    # (a node of several micro-batches is named once: the regex picks it in every graph)
-    return cx.spec.with_(cpu_nodes="|".join(op_regex(n) for n in dict.fromkeys(names)))
+    return cx.spec.with_(cpu_nodes="|".join(op_regex(n) for n in names))
 
 
 def logits_verdict(cx: Context, r: RunResult) -> Verdict | None:

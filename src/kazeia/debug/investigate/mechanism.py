@@ -34,14 +34,17 @@ def later_code_step(cx: Context) -> tuple[str, str]:
     version is older and the later code computes the op right, the fault is a defect of this version's code that
     upstream's later code does not have (both as kazeia transcribes them). Injected faults go with the replay: a
     fault that only the older code has makes the comparison meaningless, so it is not run."""
-    from kazeia.backends.htp import LATEST_PROFILE, ONLY_IN
+    from kazeia.backends.htp import LATEST_PROFILE, check_faults
     from kazeia.debug.replay import replay
+    from kazeia.errors import KazeiaError
 
     f = cx.findings
     settings = cx.spec.htp_settings()
     if settings is None or settings.profile == LATEST_PROFILE:
         return f"skipped: the run is not an HTP run of an older version than {LATEST_PROFILE}", ""
-    if any(ONLY_IN.get(n) not in (None, "2026-10") for n in settings.faults):
+    try:
+        check_faults(settings.faults, LATEST_PROFILE)
+    except KazeiaError:
         return "skipped: an injected fault that only the older code has", ""
     r = replay(f.dump, device="HTP0", htp_profile=LATEST_PROFILE)
     v = r.alone.vs_ref

@@ -376,37 +376,28 @@ class HostSession:
         # a batch done before the death has its response in the queue already; from the dead one on, the read
         # has to wait, and the wait is cancelled (AEE_EINTERRUPTED)
         if self.dsp.death is not None and self.dsp.death.batch_seq <= batch.seq:
-            d = self.dsp.death
-            if d.kind == "hang":
-                raise self._hang(batch, d)
-            err = DeviceDeathError(
-                f"ggml-hex: dspqueue_read failed: 0x{AEE_EINTERRUPTED:08x}",
-                code=AEE_EINTERRUPTED,
-                last_enqueued=self.last_enqueued.node.name if self.last_enqueued else None,
-                faulting=d.op_name, cause=d.cause)
-            err.batch_seq = batch.seq
-            err.kind = d.kind
-            err.detail = d.detail
-            err.crash_record = crash_record(d.kind, d.detail, arch=self.settings.arch)  # what logcat shows on a device
-            err.batch_ops = [op.node.name for op in batch.ops]  # what the host sent in the failed batch
-            self.dead = err
-            raise err
+            raise self._dead(batch, self.dsp.death)
         status = STATUS_OK
         if self.profile.surface_status and any(s != STATUS_OK for s in statuses):
             status = next(s for s in statuses if s != STATUS_OK)
         return Response(batch, status, statuses)
 
-    def _hang(self, batch: OpBatch, d) -> DeviceHangError:
-        """The DSP never answers: its process lives, one op never ends. A phone's host blocks in dspqueue_read
-        forever and prints nothing; kazeia, which knows the op cannot finish, says so and stops."""
-        err = DeviceHangError(
-            f"ggml-hex: {self.name}: dspqueue_read: no response for batch {batch.seq}: the DSP is still in op "
-            f"#{d.op_index} {d.op_name} (a hang: a device waits here forever; kazeia stops the run)",
-            code=0, last_enqueued=self.last_enqueued.node.name if self.last_enqueued else None,
-            faulting=d.op_name, cause=d.cause)
+    def _dead(self, batch: OpBatch, d) -> DeviceDeathError:
+        """What the read of `batch` gets once the DSP died in it or before: the wait is cancelled (0x2e), with the
+        crash record logcat shows. A hang is no death: the process lives, one op never ends, and a phone's host
+        blocks in dspqueue_read forever, printing nothing; kazeia, which knows the op cannot finish, says so and
+        stops (no crash record). The session is unusable either way."""
+        hang = d.kind == "hang"
+        cls, code, message = (
+            (DeviceHangError, 0, f"ggml-hex: {self.name}: dspqueue_read: no response for batch {batch.seq}: the DSP is "
+                                 f"still in op #{d.op_index} {d.op_name} (a hang: a device waits here forever; kazeia "
+                                 f"stops the run)") if hang else
+            (DeviceDeathError, AEE_EINTERRUPTED, f"ggml-hex: dspqueue_read failed: 0x{AEE_EINTERRUPTED:08x}"))
+        err = cls(message, code=code, last_enqueued=self.last_enqueued.node.name if self.last_enqueued else None,
+                  faulting=d.op_name, cause=d.cause)
+        err.crash_record = None if hang else crash_record(d.kind, d.detail, arch=self.settings.arch)  # logcat's
         err.batch_seq, err.kind, err.detail = batch.seq, d.kind, d.detail
-        err.crash_record = None  # nothing crashed: no logcat record
-        err.batch_ops = [op.node.name for op in batch.ops]
+        err.batch_ops = [op.node.name for op in batch.ops]  # what the host sent in the failed batch
         self.dead = err
         return err
 
