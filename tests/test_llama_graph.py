@@ -15,7 +15,8 @@ import re
 
 import pytest
 
-from kazeia.engine.context import KVCache, Model
+from kazeia.engine.context import Model
+from kazeia.engine.kv import KVCache
 from kazeia.gguf.writer import preset, write_model
 from kazeia.graph.builder import ggml_name
 from kazeia.graph.tensor import Tensor, type_name
@@ -187,3 +188,33 @@ def test_qwen35_trace_is_that_list_but_for_the_stated_differences():
     got = _trace_rows(os.path.join(DATA, "qwen35_tiny_converted.gguf"), "Once upon a time there was a small model that")
     assert not [g for g in got if g[0] == "attn_inp_kq_mask (copy)"]  # today's graph: an F16 mask input
     assert [_unnamed(g) for g in got] == [_unnamed(w) for w in want]
+
+
+# llama.cpp's own conversions of tiny random Gemma 3, Phi-3 and LFM2 (tests/data/README.md) and the node lists
+# llama-eval-callback printed for them: sliding-window layers (their own cache, mask and rope base), fused QKV and
+# gate/up with LongRoPE factors, short-conv layers and build_rs's state nodes (zero-sized ones included)
+CONVERTED_ARCHS = ["gemma3", "phi3", "lfm2"]
+
+
+def context_rows(path: str, n_tokens: int) -> list[tuple]:
+    """The graph a context builds for llama-eval-callback's run: n_tokens prompt tokens in a context of the model's
+    training length (llama.cpp caps its 4096 there), fresh recurrent cells, one output. Names as the log prints
+    them (without leading spaces: ggml names `(transposed)` after an unnamed source ` (transposed)`)."""
+    from kazeia.backends.cpu import CpuBackend
+    from kazeia.engine.context import Context
+    from kazeia.engine.scheduler import Scheduler
+
+    model = Model.load(path)
+    ctx = Context(model, Scheduler([CpuBackend()]), n_ctx=min(4096, model.args.n_ctx_train))
+    bg = ctx._build(n_tokens, ctx._n_kv(n_tokens), 1, n_kv_swa=ctx._n_kv_swa(n_tokens))
+    return [(row(n)[0].strip(),) + row(n)[1:] for n in bg.graph.nodes]
+
+
+@pytest.mark.parametrize("arch", CONVERTED_ARCHS)
+def test_new_architectures_match_llama_eval_callback_exactly(arch):
+    want = parse(os.path.join(DATA, f"eval_callback_{arch}_tiny_f32.txt"))
+    n_tokens = int(want[0][7].split(", ")[1])
+    got = context_rows(os.path.join(DATA, f"{arch}_tiny_converted.gguf"), n_tokens)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, (i, g, w)

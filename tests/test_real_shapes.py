@@ -12,27 +12,32 @@ from kazeia.debug.runner import run
 from kazeia.engine.session import RunSpec
 from kazeia.gguf.writer import preset, write_model
 
-pytestmark = pytest.mark.slow  # a 190 MB file and eight runs of a 1536-wide model
+pytestmark = pytest.mark.slow  # files of 190-400 MB and eight runs of each model
 
 PROFILES = ("2026-05", "robust", "2026-10")
 
 
-@pytest.fixture(scope="module")
-def qwen25(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("q25") / "qwen2.5-1.5b-l2.gguf")
-    write_model(preset("qwen2.5-1.5b", n_layer=2), path)
+# preset -> overrides for its 2-layer cut: LFM2-1.2B's first two layers are both short convs (attention starts at
+# layer 2), so its cut takes one of each
+PRESETS = {"qwen2.5-1.5b": {}, "gemma3-1b": {}, "phi-4-mini": {}, "lfm2-1.2b": {"layer_pattern": (True, False)}}
+
+
+@pytest.fixture(scope="module", params=list(PRESETS))
+def model(request, tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("real") / f"{request.param}-l2.gguf")
+    write_model(preset(request.param, n_layer=2, **PRESETS[request.param]), path)
     return path
 
 
 @pytest.mark.parametrize("n", [38, 200])
-def test_qwen25_runs_on_htp0_as_check_predicts(qwen25, n):
-    report = check_model(qwen25, profiles=PROFILES, archs=(79,), ubatches=(512,))
+def test_runs_on_htp0_as_check_predicts(model, n):
+    report = check_model(model, profiles=PROFILES, archs=(79,), ubatches=(512,))
     for profile in PROFILES:
         predicted = report.result(profile, 79).verdict
-        r = run(RunSpec(model=qwen25, n_prompt=n, device="HTP0", htp_profile=profile, n_predict=2))
+        r = run(RunSpec(model=model, n_prompt=n, device="HTP0", htp_profile=profile, n_predict=2))
         assert r.ok == (predicted not in ("death", "dropped", "no-session")), (profile, predicted, r.signature())
 
 
-def test_qwen25_compare_is_clean_under_robust(qwen25):
-    r = compare(RunSpec(model=qwen25, n_prompt=38, device="HTP0", htp_profile="robust"), "both")
+def test_compare_is_clean_under_robust(model):
+    r = compare(RunSpec(model=model, n_prompt=38, device="HTP0", htp_profile="robust"), "both")
     assert r.ok, r.first_failure

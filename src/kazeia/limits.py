@@ -97,11 +97,12 @@ def parse_int(text: str, where: str, what: str, lo: int | None = None, hi: int |
 
 
 def parse_dims(items: list[str], where: str, what: str, max_rank: int = 4,
-               max_elements: int = MAX_ELEMENTS) -> tuple[int, ...]:
-    """A tensor shape from its fields: 1..max_rank extents, each 1..MAX_DIM, at most max_elements in all."""
+               max_elements: int = MAX_ELEMENTS, min_extent: int = 1) -> tuple[int, ...]:
+    """A tensor shape from its fields: 1..max_rank extents, each min_extent..MAX_DIM (0 where a format has empty
+    tensors), at most max_elements in all."""
     if not 1 <= len(items) <= max_rank:
         raise InputLimitError(f"{where}: {what} has {len(items)} dimensions (1 to {max_rank})")
-    dims = tuple(parse_int(x, where, f"{what} extent", 1, MAX_DIM) for x in items)
+    dims = tuple(parse_int(x, where, f"{what} extent", min_extent, MAX_DIM) for x in items)
     n = 1
     for d in dims:
         n *= d

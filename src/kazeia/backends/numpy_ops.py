@@ -116,9 +116,19 @@ def _mul_mat(be: NumpyOps, n: Tensor) -> None:
     be.store(n, out)
 
 
-def rope_angles(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float, ft) -> tuple:
-    """cos/sin of theta[t, i] = pos[t] * freq_scale * base^(-2i/n_dims), computed in float64."""
+def freq_factors(n: Tensor) -> np.ndarray | None:
+    """A ROPE node's per-pair frequency factors (src[2], F32 [n_dims/2]), or None."""
+    if len(n.src) < 3 or n.src[2] is None:
+        return None
+    return array(n.src[2]).reshape(-1)[: n.params["n_dims"] // 2].astype(np.float64)
+
+
+def rope_angles(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float, ft,
+                factors: np.ndarray | None = None) -> tuple:
+    """cos/sin of theta[t, i] = pos[t] * freq_scale * base^(-2i/n_dims) / factors[i], computed in float64."""
     inv_freq = freq_base ** (-np.arange(0, n_dims, 2, dtype=np.float64) / n_dims)
+    if factors is not None:
+        inv_freq = inv_freq / factors
     theta = (pos.astype(np.float64) * freq_scale)[:, None] * inv_freq[None, :]
     return np.cos(theta).astype(ft), np.sin(theta).astype(ft)
 
@@ -159,7 +169,7 @@ def _rope(be: NumpyOps, n: Tensor) -> None:
         cos, sin = mrope_angles(pos.reshape(4, -1), nd, p["sections"], p["mode"] == ROPE_IMROPE, p["freq_base"],
                                 p["freq_scale"], be.ft)
     else:
-        cos, sin = rope_angles(pos, nd, p["freq_base"], p["freq_scale"], be.ft)
+        cos, sin = rope_angles(pos, nd, p["freq_base"], p["freq_scale"], be.ft, freq_factors(n))
     cos = (cos * be.ft(p.get("attn_factor", 1.0)))[None, :, None, :]  # (1, T, 1, nd/2)
     sin = (sin * be.ft(p.get("attn_factor", 1.0)))[None, :, None, :]
     out = x.copy()
@@ -236,14 +246,38 @@ def _silu(x: np.ndarray) -> np.ndarray:
         return x / (1 + np.exp(-x))
 
 
+GELU_COEF_A = 0.044715
+SQRT_2_OVER_PI = 0.79788456080286535587989211986876
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu_f32: 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in x's dtype."""
+    ft = x.dtype.type
+    with np.errstate(over="ignore", invalid="ignore"):
+        return ft(0.5) * x * (ft(1) + np.tanh(ft(SQRT_2_OVER_PI) * x * (ft(1) + ft(GELU_COEF_A) * x * x)))
+
+
+GLU_ACTIVATIONS = {"SWIGLU": _silu, "GEGLU": gelu_tanh}
+
+
+def glu_halves(be: NumpyOps, n: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The GLU op's (activated, linear) operands: the split form's two sources, or the two halves of each row of
+    one source (ggml_glu without a second source: the first half is activated unless `swapped`)."""
+    if len(n.src) > 1 and n.src[1] is not None:
+        a, b = be.load(n.src[0]), be.load(n.src[1])
+    else:
+        x = be.load(n.src[0])
+        a, b = x[..., : n.ne[0]], x[..., n.ne[0]: 2 * n.ne[0]]
+    return (b, a) if n.params.get("swapped") else (a, b)
+
+
 @kernel("GLU")
 def _glu(be: NumpyOps, n: Tensor) -> None:
-    if n.params["glu_op"] != "SWIGLU":
+    act = GLU_ACTIVATIONS.get(n.params["glu_op"])
+    if act is None:
         raise UnsupportedError(f"{n.name}: GLU variant {n.params['glu_op']}")
-    a, b = be.load(n.src[0]), be.load(n.src[1])
-    if n.params.get("swapped"):
-        a, b = b, a
-    be.store(n, _silu(a) * b)
+    a, b = glu_halves(be, n)
+    be.store(n, act(a) * b)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -257,7 +291,7 @@ def _softplus(x: np.ndarray) -> np.ndarray:
         return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
 
 
-UNARY_FUNCS = {"SILU": _silu, "SIGMOID": _sigmoid, "SOFTPLUS": _softplus}
+UNARY_FUNCS = {"SILU": _silu, "SIGMOID": _sigmoid, "SOFTPLUS": _softplus, "TANH": np.tanh}
 
 
 @kernel("UNARY")

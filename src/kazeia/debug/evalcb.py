@@ -73,7 +73,8 @@ def parse_head(line: str, where: str) -> LogTensor | None:
     if not (type_.isidentifier() and op.isidentifier()):
         return None
     ne = [x for x in text[tail + 5:-1].split(",")]
-    dims = parse_dims([x.strip() for x in ne], where, "output shape", max_elements=1 << 62)
+    # ggml prints empty tensors too (build_rs's zero-row copies: {128, 0, 1, 1})
+    dims = parse_dims([x.strip() for x in ne], where, "output shape", max_elements=1 << 62, min_extent=0)
     return LogTensor(text[:eq].strip(), type_, op, (*dims, 1, 1, 1)[:4])
 
 

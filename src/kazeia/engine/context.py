@@ -14,17 +14,17 @@ from types import ModuleType
 
 import numpy as np
 
+from kazeia.engine.kv import KVCache, SwaCache
 from kazeia.engine.recurrent import RecurrentCache
 from kazeia.engine.scheduler import Scheduler
 from kazeia.errors import ContextOverflowError, KazeiaError
 from kazeia.gguf.reader import GGUFFile, load_gguf
 from kazeia.graph.alloc import GraphAllocator
 from kazeia.graph.builder import Graph
-from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, array, make_tensor
+from kazeia.graph.tensor import Buffer, GGMLType, Tensor, array
 from kazeia.identity import IdentityCache
-from kazeia.memory import check_fits
 from kazeia.models.base import ModelArgs, arch_module, model_args, require_weights, weight_tensors
-from kazeia.models.transformer import GraphOptions, Inputs, LayerCache, make_inputs, position_streams
+from kazeia.models.transformer import GraphOptions, Inputs, make_inputs, position_streams
 
 FA_KV_PAD = 256  # llama.cpp pads the attended KV length to 256 cells with flash attention
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
@@ -50,41 +50,6 @@ class Model:
     @property
     def path(self) -> str:
         return self.file.path
-
-
-class KVCache:
-    """Per-layer K and V caches [n_embd_kv, size]. One sequence: cell i holds position i. Several sequences (one
-    unified stream, llama.cpp's -kvu): cells are taken in order and `cell_seq`/`cell_pos` say whose token each
-    holds, which the mask reads."""
-
-    def __init__(self, args: ModelArgs, size: int, type_k: GGMLType = GGMLType.F16,
-                 type_v: GGMLType = GGMLType.F16, layers: list[int] | None = None) -> None:
-        """`layers`: the layers with attention (default all; a hybrid's other layers have None here)."""
-        self.size = size
-        self.layers: list[LayerCache | None] = [None] * args.n_layer
-        tensors = []
-        for il in range(args.n_layer) if layers is None else layers:
-            k = make_tensor(type_k, (args.n_embd_kv, size), name=f"cache_k_l{il}")
-            v = make_tensor(type_v, (args.n_embd_kv, size), name=f"cache_v_l{il}")
-            tensors += [k, v]
-            self.layers[il] = LayerCache(k, v)
-        total = sum((t.nbytes + Buffer.ALIGN - 1) // Buffer.ALIGN * Buffer.ALIGN for t in tensors)
-        check_fits(f"the KV cache for a context of {size} tokens ({len(tensors) // 2} layers, K and V "
-                   f"{type_k.name}/{type_v.name})", total, "; lower -c")
-        self.buffer = Buffer.zeros("kv_cache", total, BufferUsage.ANY)
-        off = 0
-        for t in tensors:
-            t.buffer, t.offset = self.buffer, off
-            off += (t.nbytes + Buffer.ALIGN - 1) // Buffer.ALIGN * Buffer.ALIGN
-        self.n_past = 0  # cells in use (one sequence: its length)
-        self.cell_seq = np.full(size, -1, dtype=np.int32)  # several sequences: the owner of each cell (-1: free)
-        self.cell_pos = np.zeros(size, dtype=np.int64)
-
-    def clear(self) -> None:
-        self.buffer.data[:] = 0
-        self.buffer.version += 1
-        self.n_past = 0
-        self.cell_seq[:] = -1
 
 
 @dataclass
@@ -114,9 +79,14 @@ class Context:
         self.scheduler = scheduler
         self.n_ctx = n_ctx
         self.n_ubatch = n_ubatch
-        self.opts = GraphOptions(flash_attn=flash_attn, kq_mask_cast=kq_mask_cast)
+        self.opts = GraphOptions(flash_attn=flash_attn, kq_mask_cast=kq_mask_cast, n_ctx_seq=n_ctx)  # one stream
         kv_layers = getattr(model.arch, "attention_layers", None)  # a hybrid keeps KV for its attention layers only
-        self.kv = KVCache(model.args, n_ctx, type_k, type_v, kv_layers(model.args) if kv_layers else None)
+        swa = getattr(model.arch, "swa_layers", lambda a: [])(model.args)  # sliding-window layers: their own cache
+        layers = kv_layers(model.args) if kv_layers else list(range(model.args.n_layer))
+        if swa and n_seq > 1:
+            raise KazeiaError(f"-np {n_seq}: several sequences with a sliding-window model are not modelled")
+        self.kv = KVCache(model.args, n_ctx, type_k, type_v, [il for il in layers if il not in swa])
+        self.kv_swa = SwaCache(model.args, n_ctx, model.args.n_swa, n_ubatch, swa, type_k, type_v) if swa else None
         self.rs = RecurrentCache.for_model(model.args, model.arch, n_seq)  # conv/SSM states per sequence, or None
         self.allocator = GraphAllocator()
         # graphs by (tokens, KV cells, outputs, sequences): a decode builds each shape once and replays it every token
@@ -131,7 +101,7 @@ class Context:
         """llama_context's graph_reserve: plan the compute buffer for the worst-case micro-batch (n_ubatch tokens,
         every KV cell, every token an output); smaller graphs then run at that plan's addresses."""
         n = min(self.n_ctx, self.n_ubatch)
-        self.allocator.reserve(self._build(n, self.kv.size, n).graph)
+        self.allocator.reserve(self._build(n, self.kv.size, n, n_kv_swa=self.kv_swa.size if self.kv_swa else 0).graph)
 
     @property
     def n_past(self) -> int:
@@ -139,6 +109,8 @@ class Context:
 
     def reset(self) -> None:
         self.kv.clear()
+        if self.kv_swa is not None:
+            self.kv_swa.clear()
         self.seq_n_past = 0
         if self.rs is not None:
             self.rs.clear()
@@ -146,7 +118,8 @@ class Context:
     def rewind(self, n: int) -> int:
         """Keep the first n tokens of the cache (later cells are masked out, then overwritten); returns how many
         were kept. A recurrent state cannot go back: short of n_past itself, the context starts over (0)."""
-        if self.rs is not None and n != self.n_past:
+        if (self.rs is not None and n != self.n_past) or (
+                self.kv_swa is not None and not self.kv_swa.keeps(n, self.n_past)):
             self.reset()
             return 0
         self.kv.n_past = n
@@ -156,23 +129,37 @@ class Context:
         pad = FA_KV_PAD if self.opts.flash_attn else 32
         return min(self.kv.size, (n_end + pad - 1) // pad * pad)
 
-    def _graph_for(self, n_tokens: int, n_kv: int, n_out: int, n_seqs: int = 1) -> _BuiltGraph:
-        bg = self._build(n_tokens, n_kv, n_out, n_seqs)
+    def _graph_for(self, n_tokens: int, n_kv: int, n_out: int, n_seqs: int = 1, n_kv_swa: int = 0) -> _BuiltGraph:
+        bg = self._build(n_tokens, n_kv, n_out, n_seqs, n_kv_swa)
         self.allocator.allocate(bg.graph)
         return bg
 
-    def _build(self, n_tokens: int, n_kv: int, n_out: int, n_seqs: int = 1) -> _BuiltGraph:
-        """The graph of a micro-batch of n_tokens = n_seqs x (tokens per sequence); only a recurrent layer's
-        shapes depend on n_seqs."""
+    def _layer_caches(self) -> list:
+        """Per layer what its graph reads and writes: its KV cache (the SWA cache for a sliding-window layer) or
+        its recurrent state."""
+        kv = self.kv.layers
+        if self.kv_swa is not None:
+            kv = [s if s is not None else b for s, b in zip(self.kv_swa.layers, kv)]
+        return self.rs.layer_caches(kv) if self.rs is not None else kv
+
+    def _build(self, n_tokens: int, n_kv: int, n_out: int, n_seqs: int = 1, n_kv_swa: int = 0) -> _BuiltGraph:
+        """The graph of a micro-batch of n_tokens = n_seqs x (tokens per sequence) seeing n_kv cells of the KV
+        cache (and n_kv_swa of the SWA cache); only a recurrent layer's shapes depend on n_seqs."""
         def make() -> _BuiltGraph:
             arch_inputs = getattr(self.model.arch, "make_inputs", None)
-            inp = (arch_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, self.opts.kq_mask_cast, n_seqs=n_seqs)
+            inp = (arch_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, self.opts.kq_mask_cast, n_seqs=n_seqs,
+                               rs_fresh=fresh)
                    if arch_inputs is not None else
-                   make_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, self.opts.kq_mask_cast, self.args.n_embd))
-            caches = self.rs.layer_caches(self.kv.layers) if self.rs is not None else self.kv.layers
-            graph, logits = self.model.arch.build(self.args, self.model.weights, inp, caches, n_kv, self.opts)
+                   make_inputs(n_tokens, n_kv, n_out, self.opts.flash_attn, self.opts.kq_mask_cast, self.args.n_embd,
+                               n_kv_swa))
+            graph, logits = self.model.arch.build(self.args, self.model.weights, inp, self._layer_caches(), n_kv,
+                                                  self.opts)
             return _BuiltGraph(graph, inp, logits)
-        return self._graphs.get((n_tokens, n_kv, n_out, n_seqs), make)
+        fresh = self.rs is not None and self.rs.fresh  # build_rs zeroes a fresh cell: its view has a size then
+        return self._graphs.get((n_tokens, n_kv, n_out, n_seqs, n_kv_swa, fresh), make)
+
+    def _n_kv_swa(self, n_end: int) -> int:
+        return self.kv_swa.n_kv(n_end) if self.kv_swa is not None else 0
 
     def decode(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
         """Feed tokens at the next positions; returns logits [n_out, n_vocab] of the last micro-batch
@@ -251,7 +238,9 @@ class Context:
         from kazeia.engine.policy import split_sizes
 
         def nodes_for(t: int) -> list[Tensor]:
-            return [x for x in self._build(t, self._n_kv(self.n_past + t), 1).graph.nodes if x.is_computed]
+            n_end = self.n_past + t
+            return [x for x in self._build(t, self._n_kv(n_end), 1, n_kv_swa=self._n_kv_swa(n_end)).graph.nodes
+                    if x.is_computed]
 
         sizes = split_sizes(n, nodes_for, self.policy)
         offsets = [sum(sizes[:i]) for i in range(len(sizes))]
@@ -262,19 +251,30 @@ class Context:
         p0 = self.n_past
         n_kv = self._n_kv(p0 + T)
         n_out = T if all_logits else 1
-        bg = self._graph_for(T, n_kv, n_out)
+        n_kv_swa = self._n_kv_swa(p0 + T)
+        bg = self._graph_for(T, n_kv, n_out, n_kv_swa=n_kv_swa)
         pos = np.arange(p0, p0 + T)  # one sequence: cell i holds position i
         visible = np.arange(n_kv)[None, :] <= pos[:, None]  # causal: a token sees itself and the past
+
+        def write() -> None:
+            self._write_inputs(bg.inputs, tokens, pos, pos.astype(np.int64), visible, out_rows)
+            if self.kv_swa is not None:  # the sliding-window layers' cells and mask
+                cells = self.kv_swa.store(pos)
+                self._write_kv_inputs(bg.inputs.swa, cells, self.kv_swa.visible(pos, n_kv_swa))
         out_rows = np.arange(T) if all_logits else np.array([T - 1])
-        self._run(bg, lambda: self._write_inputs(bg.inputs, tokens, pos, pos.astype(np.int64), visible, out_rows),
-                  f"micro-batch of {T} tokens at position {p0}")
+        self._run(bg, write, f"micro-batch of {T} tokens at position {p0}")
         self.kv.n_past = p0 + T
         out = array(bg.logits)[0, 0]  # (n_out, n_vocab)
         return np.array(out, dtype=np.float32)
 
     def _run(self, bg: _BuiltGraph, write_inputs, what: str) -> None:
         """Write the inputs and run the graph; with a recovery, a re-run after a device death starts from the same
-        inputs and recurrent state."""
+        inputs and recurrent state. Afterwards every recurrent cell holds a state."""
+        self._compute(bg, write_inputs, what)
+        if self.rs is not None:
+            self.rs.fresh = False
+
+    def _compute(self, bg: _BuiltGraph, write_inputs, what: str) -> None:
         write_inputs()
         self.last_graph = bg.graph
         if self.recovery is None:
@@ -300,9 +300,14 @@ class Context:
         array(inp.pos)[...] = position_streams(pos, inp.pos.ne[0] // T).astype(np.int32)
         if self.rs is not None:
             self.rs.write_inputs(inp)
+        self._write_kv_inputs(inp, cells, visible)
+        array(inp.out_ids)[...] = out_rows.astype(np.int32)
+
+    @staticmethod
+    def _write_kv_inputs(inp: Inputs, cells: np.ndarray, visible: np.ndarray) -> None:
+        """One KV cache's inputs: the cells the new K and V go to and the mask (0 where visible, -inf elsewhere)."""
         array(inp.kv_idx)[...] = cells
         if inp.v_idx is not None:
             array(inp.v_idx)[...] = cells
         m = array(inp.mask)[0, 0]  # (T, n_kv)
         m[...] = np.where(visible, 0.0, -np.inf).astype(m.dtype)
-        array(inp.out_ids)[...] = out_rows.astype(np.int32)

@@ -26,15 +26,16 @@ class RecurrentCache:
         tensors: list[Tensor] = []
         for il in layers:
             r = make_tensor(GGMLType.F32, (n_embd_r, n_cells), name=f"cache_r_l{il}")
-            s = make_tensor(GGMLType.F32, (n_embd_s, n_cells), name=f"cache_s_l{il}")
+            s = make_tensor(GGMLType.F32, (n_embd_s, n_cells), name=f"cache_s_l{il}") if n_embd_s else None
             self.layers[il] = RecurrentLayerCache(r, s)
-            tensors += [r, s]
+            tensors += [r] if s is None else [r, s]
         sizes = [(t.nbytes + Buffer.ALIGN - 1) // Buffer.ALIGN * Buffer.ALIGN for t in tensors]
         self.buffer = Buffer.zeros("recurrent_state", sum(sizes), BufferUsage.ANY)
         off = 0
         for t, n in zip(tensors, sizes):
             t.buffer, t.offset = self.buffer, off
             off += n
+        self.fresh = True  # no cell holds a state yet (llama.cpp zeroes such a cell in the graph: build_rs)
 
     @classmethod
     def for_model(cls, args: ModelArgs, arch: ModuleType, n_seq: int = 1) -> RecurrentCache | None:
@@ -52,6 +53,7 @@ class RecurrentCache:
     def clear(self) -> None:
         self.buffer.data[:] = 0
         self.buffer.version += 1  # backends' copies of these bytes expire
+        self.fresh = True
 
     def layer_caches(self, kv_layers: list) -> list:
         """Per layer what its graph reads and writes: the recurrent state, else the KV cache."""

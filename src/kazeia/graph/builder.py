@@ -82,7 +82,10 @@ def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int, name: str = "") -
 
 
 def transpose(a: Tensor, name: str = "") -> Tensor:
-    return permute(a, 1, 0, 2, 3, name=name or f"{ggml_name(a)} (transposed)")
+    """ggml_transpose: dims 0 and 1 swapped, op TRANSPOSE (a view, like PERMUTE)."""
+    t = permute(a, 1, 0, 2, 3, name=name or f"{ggml_name(a)} (transposed)")
+    t.op = "TRANSPOSE"
+    return t
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,6 +148,13 @@ def scale(a: Tensor, s: float, bias: float = 0.0, name: str = "") -> Tensor:
     return _result("SCALE", F32, a.ne, (a,), name, scale=float(s), bias=float(bias))
 
 
+def scale_inplace(a: Tensor, s: float, name: str = "") -> Tensor:
+    """ggml_scale_inplace: a SCALE whose result is a view of a (`<a> (view)`), written over a."""
+    r = _view_of(a, "SCALE", a.ne, a.nb, 0, name or f"{ggml_name(a)} (view)")
+    r.params = dict(scale=float(s), bias=0.0)
+    return r
+
+
 def mul_mat(a: Tensor, b: Tensor, name: str = "") -> Tensor:
     """ggml_mul_mat: a [K, N, ...] (weights), b [K, M, ...] -> [N, M, b.ne2, b.ne3]."""
     if a.ne[0] != b.ne[0]:
@@ -160,11 +170,15 @@ ROPE_NEOX = 2
 
 def rope_ext(a: Tensor, pos: Tensor, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0,
              n_ctx_orig: int = 0, ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0,
-             beta_slow: float = 1.0, name: str = "") -> Tensor:
-    """Rotary embedding over [head_dim, n_head, n_tokens]; pos is I32 [n_tokens]."""
+             beta_slow: float = 1.0, name: str = "", freq_factors: Tensor | None = None) -> Tensor:
+    """Rotary embedding over [head_dim, n_head, n_tokens]; pos is I32 [n_tokens]. `freq_factors` (F32 [n_dims/2],
+    ggml's src[2], Phi-3's LongRoPE factors): pair i turns by theta_i / freq_factors[i]."""
     if mode not in (ROPE_NORM, ROPE_NEOX):
         raise ValueError(f"rope mode {mode} is not supported")
-    return _result("ROPE", F32, a.ne, (a, pos), name, n_dims=int(n_dims), mode=int(mode),
+    if freq_factors is not None and freq_factors.ne[0] < n_dims // 2:
+        raise ValueError(f"rope: {freq_factors.name} has {freq_factors.ne[0]} factors, want {n_dims // 2}")
+    srcs = (a, pos) if freq_factors is None else (a, pos, freq_factors)
+    return _result("ROPE", F32, a.ne, srcs, name, n_dims=int(n_dims), mode=int(mode),
                    freq_base=float(freq_base), freq_scale=float(freq_scale), n_ctx_orig=int(n_ctx_orig),
                    ext_factor=float(ext_factor), attn_factor=float(attn_factor), beta_fast=float(beta_fast),
                    beta_slow=float(beta_slow))
@@ -192,8 +206,26 @@ def swiglu_split(a: Tensor, b: Tensor, name: str = "") -> Tensor:
     return _result("GLU", F32, a.ne, (a, b), name, glu_op="SWIGLU", swapped=0)
 
 
+def swiglu(a: Tensor, name: str = "") -> Tensor:
+    """ggml_swiglu: the GLU op on one source, silu(first half of each row) * second half -> [ne0/2, ...]."""
+    if a.ne[0] % 2:
+        raise ValueError(f"swiglu: {a.name} has an odd row length {a.ne[0]}")
+    return _result("GLU", F32, (a.ne[0] // 2, *a.ne[1:]), (a,), name, glu_op="SWIGLU", swapped=0)
+
+
+def geglu_split(a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    """GLU op, GEGLU variant, split form: gelu(a) * b, ggml's tanh-approximated GELU."""
+    if a.ne != b.ne:
+        raise ValueError("geglu_split: operand shapes differ")
+    return _result("GLU", F32, a.ne, (a, b), name, glu_op="GEGLU", swapped=0)
+
+
 def silu(a: Tensor, name: str = "") -> Tensor:
     return _result("UNARY", F32, a.ne, (a,), name, unary_op="SILU")
+
+
+def tanh(a: Tensor, name: str = "") -> Tensor:
+    return _result("UNARY", F32, a.ne, (a,), name, unary_op="TANH")
 
 
 def sigmoid(a: Tensor, name: str = "") -> Tensor:

@@ -12,7 +12,8 @@ from kazeia.gguf.reader import GGUFFile
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, TFlag
 
 ARCHITECTURES = {"llama": "kazeia.models.llama", "qwen2": "kazeia.models.qwen2", "qwen3": "kazeia.models.qwen3",
-                 "qwen35": "kazeia.models.qwen35"}
+                 "qwen35": "kazeia.models.qwen35", "phi3": "kazeia.models.phi3", "gemma3": "kazeia.models.gemma3",
+                 "lfm2": "kazeia.models.lfm2"}
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,11 @@ class ModelArgs:
         if n_head <= 0 or n_embd <= 0:
             raise GGUFError(f.path, "embedding_length and attention.head_count must be positive")
         head_dim = key("attention.key_length", n_embd // n_head, required=False)
-        n_head_kv = key("attention.head_count_kv", n_head, required=False)
+        kv_key = f"{arch}.attention.head_count_kv"
+        if isinstance(f.metadata.get(kv_key), list):  # per layer (LFM2: 0 marks a layer without attention)
+            n_head_kv = max(layer_head_counts(f, kv_key), default=0)
+        else:
+            n_head_kv = key("attention.head_count_kv", n_head, required=False)
         if n_head_kv <= 0 or n_head % n_head_kv:
             raise GGUFError(f.path, f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
         vocab = f.get("tokenizer.ggml.tokens")
@@ -104,6 +109,15 @@ class ModelArgs:
         if args.rope_freq_base <= 0 or args.rope_freq_scale <= 0 or args.rms_eps < 0:
             raise GGUFError(f.path, "rope.freq_base, rope.scaling.factor and the RMS epsilon must be positive")
         return args
+
+
+def layer_head_counts(f: GGUFFile, key: str) -> list[int]:
+    """A per-layer head-count array (non-negative integers, one per block)."""
+    v, n = f.metadata[key], f.metadata.get(f"{f.architecture}.block_count")
+    if not isinstance(n, int) or len(v) < n or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 20 for x in v[:n]):
+        raise GGUFError(f.path, f"key '{key}' must hold a non-negative head count for each of the {n} blocks")
+    return list(v[:n])
 
 
 def expected_shapes(a: ModelArgs) -> dict[str, tuple[int, ...]]:

@@ -35,6 +35,7 @@ from kazeia.models import transformer
 from kazeia.models.base import ModelArgs
 from kazeia.models.transformer import (
     GraphOptions,
+    HybridInputs,
     Inputs,
     LayerCache,
     RecurrentLayerCache,
@@ -171,12 +172,7 @@ def required_weights(a: Args) -> list[str]:
     return [n for n in expected_shapes(a) if n != "output.weight"]
 
 
-@dataclass
-class HybridInputs(Inputs):
-    s_copy: Tensor | None = None  # I32 [n_seqs]: the recurrent-state cell each sequence reads (rs_s_copy)
-
-
-def make_inputs(n_tokens: int, *args, n_seqs: int = 1, **kw) -> HybridInputs:
+def make_inputs(n_tokens: int, *args, n_seqs: int = 1, rs_fresh: bool = False, **kw) -> HybridInputs:
     """The dense inputs (transformer.make_inputs), with 4 position streams for the multi-section rope and the
     recurrent-state cell of each sequence."""
     base = transformer.make_inputs(n_tokens, *args, **kw)

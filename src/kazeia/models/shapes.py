@@ -37,8 +37,8 @@ def shape_caches(args: ModelArgs, kv_size: int) -> list:
     out: list = []
     for i in range(args.n_layer):
         if i in recurrent:
-            out.append(RecurrentLayerCache(shape_tensor(GGMLType.F32, (args.n_embd_r, 1), f"cache_r_l{i}"),
-                                           shape_tensor(GGMLType.F32, (args.n_embd_s, 1), f"cache_s_l{i}")))
+            ssm = shape_tensor(GGMLType.F32, (args.n_embd_s, 1), f"cache_s_l{i}") if args.n_embd_s else None
+            out.append(RecurrentLayerCache(shape_tensor(GGMLType.F32, (args.n_embd_r, 1), f"cache_r_l{i}"), ssm))
         else:
             out.append(LayerCache(shape_tensor(GGMLType.F16, (args.n_embd_kv, kv_size), f"cache_k_l{i}"),
                                   shape_tensor(GGMLType.F16, (args.n_embd_kv, kv_size), f"cache_v_l{i}")))
@@ -50,7 +50,11 @@ def ubatch_graph(args: ModelArgs, weights: dict[str, Tensor], caches: list, n_to
     row), with the architecture's own inputs (the hybrid's position streams and rs_s_copy)."""
     arch = arch_module(args.arch)
     arch_inputs = getattr(arch, "make_inputs", None)
-    inp = arch_inputs(n_tokens, n_kv, 1, True) if arch_inputs is not None else make_inputs(n_tokens, n_kv, 1, True)
+    # sliding-window layers see the cells of their own cache; here priced as seeing the same n_kv (an upper bound:
+    # that cache holds at most n_swa + n_ubatch cells)
+    n_kv_swa = n_kv if getattr(arch, "swa_layers", lambda a: [])(args) else 0
+    inp = (arch_inputs(n_tokens, n_kv, 1, True) if arch_inputs is not None
+           else make_inputs(n_tokens, n_kv, 1, True, n_kv_swa=n_kv_swa))
     graph, _ = arch.build(args, weights, inp, caches, n_kv, GraphOptions(flash_attn=True))
     return graph
 

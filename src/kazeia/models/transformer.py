@@ -46,6 +46,21 @@ class Inputs:
     v_idx: Tensor | None = None  # I64 [T]: cache rows the new V go to (attn_inp_v_idxs); None: kv_idx
     mask_cnv: Tensor | None = None  # what attention reads: the F16 cast of the mask for flash attention; None: mask
     embd: Tensor | None = None  # F32 [n_embd, T]: llama.cpp's unselected embedding input (inp_embd), a leaf
+    swa: Inputs | None = None  # the sliding-window layers' own cache rows and mask (build_attn_inp_kv_iswa)
+
+    def for_layer(self, sliding: bool) -> Inputs:
+        """What a layer's attention reads: the sliding-window inputs for an SWA layer, else these."""
+        return self.swa if sliding and self.swa is not None else self
+
+
+@dataclass
+class HybridInputs(Inputs):
+    """The inputs of a model with recurrent layers: the dense ones and the recurrent-state cell of each sequence."""
+
+    s_copy: Tensor | None = None  # I32 [n_seqs]: the recurrent-state cell each sequence reads (rs_s_copy)
+    rs_fresh: bool = False  # the cells are fresh (llama.cpp's rs_z >= 0: build_rs zeroes one in the graph)
+    s_copy_main: Tensor | None = None  # views of s_copy: the ubatch's sequences' cells, and the cells beyond
+    s_copy_extra: Tensor | None = None
 
 
 @dataclass
@@ -59,34 +74,45 @@ class RecurrentLayerCache:
     """The recurrent state of a gated-delta-net layer (llama.cpp's cache_r_l / cache_s_l), one row per cell."""
 
     conv: Tensor  # F32 [(d_conv - 1) * conv_channels, n_cells]: the last d_conv - 1 inputs of the conv
-    ssm: Tensor  # F32 [S_v * S_v * H_v, n_cells]: the delta-rule state
+    ssm: Tensor | None  # F32 [S_v * S_v * H_v, n_cells]: the delta-rule state (None: a short conv has none)
 
 
 @dataclass
 class GraphOptions:
     flash_attn: bool = True
     kq_mask_cast: bool = False  # flash attention: F32 mask + F16 CPY (llama.cpp before #23764), else an F16 mask
+    n_ctx_seq: int = 0  # cells of context per sequence (llama.cpp's cparams.n_ctx_seq; Phi-3 picks its rope factors)
+
+
+def _input(t: GGMLType, ne: tuple[int, ...], name: str) -> Tensor:
+    return make_tensor(t, ne, name=name, flags=TFlag.INPUT)
+
+
+def _kv_inputs(n_tokens: int, n_kv: int, flash_attn: bool, kq_mask_cast: bool) -> dict[str, Tensor]:
+    """One KV cache's inputs: the rows the new K and V go to and the KQ mask (F16 for flash attention since #23764,
+    else F32, cast to F16 for flash attention in the May graph)."""
+    f16_mask = flash_attn and not kq_mask_cast
+    mask = _input(GGMLType.F16 if f16_mask else GGMLType.F32, (n_kv, n_tokens), "attn_inp_kq_mask")
+    return dict(kv_idx=_input(GGMLType.I64, (n_tokens,), "attn_inp_k_idxs"),
+                v_idx=_input(GGMLType.I64, (n_tokens,), "attn_inp_v_idxs"), mask=mask,
+                mask_cnv=gb.cast(mask, GGMLType.F16) if flash_attn and not f16_mask else mask)
 
 
 def make_inputs(n_tokens: int, n_kv: int, n_out: int, flash_attn: bool, kq_mask_cast: bool = False,
-                n_embd: int = 0) -> Inputs:
+                n_embd: int = 0, n_kv_swa: int = 0) -> Inputs:
     """llama.cpp's graph inputs (build_inp_embd, build_inp_pos, build_attn_inp_kv, build_inp_out_ids); `n_embd` > 0
-    adds the embedding input leaf (inp_embd) llama.cpp allocates beside the token path."""
-    def inp(t, ne, name):
-        return make_tensor(t, ne, name=name, flags=TFlag.INPUT)
-
-    f16_mask = flash_attn and not kq_mask_cast
-    mask = inp(GGMLType.F16 if f16_mask else GGMLType.F32, (n_kv, n_tokens), "attn_inp_kq_mask")
-    return Inputs(
-        tokens=inp(GGMLType.I32, (n_tokens,), "inp_tokens"),
-        pos=inp(GGMLType.I32, (n_tokens,), "inp_pos"),
-        kv_idx=inp(GGMLType.I64, (n_tokens,), "attn_inp_k_idxs"),
-        v_idx=inp(GGMLType.I64, (n_tokens,), "attn_inp_v_idxs"),
-        mask=mask,
-        mask_cnv=gb.cast(mask, GGMLType.F16) if flash_attn and not f16_mask else mask,
-        out_ids=inp(GGMLType.I32, (n_out,), "out_ids"),
-        embd=inp(GGMLType.F32, (n_embd, n_tokens), "inp_embd") if n_embd > 0 else None,
-    )
+    adds the embedding input leaf (inp_embd) llama.cpp allocates beside the token path; `n_kv_swa` > 0 adds the
+    sliding-window cache's own inputs (build_attn_inp_kv_iswa: the base cache's, then the SWA cache's)."""
+    tokens = _input(GGMLType.I32, (n_tokens,), "inp_tokens")
+    pos = _input(GGMLType.I32, (n_tokens,), "inp_pos")
+    kv = _kv_inputs(n_tokens, n_kv, flash_attn, kq_mask_cast)
+    out_ids = _input(GGMLType.I32, (n_out,), "out_ids")
+    swa = None
+    if n_kv_swa > 0:
+        swa = Inputs(tokens=tokens, pos=pos, out_ids=out_ids, **_kv_inputs(n_tokens, n_kv_swa, flash_attn,
+                                                                             kq_mask_cast))
+    return Inputs(tokens=tokens, pos=pos, out_ids=out_ids, **kv, swa=swa,
+                  embd=_input(GGMLType.F32, (n_embd, n_tokens), "inp_embd") if n_embd > 0 else None)
 
 
 def position_streams(pos: np.ndarray, n_streams: int) -> np.ndarray:
@@ -111,8 +137,11 @@ def norm(x: Tensor, weight: Tensor, eps: float, name: str, il: int | None) -> Te
 
 
 def qkv(a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """build_qkv, separate weights: MUL_MAT (+ bias) then RESHAPE, each named Qcur/Kcur/Vcur -> [D, heads, T]."""
+    """build_qkv: separate weights give MUL_MAT (+ bias) then RESHAPE, each named Qcur/Kcur/Vcur; a fused
+    `attn_qkv.weight` gives one MUL_MAT `wqkv` (+ `wqkv_b`) and three strided views of it -> [D, heads, T]."""
     p, T, D = f"blk.{il}.", cur.ne[1], a.head_dim
+    if p + "attn_qkv.weight" in w:
+        return _fused_qkv(a, w, il, cur)
     out = []
     for c, heads in (("q", a.n_head), ("k", a.n_head_kv), ("v", a.n_head_kv)):
         name = f"{c.upper()}cur"
@@ -121,6 +150,18 @@ def qkv(a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor) -> tuple[Tenso
             t = _named(gb.add(t, w[p + f"attn_{c}.bias"]), name, il)
         out.append(_named(gb.reshape(t, D, heads, T), name, il))
     return out[0], out[1], out[2]
+
+
+def _fused_qkv(a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """build_qkv's fused path (Phi-3): [D*(H + 2 Hkv), T] viewed as Q, K, V heads, no copy."""
+    p, T, D = f"blk.{il}.", cur.ne[1], a.head_dim
+    x = _named(gb.mul_mat(w[p + "attn_qkv.weight"], cur), "wqkv", il)  # [D*(H + 2 Hkv), T]
+    if p + "attn_qkv.bias" in w:
+        x = _named(gb.add(x, w[p + "attn_qkv.bias"]), "wqkv_b", il)
+    el, offs = x.nb[0], (0, a.n_embd_q, a.n_embd_q + a.n_embd_kv)
+    views = [gb.view_3d(x, D, heads, T, D * el, x.nb[1], off * el)
+             for heads, off in zip((a.n_head, a.n_head_kv, a.n_head_kv), offs)]
+    return tuple(_named(v, name, il) for v, name in zip(views, ("Qcur", "Kcur", "Vcur")))  # type: ignore[return-value]
 
 
 def attention(g: Graph, a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor, inp: Inputs,
@@ -148,14 +189,14 @@ def attention(g: Graph, a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor
 
 
 def attend(g: Graph, a: ModelArgs, il: int, q: Tensor, k: Tensor, v: Tensor, inp: Inputs, cache: LayerCache,
-           n_kv: int, opts: GraphOptions) -> Tensor:
+           n_kv: int, opts: GraphOptions, kq_scale: float | None = None, iswa: bool = False) -> Tensor:
     """llama.cpp's build_attn with a KV cache: q [D, H, T] and k, v [D, Hkv, T] (roped) -> [D*H, T]. Expands q, v,
-    k (in that order), then the cache stores (cpy_k, cpy_v), then attention over the first n_kv cells
-    (build_attn_mha)."""
+    k (in that order; q, k, v for a model with a sliding-window cache, whose build_attn takes
+    llm_graph_input_attn_kv_iswa), then the cache stores (cpy_k, cpy_v), then attention over the first n_kv cells
+    (build_attn_mha), scaled by `kq_scale` (default 1/sqrt(D); 1.0 where the architecture scaled q itself)."""
     D, H, Hkv, T = a.head_dim, a.n_head, a.n_head_kv, q.ne[2]
-    g.expand(q)
-    g.expand(v)
-    g.expand(k)
+    for t in (q, k, v) if iswa else (q, v, k):
+        g.expand(t)
 
     k2 = gb.view_2d(k, D * Hkv, T, k.nb[2])  # [D*Hkv, T]
     g.expand(gb.set_rows(cache.k, k2, inp.kv_idx))
@@ -170,25 +211,27 @@ def attend(g: Graph, a: ModelArgs, il: int, q: Tensor, k: Tensor, v: Tensor, inp
     kp = gb.permute(kv_k, 0, 2, 1, 3)  # [D, n_kv, Hkv]
     vp = gb.permute(kv_v, 0, 2, 1, 3)  # [D, n_kv, Hkv]
     mask = inp.mask_cnv if inp.mask_cnv is not None else inp.mask
-    scale = 1.0 / math.sqrt(D)
+    scale = 1.0 / math.sqrt(D) if kq_scale is None else kq_scale
     if opts.flash_attn:
         o = gb.flash_attn_ext(qp, kp, vp, mask, scale)  # [D, H, T] (unnamed in llama.cpp: node_<index>)
-        return gb.reshape(o, D * H, T)
+        return g.expand(gb.reshape(o, D * H, T))  # build_attn_mha expands its output
     kq = _named(gb.mul_mat(kp, qp), "kq", il)  # [n_kv, T, H]
     kq = _named(gb.soft_max_ext(kq, mask, scale), "kq_soft_max", il)
     vt = gb.permute(vp, 1, 0, 2, 3)  # [n_kv, D, Hkv]
     kqv = _named(gb.mul_mat(vt, kq), "kqv", il)  # [D, T, H]
     kqv = gb.permute(kqv, 0, 2, 1, 3)  # [D, H, T]
-    return gb.cont_nd(kqv, D * H, T)  # [D*H, T] contiguous
+    return g.expand(gb.cont_nd(kqv, D * H, T))  # [D*H, T] contiguous
 
 
-def ffn_swiglu(a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor) -> Tensor:
-    """build_ffn (SILU, parallel gate) then cb(ffn_out): up, gate, SWIGLU, down -> [n_embd, T]."""
+def ffn_swiglu(a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor, out_name: str = "ffn_out") -> Tensor:
+    """build_ffn (SILU, parallel gate) then cb(ffn_out): up, gate, SWIGLU, down -> [n_embd, T] (the down
+    projection named `out_name`; "" leaves it node_<index>)."""
     p = f"blk.{il}."
     up = _named(gb.mul_mat(w[p + "ffn_up.weight"], cur), "ffn_up", il)  # [n_ff, T]
     gate = _named(gb.mul_mat(w[p + "ffn_gate.weight"], cur), "ffn_gate", il)  # [n_ff, T]
     x = _named(gb.swiglu_split(gate, up), "ffn_swiglu", il)
-    return _named(gb.mul_mat(w[p + "ffn_down.weight"], x), "ffn_out", il)  # [n_embd, T]
+    down = gb.mul_mat(w[p + "ffn_down.weight"], x)  # [n_embd, T]
+    return _named(down, out_name, il) if out_name else down
 
 
 def build(a: ModelArgs, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], n_kv: int,

@@ -26,7 +26,7 @@ from kazeia.backends.cpu.kernels.dequant import dequantize_rows
 from kazeia.backends.cpu.kernels.gemv import MATVEC
 from kazeia.backends.cpu.kernels.program import MEMMOVE, MEMSET, bits32, bits64, simple
 from kazeia.backends.cpu.qmatmul import GEMV_CHUNK
-from kazeia.backends.numpy_ops import KERNELS
+from kazeia.backends.numpy_ops import KERNELS, freq_factors
 from kazeia.gguf.quants import QK
 from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
 from kazeia.graph.tensor import GGMLType, Tensor, TFlag, array, rows
@@ -137,7 +137,7 @@ def _bind_rope(be, n: Tensor, shared: dict) -> Callable | None:
             or pos.ne[0] != x.ne[2]):
         return None
     fn = (K.ROPE_NEOX if p["mode"] == ROPE_NEOX else K.ROPE_NORM).fn
-    tab = _RopeTable.of(shared, pos, p)
+    tab = _RopeTable.of(shared, n)
     prm = np.array([addr(x), addr(n), tab.cp, tab.sp, x.ne[3], x.ne[2], x.ne[1], x.ne[0], nd, x.nb[1] // 4,
                     x.nb[2] // 4, x.nb[3] // 4, n.nb[1] // 4, n.nb[2] // 4, n.nb[3] // 4], dtype=np.int64)
     pp = prm.ctypes.data
@@ -158,16 +158,20 @@ class _RopeTable:
     attn_factor in float32 (numpy_ops.rope_angles' operations, in its order)."""
 
     @classmethod
-    def of(cls, shared: dict, pos: Tensor, p: dict) -> _RopeTable:
-        key = ("rope", pos, p["n_dims"], p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
+    def of(cls, shared: dict, node: Tensor) -> _RopeTable:
+        pos, p = node.src[1], node.params
+        factors = node.src[2] if len(node.src) > 2 else None  # a weight: its values never change
+        key = ("rope", pos, factors, p["n_dims"], p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
         hit = shared.get(key)
         if hit is None:
-            hit = shared[key] = cls(pos, p)
+            hit = shared[key] = cls(pos, p, freq_factors(node))
         return hit
 
-    def __init__(self, pos: Tensor, p: dict) -> None:
+    def __init__(self, pos: Tensor, p: dict, factors: np.ndarray | None = None) -> None:
         nd, T = p["n_dims"], pos.ne[0]
         self.inv = p["freq_base"] ** (-np.arange(0, nd, 2, dtype=np.float64) / nd)
+        if factors is not None:
+            self.inv = np.ascontiguousarray(self.inv / factors)
         self.cos, self.sin = np.empty((T, nd // 2), np.float32), np.empty((T, nd // 2), np.float32)
         self.cp, self.sp = self.cos.ctypes.data, self.sin.ctypes.data
         self.args = (addr(pos), self.inv.ctypes.data, bits64(p["freq_scale"]),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kazeia.backends.numpy_ops import KERNELS, NumpyOps, rope_angles
+from kazeia.backends.numpy_ops import KERNELS, NumpyOps, freq_factors, gelu_tanh, glu_halves, rope_angles
 from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
 from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
 from kazeia.native.threads import single_blas_thread
@@ -89,13 +89,14 @@ def _fa_blocks(be, kt, vt, qs, mask, seen, out, S, Hkv, g, T, D, H) -> None:
 _rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def angles(pos: np.ndarray, p: dict) -> tuple[np.ndarray, np.ndarray]:
+def angles(pos: np.ndarray, p: dict, factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin (T, n_dims/2) * attn_factor, float32, computed once per positions and parameters (Q and K of
     every layer share them)."""
-    key = (pos.tobytes(), p["n_dims"], p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0))
+    key = (pos.tobytes(), p["n_dims"], p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0),
+           None if factors is None else factors.tobytes())
     hit = _rope_cache.get(key)
     if hit is None:
-        cos, sin = rope_angles(pos, p["n_dims"], p["freq_base"], p["freq_scale"], np.float32)
+        cos, sin = rope_angles(pos, p["n_dims"], p["freq_base"], p["freq_scale"], np.float32, factors)
         af = np.float32(p.get("attn_factor", 1.0))
         if len(_rope_cache) > 8:
             _rope_cache.clear()
@@ -110,7 +111,7 @@ def _rope(be: NumpyOps, n: Tensor) -> None:
         return KERNELS["ROPE"](be, n)
     x = be.load(n.src[0])  # (ne3, T, H, D)
     nd = p["n_dims"]
-    cos, sin = angles(array(n.src[1]).reshape(-1), p)
+    cos, sin = angles(array(n.src[1]).reshape(-1), p, freq_factors(n))
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     out = array(n)
     if nd < x.shape[-1]:
@@ -155,13 +156,27 @@ def _rms_norm(be: NumpyOps, n: Tensor) -> None:
     np.multiply(x, inv[..., None], out=array(n))
 
 
+GELU_TABLE_RANGE = 10.0  # ggml_vec_geglu_f32: 0 below -10, x * g above 10, the fp16 table between
+
+
+def gelu_fp16_table(x: np.ndarray) -> np.ndarray:
+    """ggml-cpu's GELU with GGML_GELU_FP16 (vec.h, ggml_vec_geglu_f32 / ggml_vec_gelu_f32): x rounded to fp16 indexes
+    ggml_table_gelu_f16, which holds fp16(ggml_gelu_f32(x)); outside (-10, 10) the function's limits."""
+    h = x.astype(np.float16).astype(np.float32)
+    table = gelu_tanh(h).astype(np.float16).astype(np.float32)
+    return np.where(x <= -GELU_TABLE_RANGE, np.float32(0), np.where(x >= GELU_TABLE_RANGE, x, table))
+
+
 @f32_kernel("GLU")
 def _glu(be: NumpyOps, n: Tensor) -> None:
+    if n.params["glu_op"] == "GEGLU":
+        a, b = glu_halves(be, n)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.multiply(gelu_fp16_table(a), b, out=array(n))
+        return None
     if n.params["glu_op"] != "SWIGLU":
         return KERNELS["GLU"](be, n)
-    a, b = be.load(n.src[0]), be.load(n.src[1])
-    if n.params.get("swapped"):
-        a, b = b, a
+    a, b = glu_halves(be, n)
     t = np.negative(a)  # silu(a) = a / (1 + exp(-a)), the same operations as the plain kernel
     with np.errstate(over="ignore"):
         np.exp(t, out=t)

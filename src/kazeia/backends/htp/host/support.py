@@ -123,12 +123,41 @@ def _softmax(n: Tensor) -> bool:
     return not (a.ne[0] > 32 and a.ne[0] % 32) and a.ne[0] <= 131072
 
 
+def _rope_factors(n: Tensor) -> bool:
+    """ROPE's frequency factors (src[2]), when present: F32, contiguous, at least n_dims/2 of them."""
+    ff = n.src[2] if len(n.src) > 2 else None
+    return ff is None or (ff.type == T.F32 and ff.is_contiguous() and ff.ne[0] >= n.params["n_dims"] // 2)
+
+
 def _rope(n: Tensor) -> bool:
+    """supported_rope (bb4dc86a): every tensor contiguous (so the strided Q/K views of a fused QKV stay on the CPU
+    in prefill)."""
     a, pos = n.src[0], n.src[1]
     if n.params["mode"] & 1 or n.params["mode"] == 24:  # GGML_ROPE_TYPE_VISION; MROPE and IMROPE run
         return False
     return (a.type == T.F32 and n.type == T.F32 and pos.type == T.I32 and a.is_contiguous()
-            and pos.is_contiguous() and n.is_contiguous())
+            and pos.is_contiguous() and n.is_contiguous() and _rope_factors(n))
+
+
+# NORM, NEOX, MROPE, IMROPE. Upstream also takes VISION (24) when n_dims = ne0/2; kazeia has no vision-rope
+# numerics (no graph here builds one), so it stays on the CPU as under May.
+ROPE_MODES_2026_10 = (0, 2, 8, 40)
+
+
+def _rope_2026_10(n: Tensor) -> bool:
+    """ggml_hexagon_supported_rope (0c1e57098bba): rows of contiguous floats (src0 and dst may be strided views),
+    an even n_dims within the row, a known mode, enough positions, the factors as in May. (Its VTCM-fit check
+    and rope offsets, n_offs = 0 in every graph kazeia builds, are not modelled.)"""
+    a, pos, p = n.src[0], n.src[1], n.params
+    nd, mode = p["n_dims"], p["mode"]
+    if a.type != T.F32 or n.type != T.F32 or pos.type != T.I32 or a.ne != n.ne or mode not in ROPE_MODES_2026_10:
+        return False
+    if nd < 0 or nd % 2 or nd > a.ne[0] or p["freq_base"] < 0:
+        return False
+    if pos.ne[0] < a.ne[2] * (4 if mode & 8 else 1):
+        return False
+    rows_ok = all(t.nb[0] == 4 and t.nb[1] >= 4 * t.ne[0] for t in (a, n))
+    return rows_ok and pos.is_contiguous() and _rope_factors(n)
 
 
 def _flash_attn(n: Tensor, kv_types: tuple = (T.F16,)) -> bool:
@@ -216,7 +245,8 @@ def _concat(n: Tensor) -> bool:
     return 0 <= n.params["dim"] < 4 and all(s.type in (T.F32, T.F16, T.I32) for s in n.src if s is not None)
 
 
-UNARY_CHECKS = {"SILU": _activation, "SIGMOID": _unary, "SOFTPLUS": _unary}
+UNARY_CHECKS = {"SILU": _activation, "SIGMOID": _unary, "SOFTPLUS": _unary}  # (no TANH case: the CPU's)
+GLU_OPS = ("SWIGLU", "GEGLU")
 
 
 
@@ -227,7 +257,7 @@ _CHECKS = {
     "L2_NORM": _unary, "SSM_CONV": _ssm_conv, "GATED_DELTA_NET": _gated_delta_net, "CONCAT": _concat,
 }
 # 2026-10 (ggml_hexagon_supported_set_rows, ggml_hexagon_supported_flash_attn_ext): a Q8_0 KV cache is the HTP's too
-_CHECKS_2026_10 = {**_CHECKS, "SET_ROWS": _set_rows_2026_10,
+_CHECKS_2026_10 = {**_CHECKS, "SET_ROWS": _set_rows_2026_10, "ROPE": _rope_2026_10,
                    "FLASH_ATTN_EXT": lambda n: _flash_attn(n, kv_types=(T.F16, T.Q8_0))}
 
 
@@ -239,8 +269,8 @@ def supports_op(node: Tensor, settings: HtpSettings) -> bool:
     if node.op == "UNARY":
         check = UNARY_CHECKS.get(node.params["unary_op"])
         return bool(check and check(node))
-    if node.op == "GLU":
-        return node.params["glu_op"] == "SWIGLU" and _activation(node)
+    if node.op == "GLU":  # ggml_hexagon_supported_activations: SWIGLU and GEGLU, split or fused
+        return node.params["glu_op"] in GLU_OPS and _activation(node)
     checks = _CHECKS
     if settings.profile_generation == "2026-10":
         if node.op == "MUL_MAT":

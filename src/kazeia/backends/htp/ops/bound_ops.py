@@ -94,7 +94,7 @@ def _rope(node: Tensor) -> Callable[[], None] | None:
     p = node.params
     if p.get("ext_factor", 0.0) != 0.0 or p.get("mode") != ROPE_NEOX or node.src[0].type != GGMLType.F32:
         return None
-    if len(node.src) < 2 or node.src[1].type != GGMLType.I32:
+    if len(node.src) != 2 or node.src[1].type != GGMLType.I32:  # (frequency factors: the general kernel)
         return None
     x, dst, posv = array(node.src[0]), array(node), array(node.src[1])
     nd = p["n_dims"]
