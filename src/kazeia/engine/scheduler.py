@@ -114,12 +114,6 @@ class Placement:
     index: int = -1  # position in graph.nodes
 
 
-def runs(node: Tensor) -> bool:
-    """Whether a backend computes the node: not a view, and not empty (ggml-cpu's ggml_compute_forward and
-    ggml-hexagon's op_is_compute, both versions, skip a tensor of zero elements: build_rs's zero-row copies)."""
-    return node.is_computed and node.nelements > 0
-
-
 class GraphPlan:
     """What the general path works out for a graph before it computes anything: each computed node's backend
     and Placement, the waits before it, the root it writes. Made when placement is a pure function of the node
@@ -141,7 +135,7 @@ class GraphPlan:
     def make(cls, sched: Scheduler, graph: Graph, key: tuple) -> GraphPlan:
         plan = cls(graph, key)
         for i, node in enumerate(graph.nodes):
-            if not runs(node):
+            if not node.is_computed:
                 continue
             backend, reason = sched.place(node, i)
             plan.placements.append(Placement(node.name, node.desc(), backend.name, reason, i))
@@ -225,7 +219,7 @@ class Scheduler:
         for b in self.backends:
             b.begin_graph(graph)
         for i, node in enumerate(graph.nodes):
-            if not runs(node):
+            if not node.is_computed:
                 continue
             backend, reason = self.place(node, i)
             self.placements.append(Placement(node.name, node.desc(), backend.name, reason, i))
@@ -251,7 +245,7 @@ class Scheduler:
         def make() -> tuple[int, list[Tensor], list[Placement]]:
             nodes, placements = [], []
             for i, node in enumerate(graph.nodes):
-                if runs(node):
+                if node.is_computed:
                     b, reason = self.place(node, i)
                     nodes.append(node)
                     placements.append(Placement(node.name, node.desc(), b.name, reason, i))

@@ -166,8 +166,10 @@ class Tensor:
 
     @property
     def is_computed(self) -> bool:
-        """True for nodes a backend must execute (not views, not leaves)."""
-        return self.op not in VIEW_OPS
+        """True for nodes a backend must execute: not views, not leaves, not empty (ggml-cpu's ggml_compute_forward
+        and ggml-hexagon's op_is_compute, both versions, skip a tensor of zero elements: build_rs's zero-row
+        copies)."""
+        return self.op not in VIEW_OPS and self.nelements > 0
 
     @property
     def data_addr(self) -> int:

@@ -165,4 +165,6 @@ def build(a: Args, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], 
     logits = _named(logits, "result_output")
     logits.flags |= TFlag.OUTPUT
     g.expand(logits)
+    for t in (inp.kv_idx, inp.v_idx, inp.mask):  # the base cache's inputs even when every layer slides
+        g.expand(t)
     return g, logits
