@@ -70,6 +70,25 @@ def tiny_qwen2(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory) -> str:
+    """Tiny random Gemma 3 (6 layers: five sliding-window layers of window 8, then a global one), F32 weights."""
+    return _write(tmp_path_factory, "tiny_gemma3", arch="gemma3", wtype="f32")
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3(tmp_path_factory) -> str:
+    """Tiny random Phi-3 (fused QKV and gate/up), F32 weights; full rotary and no LongRoPE factors, which
+    transformers' GGUF loader does not read (the converter-written file of tests/data has both)."""
+    return _write(tmp_path_factory, "tiny_phi3", arch="phi3", wtype="f32", n_rot=0, rope_factors=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_lfm2(tmp_path_factory) -> str:
+    """Tiny random LFM2 (short conv, attention, short conv, attention), F32 weights."""
+    return _write(tmp_path_factory, "tiny_lfm2", arch="lfm2", wtype="f32")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_narrow_heads(tmp_path_factory) -> str:
     """Qwen3 whose q width differs from the hidden size (4 heads x 32 = 128 != 256), like Qwen3-4B; untied."""
     return _write(tmp_path_factory, "tiny_qwen3_nh", arch="qwen3", wtype="f32", head_dim=32, tied=False, seed=3)

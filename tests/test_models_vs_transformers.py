@@ -51,7 +51,12 @@ def hf_model(path: str):
         arch = r.get_field("general.architecture").contents()
         head_dim = int(r.get_field(f"{arch}.attention.key_length").contents())
         d, name = os.path.split(path)
-        kw = {} if arch == "qwen2" else {"head_dim": head_dim}  # (Qwen2's config derives it: hidden / heads)
+        # (Qwen2's, Phi-3's and LFM2's configs derive it: hidden / heads)
+        kw = {} if arch in ("qwen2", "phi3", "lfm2") else {"head_dim": head_dim}
+        # what llama.cpp reads differently from transformers' GGUF defaults: Gemma 3 scales q by 1/sqrt(head_dim)
+        # (hparams.f_attention_scale), not by Gemma3Config's default query_pre_attn_scalar of 256; Phi-3's default
+        # pad_token_id (32000) is past a tiny vocabulary
+        kw.update({"gemma3": {"query_pre_attn_scalar": head_dim}, "phi3": {"pad_token_id": 0}}.get(arch, {}))
         m = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32, **kw)
         m.eval()
         _hf_cache[path] = m
@@ -69,7 +74,8 @@ def ours(path: str, backend: str = "cpu", n_ctx: int = 64, **kw) -> Context:
     return Context(Model.load(path), Scheduler([be]), n_ctx=n_ctx, **kw)
 
 
-MODELS = ["tiny_qwen3", "tiny_llama", "tiny_qwen2", "tiny_qwen3_narrow_heads", "tiny_qwen3_q4"]
+MODELS = ["tiny_qwen3", "tiny_llama", "tiny_qwen2", "tiny_gemma3", "tiny_phi3", "tiny_lfm2", "tiny_qwen3_narrow_heads",
+          "tiny_qwen3_q4"]
 
 
 @pytest.fixture(params=MODELS)

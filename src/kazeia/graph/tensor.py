@@ -155,7 +155,10 @@ class Tensor:
         return n
 
     def is_contiguous(self) -> bool:
-        return self.nb == contiguous_strides(self.type, self.ne)
+        """ggml_is_contiguous: the strides of packed rows, except that a dimension of extent 1, never stepped
+        through, may have any stride (a one-token view of a fused QKV is contiguous)."""
+        want = contiguous_strides(self.type, self.ne)
+        return all(n == 1 or a == b for n, a, b in zip(self.ne, self.nb, want))
 
     def is_view(self) -> bool:
         return self.view_src is not None
