@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from kazeia.backends.htp import HtpSettings
-from kazeia.backends.htp.cost import ssm_conv_seconds
 from kazeia.backends.htp.cost import DEFAULT as COST
+from kazeia.backends.htp.cost import ssm_conv_seconds
 from kazeia.backends.htp.host.support import supports_op
 from kazeia.engine.session import RunSpec, build_context
 from kazeia.graph import builder as gb
