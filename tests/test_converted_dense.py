@@ -97,6 +97,7 @@ def test_runs_on_htp0_under_every_profile(arch, profile):
 
 # per architecture: nodes the values log must have judged (a named node of the first and last layers, an unnamed one)
 JUDGED = {"qwen2": {"Qcur-0", "ffn_out-3", "result_output", "node_24"},
+          "llama": {"Qcur-0", "attn_out-0", "ffn_out-3", "result_output"},
           "gemma3": {"Qcur_normed-0", "ffn_geglu-4", "sa_out-5", "inp_scaled", "result_output"},
           "phi3": {"wqkv-0", "ffn_swiglu-3", "l_out-2", "result_output"},
           "lfm2": {"model.layers.{}.conv.conv-0", "model.layers.{}.self_attn.out_proj-1", "node_17", "result_output"}}
@@ -110,7 +111,9 @@ def test_per_op_values_agree_with_llama_eval_callback(arch):
     training context, 512 or 1024 cells): Phi-3 takes its long rope factors, as llama.cpp did."""
     from kazeia.debug.evalcb import compare_log, parse_log, reference_nodes
 
-    log, tokens = parse_log(open(os.path.join(DATA, f"eval_callback_{arch}_tiny_f32_values.txt")).read())
+    name = ("eval_callback_llama_converted_f32_values.txt" if arch == "llama"
+            else f"eval_callback_{arch}_tiny_f32_values.txt")
+    log, tokens = parse_log(open(os.path.join(DATA, name)).read())
     nodes = reference_nodes(RunSpec(model=FILES[arch][0], tokens=tokens, device="REF"))
     checks = compare_log(log, nodes)
     assert not [c for c in checks if c.status == "DEPARTS"]

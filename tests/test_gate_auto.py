@@ -149,3 +149,35 @@ def test_every_failing_class_gets_a_rule_from_its_verdicts(q4b2, tmp_path, monke
     assert {r.action for r in res.policy.rules} == {"cpu"}  # HVX itself failed; no M below 1 to split to
     assert sorted((r.k, r.n, r.m) for r in res.policy.rules) == sorted(
         ((c.k, c.k), (c.n, c.n), (c.ms[0], c.ms[-1])) for c in hvx)
+
+
+@pytest.mark.slow  # child processes
+@pytest.mark.parametrize("profile", ["2026-05", "2026-10"])
+def test_a_short_conv_class_is_validated_and_gated(tmp_path, monkeypatch, profile):
+    """LFM2 (q8_0): its short convs are classes of their own, one per DSP kernel (op_scratch): under 2026-05 the
+    scalar loop below 32 tokens and the HVX kernel from 32, whose shifted weight reads (#24470) fail against REF in
+    the child's one-op run, so the policy routes SSM_CONV at M 32..ub to the host, validated there; under 2026-10
+    (one HVX kernel, fixed) nothing is routed. A run with the policy then computes what the CPU does."""
+    from kazeia.gguf.writer import preset, write_model
+
+    monkeypatch.setenv("KAZEIA_GATE_CACHE", str(tmp_path / "cache"))
+    kazeia_settings.reload()
+    path = str(tmp_path / "lfm2_q8.gguf")
+    write_model(preset("tiny", arch="lfm2", wtype="q8_0"), path)
+    settings = HtpSettings(profile=profile)
+    classes, _ = enumerate_classes(Model.load(path), settings, 48)
+    convs = [c for c in classes if c.op == "SSM_CONV"]
+    assert {c.plan[2]: (c.ms[0], c.ms[-1]) for c in convs} == (
+        {"scalar": (1, 31), "hvx": (32, 48)} if profile == "2026-05" else {"hvx": (1, 48)})
+    res = auto_policy(path, settings, ubatch=48, use_cache=False)
+    rules = [r for r in res.policy.rules if r.op == "SSM_CONV"]
+    if profile == "2026-10":
+        assert not rules
+        return
+    (rule,) = rules
+    assert rule.action == "cpu" and rule.m == (32, 48) and "the host validates" in rule.why
+    tokens = list(range(3, 43))  # 40: the HVX kernel's sizes
+    cpu = session("-m", path, "-dev", "CPU").ctx.decode(tokens)[-1]
+    gated = session("-m", path, "-dev", "HTP0", "--htp-profile", "2026-05", "--gates", res.cache_path).ctx.decode(
+        tokens)[-1]
+    assert nmse(gated, cpu) < 1e-4

@@ -138,8 +138,9 @@ def test_generation_stops_when_the_context_is_full(tiny_qwen3):
 
 
 def test_cli_prompt_longer_than_context(tiny_qwen3):
+    # -c 8 is 256 cells, as llama_context pads n_ctx: a prompt of more than 256 tokens overflows it
     r = subprocess.run([sys.executable, "-m", "kazeia", "run", "-m", tiny_qwen3, "-c", "8", "-n", "2", "--temp", "0",
-                        "-p", "this prompt is certainly longer than eight tokens of context"],
+                        "-p", "this prompt is certainly longer than the context " * 60],
                        capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

@@ -256,8 +256,8 @@ def test_work_that_cannot_finish_is_refused_up_front(tiny_qwen3_q4, tmp_path, ar
 def test_a_prompt_larger_than_the_context_can_hold_is_refused_before_tokenizing(tmp_path, tiny_qwen3_q4):
     p = tmp_path / "p.txt"
     p.write_bytes(b"hello world " * 200_000)
-    r = kazeia("run", "-m", tiny_qwen3_q4, "-f", str(p), "-c", "64", "-n", "1")
-    assert r.returncode != 0 and "cannot fit in the context of 64 tokens" in one_line(r.stderr)
+    r = kazeia("run", "-m", tiny_qwen3_q4, "-f", str(p), "-c", "64", "-n", "1")  # 256 cells: llama.cpp's padding
+    assert r.returncode != 0 and "cannot fit in the context of 256 tokens" in one_line(r.stderr)
 
 
 def test_internal_error_status_is_distinct():

@@ -343,7 +343,7 @@ def test_gate_validation_cases_read_finished_outputs(tiny_qwen3_q4, m, path):
     from kazeia.debug.gate.child import _case
     from kazeia.engine.context import Model
 
-    got = _case(Model.load(tiny_qwen3_q4), "blk.0.ffn_down.weight", m, path, HtpSettings.from_env({}), 0)
+    got = _case(Model.load(tiny_qwen3_q4), "MUL_MAT", "blk.0.ffn_down.weight", m, path, HtpSettings.from_env({}), 0)
     assert got["ok"], got
 
 

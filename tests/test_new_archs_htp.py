@@ -22,6 +22,7 @@ from kazeia.backends.htp import HtpSettings
 from kazeia.backends.htp.cost import DEFAULT as COST
 from kazeia.backends.htp.cost import ssm_conv_seconds
 from kazeia.backends.htp.host.support import supports_op
+from kazeia.debug.investigate import investigate
 from kazeia.engine.session import RunSpec, build_context
 from kazeia.graph import builder as gb
 from kazeia.graph.tensor import GGMLType, TFlag, make_tensor
@@ -87,3 +88,31 @@ def test_lfm2_short_conv_under_each_version(profile):
             tokens[:n])[-1]
         wrong = _nmse(got, ref) > 1e-3
         assert wrong == (may_defect and profile == "2026-05"), (n, profile, _nmse(got, ref))
+
+
+@pytest.mark.slow  # an investigation: about ten runs
+def test_investigate_names_lfm2s_short_conv_and_validates_its_gate(tmp_path):
+    """`kazeia investigate` on llama.cpp's own LFM2 file, 2026-05, the 35-token prompt: the first op out of
+    tolerance is layer 0's short conv (its llama.cpp name, `{}` included), 2026-10's code computes it right, and the
+    gate that routes the SSM_CONV nodes to the CPU is validated by a rerun."""
+    spec = RunSpec(model=FILE["lfm2"], prompt="Once upon a time there was a small model that", device="HTP0",
+                   htp_profile="2026-05")
+    inv = investigate(spec, str(tmp_path / "inv"), progress=lambda msg: None)
+    assert "is model.layers.{}.conv.conv-0" in inv.verdict
+    assert "the 2026-10 code computes model.layers.{}.conv.conv-0 right" in inv.verdict
+    assert "SSM_CONV" in inv.verdict and "validated by a rerun" in inv.verdict
+
+
+def test_hmx_outputs_of_a_width_not_a_multiple_of_32_left_in_vtcm(tmp_path):
+    """2026-10 plans a quantized MUL_MAT of N = 16 on HMX (one KV head x 16; the solver pads N to 32). LFM2's short
+    conv CONCAT then reads VTCM, which makes the image of the output tiles that matmul left there: whole tiles,
+    not a 16-column image the packer refuses (it was an internal error)."""
+    from kazeia.gguf.writer import preset, write_model
+
+    path = str(tmp_path / "lfm2_q8.gguf")
+    write_model(preset("tiny", arch="lfm2", wtype="q8_0", n_embd=64, n_ff=128, n_head=4, n_head_kv=1, head_dim=16,
+                       n_vocab=512), path)
+    tokens = list(range(3, 38))
+    ref = build_context(RunSpec(model=path, device="REF", ctx=64)).decode(tokens)[-1]
+    got = build_context(RunSpec(model=path, device="HTP0", htp_profile="2026-10", ctx=64)).decode(tokens)[-1]
+    assert _nmse(got, ref) < 1e-3

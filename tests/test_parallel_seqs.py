@@ -98,7 +98,7 @@ def test_decode_seqs_refusals(tiny35_q4):
     with pytest.raises(KazeiaError, match="2 sequences|1 sequences"):
         ctx.decode_seqs([[1, 2]])
     with pytest.raises(KazeiaError, match="do not fit in the context"):
-        ctx.decode_seqs([list(range(10, 27))] * 2)  # 2 x 17 > 32 cells
+        ctx.decode_seqs([list(range(10, 139))] * 2)  # 2 x 129 > 256 cells (-c 32, padded as llama.cpp pads it)
     with pytest.raises(KazeiaError, match="decode_seqs"):
         ctx.decode([1, 2])
     with pytest.raises(KazeiaError, match="raise -ub"):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kazeia.errors import UnsupportedError
-from kazeia.graph.builder import ROPE_IMROPE, ROPE_MROPE, ROPE_NEOX, ROPE_NORM
+from kazeia.graph.builder import ROPE_IMROPE, ROPE_MROPE, ROPE_NEOX, ROPE_NORM, gdn_snapshots
 from kazeia.graph.tensor import Tensor, TFlag, array
 
 Kernel = Callable[["NumpyOps", Tensor], None]
@@ -384,7 +384,7 @@ def delta_rule(q, k, v, g, beta, m, scale, snapshots=None):
 def _gated_delta_net(be: NumpyOps, n: Tensor) -> None:
     qt, kt, vt, gt, bt, st = n.src
     S, H, T, n_seqs = vt.ne
-    K = st.ne[1]
+    K = gdn_snapshots(n)
     seqs, heads = np.arange(n_seqs), np.arange(H)
 
     def bcast(t: Tensor) -> np.ndarray:  # (n_seqs, T, H, S): tiled over heads, grouped over sequences
@@ -393,7 +393,7 @@ def _gated_delta_net(be: NumpyOps, n: Tensor) -> None:
 
     q, k, v = bcast(qt), bcast(kt), be.load(vt)
     g, beta = be.load(gt), be.load(bt)[..., 0]
-    m = np.array(be.load(st)[0, :, 0].reshape(n_seqs, H, S, S))  # slot 0 of each sequence
+    m = np.array(be.load(st).reshape(n_seqs, -1, H * S * S)[:, 0].reshape(n_seqs, H, S, S))  # each one's slot 0
     out = be.load(n).reshape(-1).copy() if K > 1 else np.empty(n.nelements, dtype=be.ft)
     n_att = S * H * T * n_seqs
     snaps = out[n_att:].reshape(K, n_seqs, H, S, S)

@@ -197,9 +197,14 @@ def _check_prompt_size(text: str, n_ctx: int, tok: GGUFTokenizer) -> None:
 # --- building a run ------------------------------------------------------------------------------------------
 
 
+CTX_PAD = 256  # llama_context pads n_ctx to 256 cells (llama-context.cpp, #17046)
+
+
 def n_ctx_for(spec: RunSpec, model: Model) -> int:
-    """-c: the context size, at most the training context; 0 is the training context (llama-cli's meaning)."""
-    return min(spec.ctx, model.args.n_ctx_train) if spec.ctx > 0 else model.args.n_ctx_train
+    """-c: the context size, at most the training context (0: the training context, llama-cli's meaning), padded
+    to 256 cells as llama_context pads it (so a model trained on 128 tokens gets 256 cells, as in llama.cpp)."""
+    n = min(spec.ctx, model.args.n_ctx_train) if spec.ctx > 0 else model.args.n_ctx_train
+    return -(-n // CTX_PAD) * CTX_PAD
 
 
 def kv_type(name: str, flag: str) -> GGMLType:

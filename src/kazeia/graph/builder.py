@@ -293,20 +293,34 @@ def ssm_conv(sx: Tensor, c: Tensor, name: str = "") -> Tensor:
 
 
 def gated_delta_net(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
-                    name: str = "") -> Tensor:
-    """ggml_gated_delta_net (ggml bb4dc86a form): q, k [S, H_k, T, n_seqs], v [S, H, T, n_seqs], g [1 | S, H, T,
-    n_seqs], beta [1, H, T, n_seqs], state [S*S*H, K, n_seqs] -> [S*H, T*n_seqs + K*S*n_seqs]: the outputs of
-    every token, then K state snapshots (the final state when K = 1). q/k heads broadcast tiled (head h reads
-    q head h % H_k), q is scaled by 1/sqrt(S) inside."""
+                    name: str = "", snapshots: int = 1) -> Tensor:
+    """ggml_gated_delta_net: q, k [S, H_k, T, n_seqs], v [S, H, T, n_seqs], g [1 | S, H, T, n_seqs], beta
+    [1, H, T, n_seqs] -> [S*H, T*n_seqs + K*S*n_seqs]: the outputs of every token, then K state snapshots (the
+    final state when K = 1). q/k heads broadcast tiled (head h reads q head h % H_k), q is scaled by 1/sqrt(S)
+    inside. The state comes in either upstream form: today's ggml (0c1e57098bba) takes the initial state
+    [S, S, H, n_seqs] and K as an op param (`snapshots`); ggml bb4dc86a took [S*S*H, K, n_seqs], K its ne[1]."""
     S, H, T, n_seqs = v.ne
-    K = state.ne[1]
+    today = state.ne == (S, S, H, n_seqs)
+    K = snapshots if today else state.ne[1]
     ok = (q.ne[0] == k.ne[0] == S and q.ne[2] == k.ne[2] == T and H % q.ne[1] == 0 and H % k.ne[1] == 0
           and n_seqs % q.ne[3] == 0 and n_seqs % k.ne[3] == 0 and g.ne[0] in (1, S) and g.ne[1:] == (H, T, n_seqs)
-          and beta.ne == (1, H, T, n_seqs) and state.ne == (S * S * H, K, n_seqs, 1))
+          and beta.ne == (1, H, T, n_seqs) and (today or state.ne == (S * S * H, K, n_seqs, 1)) and K >= 1)
     if not ok:
         raise ValueError(f"gated_delta_net: inconsistent shapes q{q.ne} k{k.ne} v{v.ne} g{g.ne} beta{beta.ne} "
                          f"state{state.ne}")
-    return _result("GATED_DELTA_NET", F32, (S * H, T * n_seqs + K * S * n_seqs), (q, k, v, g, beta, state), name)
+    params = {"K": int(K)} if today else {}
+    return _result("GATED_DELTA_NET", F32, (S * H, T * n_seqs + K * S * n_seqs), (q, k, v, g, beta, state), name,
+                   **params)
+
+
+def gdn_snapshots(node: Tensor) -> int:
+    """K, the state snapshots a GATED_DELTA_NET node writes: today's op param, or the May form's state ne[1]."""
+    return node.params.get("K", node.src[5].ne[1])
+
+
+def gdn_state_slots(node: Tensor) -> int:
+    """States per sequence its state source holds: 1 in today's form, K in the May form."""
+    return 1 if "K" in node.params else node.src[5].ne[1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,14 +19,13 @@ vocabulary 65536, tied.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, replace
 
 from kazeia.errors import GGUFError
 from kazeia.gguf.reader import GGUFFile
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import ROPE_NEOX, Graph
-from kazeia.graph.tensor import GGMLType, Tensor, TFlag, make_tensor
+from kazeia.graph.tensor import Tensor, TFlag
 from kazeia.models import transformer
 from kazeia.models.base import ModelArgs, layer_head_counts
 from kazeia.models.transformer import (
@@ -37,7 +36,9 @@ from kazeia.models.transformer import (
     _named,
     attend,
     ffn_swiglu,
+    hybrid_inputs,
     norm,
+    read_state,
 )
 
 ARCH = "lfm2"
@@ -69,12 +70,15 @@ class Args(ModelArgs):
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> Args:
+        kv_key = f"{ARCH}.attention.head_count_kv"
+        if isinstance(f.metadata.get(kv_key), list) and not any(layer_head_counts(f, kv_key)):
+            raise GGUFError(f.path, f"key '{kv_key}' gives no layer attention heads: an LFM2 without attention layers "
+                                    "(llama.cpp cannot load one either)")
         a = super().from_gguf(f)
         l_cache = f.metadata.get(f"{ARCH}.shortconv.l_cache")
         if isinstance(l_cache, bool) or not isinstance(l_cache, int) or not 1 < l_cache <= 64:
             raise GGUFError(f.path, f"key '{ARCH}.shortconv.l_cache' must be an integer in [2, 64], not "
                                     f"{str(l_cache)[:40]!r}")
-        kv_key = f"{ARCH}.attention.head_count_kv"
         counts = (layer_head_counts(f, kv_key) if isinstance(f.metadata.get(kv_key), list)
                   else [a.n_head_kv] * a.n_layer)
         if any(c not in (0, a.n_head_kv) for c in counts):
@@ -126,24 +130,7 @@ def make_inputs(n_tokens: int, n_kv: int, n_out: int, flash_attn: bool, kq_mask_
                 n_seqs: int = 1, rs_fresh: bool = False, n_kv_swa: int = 0) -> HybridInputs:
     """The dense inputs and the recurrent-state cells (rs_s_copy); `rs_fresh`: the cells hold no state yet."""
     base = transformer.make_inputs(n_tokens, n_kv, n_out, flash_attn, kq_mask_cast, n_kv_swa=n_kv_swa)
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-    s_copy = fields["s_copy"] = make_tensor(GGMLType.I32, (n_seqs,), name="rs_s_copy", flags=TFlag.INPUT)
-    el = s_copy.nb[0]  # build_rs_inp_impl: n_rs = n_seqs cells here, so the extra view is empty
-    main = gb.view(s_copy, (n_seqs,), (el,), name="rs_s_copy (view)")
-    extra = gb.view(s_copy, (0,), (el,), n_seqs * el, name="rs_s_copy (view)")
-    return HybridInputs(**fields, rs_fresh=rs_fresh, s_copy_main=main, s_copy_extra=extra)
-
-
-def read_state(g: Graph, cache: Tensor, inp: HybridInputs) -> Tensor:
-    """build_rs: [state, n_cells] -> the sequences' rows [state, n_seqs], with its three side effects expanded in
-    llama.cpp's order (zero a fresh cell, copy the cells beyond this ubatch's sequences: none here)."""
-    size, n_seqs = cache.ne[0], inp.s_copy.ne[0]
-    states = gb.reshape(cache, size, cache.ne[1])
-    g.expand(gb.scale_inplace(gb.view(states, (size if inp.rs_fresh else 0,), (states.nb[0],)), 0.0))
-    rows = g.expand(gb.get_rows(states, inp.s_copy_main))  # [state, n_seqs]
-    rest = gb.view_2d(cache, size, inp.s_copy_extra.ne[0], cache.nb[1], n_seqs * cache.nb[1])
-    g.expand(gb.cpy(gb.get_rows(states, inp.s_copy_extra), rest))
-    return rows
+    return hybrid_inputs(base, n_seqs, rs_fresh)
 
 
 def short_conv(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tensor, inp: HybridInputs,

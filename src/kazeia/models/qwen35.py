@@ -16,7 +16,9 @@ post_attention_norm -> SwiGLU FFN -> + residual.
 V heads come in ggml's tiled order (the converter reorders them from Hugging Face's grouped order), so GDN
 broadcasts q/k heads with h % H_k. Shapes: ggml order [ne0, ne1, ...]; T tokens, C = conv channels.
 Node names, order and shapes are llama.cpp's (tests/test_llama_graph.py checks them against llama-eval-callback on
-the converter's own file), but for build_rs's zero-row and cell-zeroing nodes (see _state_rows) and the L2 norm.
+the converter's own file), build_rs's state nodes included, in the graph of the llama.cpp modeled: today's
+(RMS_NORM + SCALE for the q/k L2 norm, #28068; the delta-net state as [S, S, H, n_seqs] with K an op param) or,
+under the 2026-05 profile, May's (ggml_l2_norm; the state as [S*S*H, K, n_seqs]).
 Qwen3.5-4B text: 32 layers (every 4th attention), hidden 2560, FFN 9216, 16 q / 4 KV heads x 256, rope on 64
 dims, theta 1e7, sections [11, 11, 10, 0]; GDN 16 K heads / 32 V heads x 128, conv kernel 4; vocab 248320.
 """
@@ -42,7 +44,9 @@ from kazeia.models.transformer import (
     _named,
     attend,
     ffn_swiglu,
+    hybrid_inputs,
     norm,
+    read_state,
 )
 
 ARCH = "qwen35"
@@ -176,10 +180,8 @@ def make_inputs(n_tokens: int, *args, n_seqs: int = 1, rs_fresh: bool = False, *
     """The dense inputs (transformer.make_inputs), with 4 position streams for the multi-section rope and the
     recurrent-state cell of each sequence."""
     base = transformer.make_inputs(n_tokens, *args, **kw)
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-    fields["pos"] = make_tensor(GGMLType.I32, (N_POS_STREAMS * n_tokens,), name="inp_pos", flags=TFlag.INPUT)
-    fields["s_copy"] = make_tensor(GGMLType.I32, (n_seqs,), name="rs_s_copy", flags=TFlag.INPUT)
-    return HybridInputs(**fields)
+    pos = make_tensor(GGMLType.I32, (N_POS_STREAMS * n_tokens,), name="inp_pos", flags=TFlag.INPUT)
+    return hybrid_inputs(base, n_seqs, rs_fresh, pos=pos)
 
 
 def full_attention(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tensor, inp: Inputs, cache: LayerCache,
@@ -194,31 +196,29 @@ def full_attention(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tensor
     q = gb.view_3d(q_full, D, H, T, 2 * D * el, 2 * D * H * el, name=f"Qcur_reshaped-{il}")  # [D, H, T] strided
     q = norm(q, w[p + "attn_q_norm.weight"], a.rms_eps, "Qcur_normed", il)
     k = norm(gb.reshape(k, D, Hkv, T), w[p + "attn_k_norm.weight"], a.rms_eps, "Kcur_normed", il)
-    gate = gb.view_3d(q_full, D, H, T, 2 * D * el, 2 * D * H * el, D * el, name=f"gate-{il} (view)")
+    gate = gb.view_3d(q_full, D, H, T, 2 * D * el, 2 * D * H * el, D * el)  # `Qcur_full-il (view)`
     gate = _named(gb.cont_nd(gate, D * H, T), "gate_reshaped", il)  # [D*H, T]
-    v = gb.reshape(v, D, Hkv, T)
+    v = gb.reshape(v, D, Hkv, T, name=f"Vcur-{il}")
     rope = dict(n_dims=a.n_rot, sections=a.rope_sections, mode=ROPE_IMROPE, freq_base=a.rope_freq_base,
                 freq_scale=a.rope_freq_scale, n_ctx_orig=a.n_ctx_train)
     q = _named(gb.rope_multi(q, inp.pos, **rope), "Qcur", il)
     k = _named(gb.rope_multi(k, inp.pos, **rope), "Kcur", il)
-    o = attend(g, a, il, q, k, v, inp, cache, n_kv, opts)  # [D*H, T]
+    o = _named(attend(g, a, il, q, k, v, inp, cache, n_kv, opts), "attn_pregate", il)  # [D*H, T]
     o = _named(gb.mul(o, _named(gb.sigmoid(gate), "gate_sigmoid", il)), "attn_gated", il)
     return _named(gb.mul_mat(w[p + "attn_output.weight"], o), "attn_output", il)  # [E, T]
 
 
-def _state_rows(g: Graph, cache_tensor: Tensor, s_copy: Tensor, name: str, il: int) -> Tensor:
-    """build_rs: the rows of the sequences' cells, gathered (GET_ROWS) into the compute buffer and expanded; named
-    `name` when given (conv_states), else ggml's node_<index> (the SSM state, named by its reshape).
-    llama.cpp also zeroes a freshly allocated cell in the graph (SCALE by 0) and copies the cells of sequences
-    beyond this ubatch's (GET_ROWS + CPY); kazeia's recurrent cache zeroes its cells on reset and every micro-batch
-    holds all its sequences (zero rows beyond), so those three nodes per state are not built."""
-    states = gb.reshape(cache_tensor, cache_tensor.ne[0], cache_tensor.ne[1], name=f"{cache_tensor.name} (reshaped)")
-    rows = gb.get_rows(states, s_copy)
-    return g.expand(_named(rows, name, il) if name else rows)  # [state_size, n_seqs]
+def l2_norm(x: Tensor, eps: float, opts: GraphOptions) -> Tensor:
+    """The q/k L2 norm: ggml_l2_norm in the May 2026 graph; today's llama.cpp (#28068, models.h build_gdn_l2_norm)
+    builds RMS_NORM with eps/n then SCALE by 1/sqrt(n), the RMS_NORM unnamed."""
+    if opts.kq_mask_cast:  # the May graph
+        return gb.l2_norm(x, eps)
+    n = x.ne[0]
+    return gb.scale(gb.rms_norm(x, eps / n), 1.0 / n ** 0.5)
 
 
 def gated_delta_net(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tensor, inp: HybridInputs,
-                    cache: RecurrentLayerCache) -> Tensor:
+                    cache: RecurrentLayerCache, opts: GraphOptions) -> Tensor:
     """build_layer_attn_linear (fused delta rule; sequence s in recurrent cell s): cur [E, n_seqs*T] -> [E, n_seqs*T],
     T tokens per sequence (llama.cpp's n_seq_tokens; split_equal gives every sequence as many)."""
     n_seqs = inp.s_copy.ne[0]
@@ -237,8 +237,8 @@ def gated_delta_net(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tenso
     gate = gb.reshape(gate, 1, Hv, T, n_seqs)
 
     # conv state: the last dc-1 inputs of every channel, then this ubatch's columns; the new last dc-1 go back
-    conv_states = _state_rows(g, cache.conv, inp.s_copy, "conv_states", il)  # [(dc-1)*C, n_seqs]
-    conv_states = gb.reshape(conv_states, dc - 1, C, n_seqs)
+    conv_states = read_state(g, cache.conv, inp, "conv_states", il)  # [(dc-1)*C, n_seqs]
+    conv_states = gb.reshape(conv_states, dc - 1, C, n_seqs, name=f"conv_states_reshaped-{il}")
     qkv = gb.reshape(qkv, C, T, n_seqs, name=f"linear_attn_qkv_mixed-{il}")
     qkv_t = gb.transpose(qkv, name=f"qkv_mixed_transposed-{il}")  # [T, C, n_seqs]
     conv_input = _named(gb.concat(conv_states, qkv_t, 0), "conv_input", il)  # [dc-1+T, C, n_seqs]
@@ -247,9 +247,11 @@ def gated_delta_net(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tenso
     update = gb.view_2d(cache.conv, a.n_embd_r, n_seqs, cache.conv.nb[1], name=f"conv_state_update-{il}")
     g.expand(gb.cpy(last, update))  # ggml's name: conv_state_update-il (copy of conv_state_last-il)
 
-    state = _state_rows(g, cache.ssm, inp.s_copy, "", il)  # [S*S*Hv, n_seqs]
-    # ggml bb4dc86a's form: [D, K = 1 snapshot, n_seqs]
-    state = gb.reshape(state, S * S * Hv, 1, n_seqs, name=f"state_predelta-{il}")
+    state = read_state(g, cache.ssm, inp)  # [S*S*Hv, n_seqs]
+    # the GATED_DELTA_NET state of the llama.cpp modeled: [S, S, Hv, n_seqs] (today's ggml), or ggml bb4dc86a's
+    # [S*S*Hv, K = 1 snapshot, n_seqs] in the May graph
+    state_ne = (S * S * Hv, 1, n_seqs) if opts.kq_mask_cast else (S, S, Hv, n_seqs)
+    state = gb.reshape(state, *state_ne, name=f"state_predelta-{il}")
 
     conv = _named(gb.ssm_conv(conv_input, w[p + "ssm_conv1d.weight"]), "conv_output_raw", il)  # [C, T, n_seqs]
     conv = _named(gb.silu(conv), "conv_output_silu", il)
@@ -257,10 +259,9 @@ def gated_delta_net(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tenso
     el = conv.nb[0]
     q = gb.view_4d(conv, S, Hk, T, n_seqs, S * el, row, row * T, 0, name=f"q_conv-{il}")
     k = gb.view_4d(conv, S, Hk, T, n_seqs, S * el, row, row * T, S * Hk * el, name=f"k_conv-{il}")
-    v = gb.view_4d(conv, S, Hv, T, n_seqs, S * el, row, row * T, 2 * S * Hk * el, name=f"v_conv-{il}")
-    # ggml_l2_norm, as in the May 2026 graph (llama.cpp #28068 later builds it as RMS_NORM(eps/n) + SCALE 1/sqrt(n))
-    q = _named(gb.l2_norm(q, a.rms_eps), "q_conv_predelta", il)
-    k = _named(gb.l2_norm(k, a.rms_eps), "k_conv_predelta", il)
+    v = gb.view_4d(conv, S, Hv, T, n_seqs, S * el, row, row * T, 2 * S * Hk * el, name=f"v_conv_predelta-{il}")
+    q = _named(l2_norm(q, a.rms_eps, opts), "q_conv_predelta", il)
+    k = _named(l2_norm(k, a.rms_eps, opts), "k_conv_predelta", il)
 
     res = gb.gated_delta_net(q, k, v, gate, beta, state)  # [S*Hv, T*n + S*n]
     el = res.nb[0]
@@ -291,7 +292,7 @@ def build(a: Args, w: dict[str, Tensor], inp: HybridInputs, caches: list, n_kv: 
         p = f"blk.{il}."
         h = g.expand(norm(x, w[p + "attn_norm.weight"], a.rms_eps, "attn_norm", il))
         if a.is_recurrent(il):
-            h = gated_delta_net(g, a, w, il, h, inp, caches[il])
+            h = gated_delta_net(g, a, w, il, h, inp, caches[il], opts)
         else:
             h = full_attention(g, a, w, il, h, inp, caches[il], n_kv, opts)
         res = _named(gb.add(h, x), "attn_residual", il)

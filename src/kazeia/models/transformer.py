@@ -25,6 +25,7 @@ Shapes in comments are ggml order: [ne0, ne1, ...]; T = tokens in the micro-batc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -80,7 +81,9 @@ class RecurrentLayerCache:
 @dataclass
 class GraphOptions:
     flash_attn: bool = True
-    kq_mask_cast: bool = False  # flash attention: F32 mask + F16 CPY (llama.cpp before #23764), else an F16 mask
+    # the May 2026 graph (the 2026-05 profile's llama.cpp): with flash attention an F32 mask + its F16 CPY (before
+    # #23764), else an F16 mask; Qwen3.5's q/k L2 norm as ggml_l2_norm (before #28068)
+    kq_mask_cast: bool = False
     n_ctx_seq: int = 0  # cells of context per sequence (llama.cpp's cparams.n_ctx_seq; Phi-3 picks its rope factors)
 
 
@@ -113,6 +116,32 @@ def make_inputs(n_tokens: int, n_kv: int, n_out: int, flash_attn: bool, kq_mask_
                                                                              kq_mask_cast))
     return Inputs(tokens=tokens, pos=pos, out_ids=out_ids, **kv, swa=swa,
                   embd=_input(GGMLType.F32, (n_embd, n_tokens), "inp_embd") if n_embd > 0 else None)
+
+
+def hybrid_inputs(base: Inputs, n_seqs: int, rs_fresh: bool, **fields) -> HybridInputs:
+    """`base` with the recurrent-state inputs (build_rs_inp_impl): `rs_s_copy`, the cell of each of the n_rs cells
+    the ubatch touches (here n_rs = n_seqs: every micro-batch holds all its sequences), and its two views, the
+    sequences' cells and the cells beyond them (empty here). `fields` replace base's (a hybrid's position streams)."""
+    values = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)} | fields
+    s_copy = values["s_copy"] = _input(GGMLType.I32, (n_seqs,), "rs_s_copy")
+    el = s_copy.nb[0]
+    return HybridInputs(**values, rs_fresh=rs_fresh,
+                        s_copy_main=gb.view(s_copy, (n_seqs,), (el,), name="rs_s_copy (view)"),
+                        s_copy_extra=gb.view(s_copy, (0,), (el,), n_seqs * el, name="rs_s_copy (view)"))
+
+
+def read_state(g: Graph, cache: Tensor, inp: HybridInputs, name: str = "", il: int | None = None) -> Tensor:
+    """build_rs: [state, n_cells] -> the sequences' rows [state, n_seqs] (named `name`, else node_<index>), with its
+    side effects expanded in llama.cpp's order: the SCALE by 0 of a fresh cell (a zero-sized view once the cell
+    holds a state), the GET_ROWS of the sequences' cells, the GET_ROWS + CPY of the cells beyond them (none)."""
+    size, n_seqs = cache.ne[0], inp.s_copy.ne[0]
+    states = gb.reshape(cache, size, cache.ne[1])
+    g.expand(gb.scale_inplace(gb.view(states, (size if inp.rs_fresh else 0,), (states.nb[0],)), 0.0))
+    rows = gb.get_rows(states, inp.s_copy_main)
+    g.expand(_named(rows, name, il) if name else rows)  # [state, n_seqs]
+    rest = gb.view_2d(cache, size, inp.s_copy_extra.ne[0], cache.nb[1], n_seqs * cache.nb[1])
+    g.expand(gb.cpy(gb.get_rows(states, inp.s_copy_extra), rest))
+    return rows
 
 
 def position_streams(pos: np.ndarray, n_streams: int) -> np.ndarray:

@@ -44,6 +44,7 @@ _FACE = {
     "kazeia.backends.htp.hmx.tiles": ("hmx_matmul_weight", "weight_from_tiles"),
     "kazeia.backends.htp.kernels.rounding": ("shuffled_fp16",),
     "kazeia.backends.htp.ops.matmul": ("WeightStore",),
+    "kazeia.backends.htp.vtcm.scratch": ("op_scratch",),
 }
 _WHERE = {name: mod for mod, names in _FACE.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -113,7 +113,7 @@ def _tps(c: Config, header: ModelHeader, planner: Planner, m: int) -> float:
 def _vmem(c: Config, header: ModelHeader, ctx: int) -> dict:
     """The DSP address space the host budgets (opt_vmem, minus October's op queue) against what the model maps."""
     budget = host_vmem_budget(arch_profile(c.arch, c.generation).vmem_bytes, c.generation)
-    kv = header.kv_bytes_per_cell * ctx
+    kv = header.kv_bytes(ctx, c.ubatch)
     return {"budget": budget, "weights": header.device_bytes, "kv": kv, "fits": header.device_bytes + kv <= budget}
 
 

@@ -53,7 +53,7 @@ def text(report: CheckReport) -> str:
     out = [f"kazeia check: {h.path}",
            f"  {h.arch}, {h.n_layer} layers, {len(report.classes)} MUL_MAT weight classes "
            f"({sum(len(c.tensors) for c in report.classes)} tensors), {h.device_bytes / MiB:.1f} MiB on the device, "
-           f"KV {h.kv_bytes_per_cell * report.ctx / MiB:.1f} MiB at -c {report.ctx}"]
+           f"KV {h.kv_bytes(report.ctx) / MiB:.1f} MiB at -c {report.ctx}"]
     if h.matmul_id:
         out.append(f"  MUL_MAT_ID expert weights, not planned: {len(h.matmul_id)} (e.g. {h.matmul_id[0]})")
     if h.not_placed:

@@ -74,7 +74,15 @@ class ModelHeader:
     matmul_id: list[str]          # 3-D expert stacks (MUL_MAT_ID): listed, not planned
     not_placed: list[str]         # 2-D+ weights whose names llama.cpp's table does not know
     device_bytes: int             # every tensor but the token embeddings (on the CPU), plus a tied lm_head's copy
-    kv_bytes_per_cell: int        # F16 K and V of every attention layer, per context cell
+    kv_bytes_per_cell: int        # F16 K and V of every full-context attention layer, per context cell
+    kv_swa_bytes_per_cell: int = 0  # ... of the sliding-window layers, per cell of their own cache
+    n_swa: int = 0                # their window
+
+    def kv_bytes(self, ctx: int, ubatch: int = 512) -> int:
+        """F16 KV bytes at a context of ctx cells: the SWA layers' cache holds GGML_PAD(min(ctx, n_swa + ubatch),
+        256) cells (llama_kv_cache_iswa)."""
+        swa_cells = -(-min(ctx, self.n_swa + ubatch) // 256) * 256 if self.kv_swa_bytes_per_cell else 0
+        return self.kv_bytes_per_cell * ctx + self.kv_swa_bytes_per_cell * swa_cells
 
 
 def read_header(f: GGUFFile) -> ModelHeader:
@@ -126,12 +134,37 @@ def read_header(f: GGUFFile) -> ModelHeader:
                           + (f" ({len(not_placed)} weights not placed, e.g. {not_placed[0]})" if not_placed else ""))
     n_layer = last_layer + 1 if last_layer is not None else 0
     return ModelHeader(f.path, arch, n_layer, list(by_key.values()), matmul_id, not_placed, device,
-                       _kv_bytes_per_cell(f, arch, n_layer))
+                       *_kv_bytes_per_cell(f, arch, n_layer))
 
 
-def _kv_bytes_per_cell(f: GGUFFile, arch: str, n_layer: int) -> int:
-    """F16 K + V bytes per context cell over the layers: n_head_kv x (key_length + value_length) x 2 (0 when the
-    header does not say)."""
+def _kv_bytes_per_cell(f: GGUFFile, arch: str, n_layer: int) -> tuple[int, int, int]:
+    """F16 K + V bytes per cell of the full-context layers and of the sliding-window layers, and the window: for an
+    architecture kazeia runs, its own layers (a hybrid's recurrent layers keep no KV; Gemma 3's SWA layers have
+    their own, smaller cache); else every layer, n_head_kv x (key_length + value_length) x 2 (0 when the header
+    does not say)."""
+    known = _arch_kv(f)
+    if known is not None:
+        return known
+    return _header_kv(f, arch, n_layer), 0, 0
+
+
+def _arch_kv(f: GGUFFile) -> tuple[int, int, int] | None:
+    """The KV layout from the architecture's own hyperparameters, or None when kazeia cannot read them."""
+    from kazeia.models.base import arch_module, model_args
+
+    try:
+        args = model_args(f)
+        mod = arch_module(args.arch)
+    except KazeiaError:
+        return None
+    layers = getattr(mod, "attention_layers", lambda a: list(range(a.n_layer)))(args)
+    swa = set(getattr(mod, "swa_layers", lambda a: [])(args))
+    per_layer = args.n_embd_kv * 2 * 2  # K and V, F16
+    n_swa = sum(1 for il in layers if il in swa)
+    return (len(layers) - n_swa) * per_layer, n_swa * per_layer, getattr(args, "n_swa", 0)
+
+
+def _header_kv(f: GGUFFile, arch: str, n_layer: int) -> int:
     def num(key: str) -> int | None:
         v = f.get(f"{arch}.{key}")
         if isinstance(v, list):  # per-layer arrays: take the largest

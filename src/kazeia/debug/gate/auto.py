@@ -38,7 +38,7 @@ from kazeia.backends.htp import (
     matmul_node,
     op_seconds,
 )
-from kazeia.debug.gate.classes import OpClass, enumerate_classes
+from kazeia.debug.gate.classes import OpClass, conv_node, enumerate_classes
 from kazeia.engine.context import Model
 from kazeia.engine.policy import Policy, Rule
 from kazeia.engine.session import load_model
@@ -147,14 +147,16 @@ def auto_policy(model_path: str, settings: HtpSettings, ubatch: int = 512, jobs:
     passing_ms: dict = {}  # M values whose classes passed: per weight shape, and for every shape ("any")
     for c in classes:
         passing_ms.setdefault((c.wtype, c.k, c.n), set()).update(c.ms if c not in failing else ())
-    shapes = {(c.wtype, c.k, c.n) for c in classes}
+    shapes = {(c.wtype, c.k, c.n) for c in classes if c.op == "MUL_MAT"}
     passing_ms["any"] = set.intersection(*(passing_ms[s] for s in shapes)) if shapes else set()
     if failing:
-        alts = _validate(model_path, failing, settings, {c.key: ["hvx", "cpu"] if c.path == "hmx" else ["cpu"]
-                                                         for c in failing}, jobs, progress, res)
+        alts = _validate(model_path, failing, settings, {
+            c.key: ["hvx", "cpu"] if c.path == "hmx" and c.op == "MUL_MAT" else ["cpu"] for c in failing},
+            jobs, progress, res)
         for c in failing:
             res.failing.append(c.key)
-            res.policy.rules.append(_rule_for(model, settings, c, verdicts[c.key], alts[c.key], passing_ms))
+            rule = _rule_for if c.op == "MUL_MAT" else _op_rule_for
+            res.policy.rules.append(rule(model, settings, c, verdicts[c.key], alts[c.key], passing_ms))
     ensure_folder(os.path.dirname(path), "the gate cache (KAZEIA_GATE_CACHE)")
     res.policy.save(path)
     res.seconds = time.perf_counter() - t0
@@ -166,7 +168,7 @@ def _validate(model_path: str, classes: list[OpClass], settings: HtpSettings, pa
     """Every class's cases, one child per weight shape (the model is loaded once per child)."""
     groups: dict[tuple, list[OpClass]] = {}
     for c in classes:
-        groups.setdefault((c.wtype, c.k, c.n), []).append(c)
+        groups.setdefault((c.op, c.wtype, c.k, c.n), []).append(c)
     todo = []
     for cs in groups.values():
         cases = sorted({(m, p or "default") for c in cs for p in paths[c.key] for m in c.representatives()})
@@ -177,7 +179,7 @@ def _validate(model_path: str, classes: list[OpClass], settings: HtpSettings, pa
     def one(item):
         cs, cases = item
         return cs, {(d["m"], d["path"]): d for d in _run_child(model_path, cs[0].weights[0], cases, settings,
-                                                                 child_threads(share=jobs))}
+                                                                 child_threads(share=jobs), cs[0].op)}
 
     if progress:
         progress(0, total, "starting")
@@ -189,14 +191,14 @@ def _validate(model_path: str, classes: list[OpClass], settings: HtpSettings, pa
             res.child_runs += 1
             res.cases += len(got)
             if progress:
-                progress(done, total, f"MUL_MAT {cs[0].wtype} K={cs[0].k} N={cs[0].n}: {len(got)} cases")
+                progress(done, total, f"{cs[0].op} {cs[0].wtype} K={cs[0].k} N={cs[0].n}: {len(got)} cases")
     return out
 
 
 def _run_child(model_path: str, weight: str, cases: list[tuple[int, str]], settings: HtpSettings,
-               threads: int | None = None) -> list[dict]:
+               threads: int | None = None, op: str = "MUL_MAT") -> list[dict]:
     env = {"GGML_HEXAGON_NHVX": str(settings.nhvx), "GGML_HEXAGON_ARCH": str(settings.arch), **_switches(settings)}
-    job = {"model": model_path, "weight": weight, "cases": [[m, p] for m, p in cases],
+    job = {"model": model_path, "op": op, "weight": weight, "cases": [[m, p] for m, p in cases],
            "settings": {"profile": settings.profile, "vtcm": settings.vtcm_bytes, "faults": list(settings.faults),
                         "env": env}, "threads": threads}
     with tempfile.TemporaryDirectory(prefix="kazeia-gate-") as tmp:
@@ -274,6 +276,20 @@ def _rule_for(model: Model, settings: HtpSettings, c: OpClass, default: list[dic
                 why=f"{c.describe()}: the default path fails ({_first_failure(default)}); {best} is the fastest "
                     f"alternative that validates",
                 evidence=ev, modeled_s=per_node)
+
+
+def _op_rule_for(model: Model, settings: HtpSettings, c: OpClass, default: list[dict], alts: list[dict],
+                 passing_ms: dict) -> Rule:
+    """A failing non-matmul class (a short conv's kernel): its nodes at those M go to the host, the one alternative
+    (validated or not: the host is the last resort either way)."""
+    ev = [f"M={v['m']} {v['path']}: {'ok' if v['ok'] else 'FAILED'}: {v['evidence']}" for v in default + alts]
+    lo, hi = c.ms[0], c.ms[-1]
+    cpu_ok = all(v["ok"] for v in alts)
+    modeled = PHONE_CPU.op_seconds(conv_node(model.weights[c.weights[0]], hi))
+    return Rule(f"{c.rule_name}-cpu", "cpu", c.op, m=(lo, hi),
+                why=f"{c.describe()}: the default path fails ({_first_failure(default)}); the host "
+                    + ("validates" if cpu_ok else "is the last resort (it did not validate either)"),
+                evidence=ev, modeled_s=modeled)
 
 
 def hmx_or_hvx_seconds(settings: HtpSettings, m: int, k: int, n: int, wtype: GGMLType) -> float:

@@ -5,24 +5,29 @@ the micro-batch size (every projection of every layer) or fixed (the lm_head's o
 is then planned by the backend's own `plan_for_node` (the plan the DSP will make). A class is (weight type, K, N,
 plan), the plan being what decides the run: path, status, outcome, M and N chunks; its M values are the sizes
 that give that plan. Classes are validated at their smallest and largest M (the layout grows with M inside a
-class, the code path does not change). Other device ops are listed, not validated in isolation: no op of theirs
-kills the device in any profile here, and the batch-dependent defects (the src1 shortcut, stale HMX scale) do
-not reproduce in a one-op run.
+class, the code path does not change). The short conv (SSM_CONV: Qwen3.5's and LFM2's) is a class too, per kernel
+shape and DSP kernel (May's HVX kernel reads shifted weights from 32 tokens, a defect a one-op run shows). Other
+device ops are listed, not validated in isolation: no op of theirs kills the device or computes wrong alone in
+any profile here, and the batch-dependent defects (the src1 shortcut, stale HMX scale) do not reproduce in a
+one-op run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kazeia.backends.htp import HtpSettings, plan_for_node, supports_op
+from kazeia.backends.htp import HtpSettings, op_scratch, plan_for_node, supports_op
 from kazeia.engine.context import Model
-from kazeia.graph.tensor import Tensor, type_name
+from kazeia.graph import builder as gb
+from kazeia.graph.tensor import GGMLType, Tensor, make_tensor, type_name
 from kazeia.models.shapes import shape_caches, ubatch_graph
 
 
 @dataclass
 class OpClass:
-    """One validated unit: MUL_MATs of one weight type and shape whose plans are identical for these M."""
+    """One validated unit: MUL_MATs of one weight type and shape whose plans are identical for these M; or
+    (op SSM_CONV) short convolutions of one kernel shape (K = kernel length, N = channels) that run the same DSP
+    kernel, its plan ("hvx", "ok", kernel, 0, 0) with kernel "scalar" or "hvx"."""
 
     wtype: str
     k: int
@@ -31,15 +36,18 @@ class OpClass:
     ms: list[int] = field(default_factory=list)
     weights: list[str] = field(default_factory=list)  # every weight of the model in this class (GGUF names)
     nodes_per_ubatch: int = 0  # how many nodes of a micro-batch graph fall in it
+    op: str = "MUL_MAT"
 
     @property
     def key(self) -> str:
         path, status, outcome, mc, nc = self.plan
+        if self.op != "MUL_MAT":
+            return f"{self.op.lower()}-k{self.k}-n{self.n}-{outcome}-m{self.ms[0]}-{self.ms[-1]}"
         return f"{self.wtype}-k{self.k}-n{self.n}-{path}-{status}-mc{mc}-nc{nc}-m{self.ms[0]}-{self.ms[-1]}"
 
     @property
     def rule_name(self) -> str:
-        return f"mul_mat-{self.wtype}-k{self.k}-n{self.n}-m{self.ms[0]}-{self.ms[-1]}"
+        return f"{self.op.lower()}-{self.wtype}-k{self.k}-n{self.n}-m{self.ms[0]}-{self.ms[-1]}"
 
     @property
     def path(self) -> str:
@@ -64,6 +72,8 @@ class OpClass:
 
     def describe(self) -> str:
         rs = ",".join(f"{a}..{b}" if a != b else str(a) for a, b in self.ranges())
+        if self.op == "SSM_CONV":
+            return f"SSM_CONV kernel {self.k} x {self.n} channels, {rs} tokens ({self.plan[2]} kernel)"
         return f"MUL_MAT {self.wtype} K={self.k} N={self.n} M={rs} ({self.path}, {self.plan[1]})"
 
 
@@ -87,6 +97,9 @@ def enumerate_classes(model: Model, settings: HtpSettings, ubatch: int) -> tuple
     for node in big:
         if not supports_op(node, settings):
             continue
+        if node.op == "SSM_CONV" and node.src[1].weight_name is not None:
+            _conv_classes(node, settings, b, classes)
+            continue
         if node.op != "MUL_MAT" or node.src[0].weight_name is None:
             others[node.desc()] = others.get(node.desc(), 0) + 1
             continue
@@ -106,8 +119,32 @@ def enumerate_classes(model: Model, settings: HtpSettings, ubatch: int) -> tuple
             if ck not in seen:
                 seen.add(ck)
                 c.nodes_per_ubatch += 1
-    out = sorted(classes.values(), key=lambda c: (c.k, c.n, c.wtype, c.ms[0]))
+    out = sorted(classes.values(), key=lambda c: (c.op, c.k, c.n, c.wtype, c.ms[0]))
     for c in out:
         c.ms.sort()
-        c.nodes_per_ubatch = sum(1 for n in big if n.op == "MUL_MAT" and n.src[0].weight_name in c.weights)
+        w = 0 if c.op == "MUL_MAT" else 1  # where the class's weight is among the node's sources
+        c.nodes_per_ubatch = sum(1 for n in big if n.op == c.op and n.src[w].weight_name in c.weights)
     return out, others
+
+
+def conv_node(kernel: Tensor, m: int) -> Tensor:
+    """An SSM_CONV of `m` new tokens (one sequence) with this kernel [d_conv, channels]: its state columns first."""
+    d_conv, d_inner = kernel.ne[0], kernel.ne[1]
+    sx = make_tensor(GGMLType.F32, (d_conv - 1 + m, d_inner, 1), name="gate_sx")
+    return gb.ssm_conv(sx, kernel, "gate_conv")
+
+
+def _conv_classes(node: Tensor, settings: HtpSettings, ubatch: int, classes: dict) -> None:
+    """A short conv's classes: its tokens per sequence follow the micro-batch (1..ubatch), grouped by the DSP kernel
+    each size runs (op_scratch: May's scalar loop below 32 tokens, HVX from there; October's HVX kernel always), so
+    a defect of one kernel (May's HVX SSM_CONV, #24470) is one class. A one-op run shows it: unlike the other
+    non-matmul ops, it needs nothing a batch leaves behind."""
+    w = node.src[1]
+    for m in range(1, ubatch + 1):
+        kernel = op_scratch(conv_node(w, m), settings).info.get("kernel", "?")
+        ck = ("SSM_CONV", w.ne[0], w.ne[1], kernel)
+        c = classes.setdefault(ck, OpClass("f32", w.ne[0], w.ne[1], ("hvx", "ok", kernel, 0, 0), op="SSM_CONV"))
+        if m not in c.ms:
+            c.ms.append(m)
+        if w.weight_name not in c.weights:
+            c.weights.append(w.weight_name)

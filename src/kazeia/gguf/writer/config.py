@@ -128,7 +128,10 @@ def preset(name: str, **overrides) -> SynthConfig:
         cfg = replace(cfg, tokenizer="synthetic")  # --vocab N (or another architecture): the synthetic tokenizer
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     if cfg.arch == "lfm2" and cfg.layer_pattern is not None and len(cfg.layer_pattern) > cfg.n_layer:
-        cfg = replace(cfg, layer_pattern=cfg.layer_pattern[:cfg.n_layer])  # --layers N: the first N of the pattern
+        # --layers N: the first N of the pattern; if those are all short convs (LFM2-1.2B's first two), the last
+        # becomes attention, as llama.cpp cannot load an LFM2 without one
+        cut = cfg.layer_pattern[:cfg.n_layer]
+        cfg = replace(cfg, layer_pattern=cut if not all(cut) else cut[:-1] + (False,))
     return cfg
 
 
@@ -166,8 +169,10 @@ def validate(cfg: SynthConfig) -> None:
     n_rot = cfg.n_rot or cfg.head_dim
     if n_rot % 2 or n_rot > cfg.head_dim:
         raise KazeiaError(f"make-model: the rope dimension {n_rot} must be even and at most head_dim")
-    if cfg.arch == "lfm2" and (cfg.l_cache < 2 or len(cfg.recurrent_layers) != cfg.n_layer):
-        raise KazeiaError("make-model: lfm2 needs a conv kernel of 2 or more and a layer pattern for every layer")
+    if cfg.arch == "lfm2" and (cfg.l_cache < 2 or len(cfg.recurrent_layers) != cfg.n_layer
+                               or all(cfg.recurrent_layers)):
+        raise KazeiaError("make-model: lfm2 needs a conv kernel of 2 or more, a layer pattern for every layer and "
+                          "an attention layer (llama.cpp cannot load one without)")
     if min(cfg.n_swa, cfg.n_ctx_orig) < 0 or cfg.rope_linear < 0 or cfg.rope_base_swa <= 0:
         raise KazeiaError("make-model: the sliding window, original context and rope scalings must be positive")
 

@@ -12,6 +12,7 @@ from kazeia.backends.htp.host.kquants import K_QUANT_TYPES
 from kazeia.backends.htp.host.repack import REPACK_QTYPES
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node
+from kazeia.graph.builder import gdn_snapshots, gdn_state_slots
 from kazeia.graph.tensor import GGMLType as T
 from kazeia.graph.tensor import Tensor, TFlag
 
@@ -230,12 +231,12 @@ def _gated_delta_net(n: Tensor) -> bool:
             t.is_contiguous() for t in (g, beta, state, n)):
         return False
     S, H, Tn, n_seqs = v.ne
-    K = state.ne[1]
+    K = gdn_snapshots(n)
     if not (0 < S <= 128 and H > 0 and Tn > 0 and n_seqs > 0):
         return False
     if q.ne[0] != S or k.ne[0] != S or q.ne[2] != Tn or k.ne[2] != Tn or n_seqs % q.ne[3] or n_seqs % k.ne[3]:
         return False
-    if g.ne[0] not in (1, S) or beta.ne[0] != 1 or state.nelements != S * S * H * n_seqs * K:
+    if g.ne[0] not in (1, S) or beta.ne[0] != 1 or state.nelements != S * S * H * n_seqs * gdn_state_slots(n):
         return False
     return n.ne[0] == S * H and n.ne[1] == Tn * n_seqs + S * n_seqs * K
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from kazeia.backends.htp.vtcm.op_layouts import OpScratch
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps
+from kazeia.graph.builder import gdn_snapshots
 from kazeia.graph.tensor import Tensor, array
 
 FP32_PER_VECTOR = 32
@@ -67,7 +68,7 @@ def gated_delta_net(io: NumpyOps, vtcm, node: Tensor, sc: OpScratch) -> None:
     if not sc.info.get("vtcm_state"):
         return
     S, H, T, n_seqs = node.src[2].ne
-    K = node.src[5].ne[1]
+    K = gdn_snapshots(node)
     states = array(node).reshape(-1)[S * H * T * n_seqs:].reshape(K, n_seqs * H, S * S)[K - 1]
     total, nth = n_seqs * H, sc.n_threads
     for t in range(min(nth, total)):  # rows ir = t, t + nth, ...: the spad ends with the last one's state

@@ -24,7 +24,7 @@ def ssm_conv_rows_per_thread(d_inner: int, n_threads: int, padded: bool) -> int:
 
 
 def ssm_conv_scratch(ncs: int, d_inner: int, n_t: int, d_conv: int, n_threads: int, vtcm_size: int,
-                     padded: bool = False) -> OpScratch:
+                     padded: bool = False, always_hvx: bool = False) -> OpScratch:
     """SSM_CONV (f32): ssm-conv.c: op_ssm_conv_f32. HVX path only when d_inner >= 32 and n_t >= 32 (prefill), else
     the scalar loop reads DDR. Per thread: src1_T = the thread's conv weights transposed to [d_conv][rows]
     (round_up(d_conv * rows * 4, 256)), src0_T = a tile of d_inner_tile channels x ncs columns (the largest
@@ -36,7 +36,7 @@ def ssm_conv_scratch(ncs: int, d_inner: int, n_t: int, d_conv: int, n_threads: i
     src0_max = SSM_CONV_BUDGET - src1_size if SSM_CONV_BUDGET > src1_size else 0
     tile = (src0_max // 4) // max(1, ncs)
     tile -= tile % FP32_PER_VECTOR
-    use_hvx = d_inner >= FP32_PER_VECTOR and n_t >= FP32_PER_VECTOR and tile > 0
+    use_hvx = (always_hvx or (d_inner >= FP32_PER_VECTOR and n_t >= FP32_PER_VECTOR)) and tile > 0
     b = BumpAllocator()
     if tile > 0:
         src0_size = align_up(tile * ncs * 4, 256)
@@ -91,15 +91,18 @@ def concat_scratch(src0: Tensor, src1: Tensor, dst: Tensor, dim: int, n_threads:
                       "rows_per_thread": ceil_div(dst.ne[1], nt), "kernel_writes": True})
 
 
-def hybrid_scratch(node: Tensor, n_threads: int, vtcm_size: int, padded_ssm_conv: bool) -> OpScratch | None:
-    """The layout of one of these ops, or None for the others."""
+def hybrid_scratch(node: Tensor, n_threads: int, vtcm_size: int, padded_ssm_conv: bool,
+                   october: bool = False) -> OpScratch | None:
+    """The layout of one of these ops, or None for the others. `october`: 2026-10's SSM_CONV runs an HVX kernel at
+    every size (ssm-conv.c: its decode and prefill kernels); kazeia lays it out as May's HVX kernel."""
     op = node.op
     if op == "L2_NORM" or (op == "UNARY" and node.params["unary_op"] in UNARY_OPS):
         name = op if op == "L2_NORM" else f"UNARY_{node.params['unary_op']}"
         return unary_scratch(node.src[0].ne[0], node.src[0].nrows, n_threads, vtcm_size, op=name, dst_ne0=node.ne[0])
     if op == "SSM_CONV":
         sx, c = node.src[0], node.src[1]
-        return ssm_conv_scratch(sx.ne[0], sx.ne[1], node.ne[1], c.ne[0], n_threads, vtcm_size, padded_ssm_conv)
+        return ssm_conv_scratch(sx.ne[0], sx.ne[1], node.ne[1], c.ne[0], n_threads, vtcm_size, padded_ssm_conv,
+                                always_hvx=october)
     if op == "GATED_DELTA_NET":
         v = node.src[2]
         return gdn_scratch(v.ne[0], v.ne[2], n_threads, vtcm_size)

@@ -68,7 +68,8 @@ def op_scratch(node: Tensor, settings: HtpSettings) -> OpScratch:
     # them out as May did) are sized to what the DSP was granted, so only the MUL_MAT plans, which the host solves
     # against the session's full size, can meet a smaller grant
     s, nt, vt = settings, settings.nhvx, settings.dsp_vtcm_bytes
-    hybrid = hybrid_scratch(node, nt, vt, get_profile(settings.profile).ssm_conv_padded_weight_stride)
+    prof = get_profile(settings.profile)
+    hybrid = hybrid_scratch(node, nt, vt, prof.ssm_conv_padded_weight_stride, prof.october)
     if hybrid is not None:
         return hybrid
     op = node.op
