@@ -100,7 +100,8 @@ JUDGED = {"qwen2": {"Qcur-0", "ffn_out-3", "result_output", "node_24"},
           "llama": {"Qcur-0", "attn_out-0", "ffn_out-3", "result_output"},
           "gemma3": {"Qcur_normed-0", "ffn_geglu-4", "sa_out-5", "inp_scaled", "result_output"},
           "phi3": {"wqkv-0", "ffn_swiglu-3", "l_out-2", "result_output"},
-          "lfm2": {"model.layers.{}.conv.conv-0", "model.layers.{}.self_attn.out_proj-1", "node_17", "result_output"}}
+          "lfm2": {"model.layers.{}.conv.conv-0", "model.layers.{}.self_attn.out_proj-1", "node_17", "result_output"},
+          "qwen35": {"conv_input-0", "linear_attn_out-2", "gate_sigmoid-1", "node_42", "result_output"}}
 
 
 @pytest.mark.parametrize("arch", list(JUDGED))
@@ -114,7 +115,8 @@ def test_per_op_values_agree_with_llama_eval_callback(arch):
     name = ("eval_callback_llama_converted_f32_values.txt" if arch == "llama"
             else f"eval_callback_{arch}_tiny_f32_values.txt")
     log, tokens = parse_log(open(os.path.join(DATA, name)).read())
-    nodes = reference_nodes(RunSpec(model=FILES[arch][0], tokens=tokens, device="REF"))
+    nodes = reference_nodes(RunSpec(model=os.path.join(DATA, f"{arch}_tiny_converted.gguf"), tokens=tokens,
+                                    device="REF"))
     checks = compare_log(log, nodes)
     assert not [c for c in checks if c.status == "DEPARTS"]
     judged = [c.name for c in checks if c.status == "OK"]

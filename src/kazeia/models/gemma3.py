@@ -26,10 +26,20 @@ from kazeia.errors import GGUFError
 from kazeia.gguf.reader import GGUFFile
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import ROPE_NEOX, Graph
-from kazeia.graph.tensor import Tensor, TFlag
+from kazeia.graph.tensor import Tensor
 from kazeia.models import base
 from kazeia.models.base import ModelArgs
-from kazeia.models.transformer import GraphOptions, Inputs, LayerCache, _named, attend, norm, qkv
+from kazeia.models.transformer import (
+    GraphOptions,
+    Inputs,
+    LayerCache,
+    _named,
+    attend,
+    norm,
+    output_head,
+    qkv,
+    token_embeddings,
+)
 
 ARCH = "gemma3"
 DEFAULT_SWA_PATTERN = 6  # llama_model_gemma3::load_arch_hparams: load_swa_pattern(ml, 6)
@@ -138,10 +148,7 @@ def ffn_geglu(w: dict[str, Tensor], il: int, cur: Tensor) -> Tensor:
 def build(a: Args, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], n_kv: int,
           opts: GraphOptions) -> tuple[Graph, Tensor]:
     g = Graph()
-    x = _named(gb.get_rows(w["token_embd.weight"], inp.tokens), "embd")  # [E, T]
-    if inp.embd is not None:
-        g.expand(inp.embd)  # ggml_build_forward_select: the embedding-input branch stays in the graph, unused
-    g.expand(x)
+    x = token_embeddings(g, w, inp)  # [E, T]
     x = _named(gb.scale(x, math.sqrt(a.n_embd)), "inp_scaled")
     for il in range(a.n_layer):
         p = f"blk.{il}."
@@ -157,14 +164,7 @@ def build(a: Args, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], 
         h = _named(gb.mul(_named(gb.rms_norm(h, a.rms_eps), "norm"), w[p + "post_ffw_norm.weight"]),
                    "ffn_post_norm", il)
         x = _named(gb.add(h, sa_out), "l_out", il)
-    x = norm(x, w["output_norm.weight"], a.rms_eps, "result_norm", None)
-    logits = gb.mul_mat(w.get("output.weight", w["token_embd.weight"]), x)
-    cap = a.final_logit_softcapping
-    if cap:
-        logits = gb.scale(gb.tanh(gb.scale(logits, 1.0 / cap)), cap)
-    logits = _named(logits, "result_output")
-    logits.flags |= TFlag.OUTPUT
-    g.expand(logits)
+    logits = output_head(g, a, w, x, softcap=a.final_logit_softcapping)
     for t in (inp.kv_idx, inp.v_idx, inp.mask):  # the base cache's inputs even when every layer slides
         g.expand(t)
     return g, logits

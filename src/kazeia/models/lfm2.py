@@ -25,7 +25,7 @@ from kazeia.errors import GGUFError
 from kazeia.gguf.reader import GGUFFile
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import ROPE_NEOX, Graph
-from kazeia.graph.tensor import Tensor, TFlag
+from kazeia.graph.tensor import Tensor
 from kazeia.models import transformer
 from kazeia.models.base import ModelArgs, layer_head_counts
 from kazeia.models.transformer import (
@@ -38,7 +38,9 @@ from kazeia.models.transformer import (
     ffn_swiglu,
     hybrid_inputs,
     norm,
+    output_head,
     read_state,
+    token_embeddings,
 )
 
 ARCH = "lfm2"
@@ -173,7 +175,7 @@ def attention(g: Graph, a: Args, w: dict[str, Tensor], il: int, cur: Tensor, inp
 def build(a: Args, w: dict[str, Tensor], inp: HybridInputs, caches: list, n_kv: int,
           opts: GraphOptions) -> tuple[Graph, Tensor]:
     g = Graph()
-    x = g.expand(_named(gb.get_rows(w["token_embd.weight"], inp.tokens), "model.embed_tokens"))  # [E, T]
+    x = token_embeddings(g, w, inp, "model.embed_tokens")  # [E, T]
     for il in range(a.n_layer):
         p = f"blk.{il}."
         h = norm(x, w[p + "attn_norm.weight"], a.rms_eps, LAYER + "operator_norm", il)
@@ -187,8 +189,4 @@ def build(a: Args, w: dict[str, Tensor], inp: HybridInputs, caches: list, n_kv: 
         x = gb.add(x, h)  # unnamed
         h = norm(x, w[p + "ffn_norm.weight"], a.rms_eps, LAYER + "ffn_out", il)
         x = _named(gb.add(x, ffn_swiglu(a, w, il, h, out_name="")), "l_out", il)
-    x = norm(x, w[OUTPUT_NORM], a.rms_eps, "result_norm", None)
-    logits = _named(gb.mul_mat(w.get("output.weight", w["token_embd.weight"]), x), "result_output")
-    logits.flags |= TFlag.OUTPUT
-    g.expand(logits)
-    return g, logits
+    return g, output_head(g, a, w, x, OUTPUT_NORM)

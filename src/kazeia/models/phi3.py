@@ -22,10 +22,20 @@ from kazeia.errors import GGUFError
 from kazeia.gguf.reader import GGUFFile
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import ROPE_NEOX, Graph
-from kazeia.graph.tensor import Tensor, TFlag
+from kazeia.graph.tensor import Tensor
 from kazeia.models import base
 from kazeia.models.base import ModelArgs
-from kazeia.models.transformer import GraphOptions, Inputs, LayerCache, _named, attend, norm, qkv
+from kazeia.models.transformer import (
+    GraphOptions,
+    Inputs,
+    LayerCache,
+    _named,
+    attend,
+    norm,
+    output_head,
+    qkv,
+    token_embeddings,
+)
 
 ARCH = "phi3"
 ROPE_LONG, ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
@@ -108,10 +118,7 @@ def ffn(w: dict[str, Tensor], il: int, cur: Tensor) -> Tensor:
 def build(a: Args, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], n_kv: int,
           opts: GraphOptions) -> tuple[Graph, Tensor]:
     g = Graph()
-    x = _named(gb.get_rows(w["token_embd.weight"], inp.tokens), "embd")  # [E, T]
-    if inp.embd is not None:
-        g.expand(inp.embd)  # ggml_build_forward_select: the embedding-input branch stays in the graph, unused
-    g.expand(x)
+    x = token_embeddings(g, w, inp)  # [E, T]
     for il in range(a.n_layer):
         p = f"blk.{il}."
         residual = x
@@ -124,8 +131,4 @@ def build(a: Args, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], 
         h = norm(residual, w[p + "ffn_norm.weight"], a.rms_eps, "ffn_norm", il)
         h = ffn(w, il, h)
         x = _named(gb.add(residual, h), "l_out", il)
-    x = norm(x, w["output_norm.weight"], a.rms_eps, "result_norm", None)
-    logits = _named(gb.mul_mat(w.get("output.weight", w["token_embd.weight"]), x), "result_output")
-    logits.flags |= TFlag.OUTPUT
-    g.expand(logits)
-    return g, logits
+    return g, output_head(g, a, w, x)

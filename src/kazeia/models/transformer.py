@@ -263,14 +263,33 @@ def ffn_swiglu(a: ModelArgs, w: dict[str, Tensor], il: int, cur: Tensor, out_nam
     return _named(down, out_name, il) if out_name else down
 
 
+def token_embeddings(g: Graph, w: dict[str, Tensor], inp: Inputs, name: str = "embd") -> Tensor:
+    """build_inp_embd: the token rows (GET_ROWS, named `name`) -> [n_embd, T], expanded; the embedding-input leaf
+    first when the inputs have one (ggml_build_forward_select keeps that branch in the graph, unused)."""
+    x = _named(gb.get_rows(w["token_embd.weight"], inp.tokens), name)
+    if inp.embd is not None:
+        g.expand(inp.embd)
+    return g.expand(x)
+
+
+def output_head(g: Graph, a: ModelArgs, w: dict[str, Tensor], x: Tensor, norm_weight: str = "output_norm.weight",
+                softcap: float = 0.0) -> Tensor:
+    """The final norm (`norm`, then `result_norm`), the lm_head (output.weight, else the tied token embeddings) and,
+    with `softcap`, cap * tanh(logits / cap), named `result_output`: [n_vocab, n_out], expanded, an output."""
+    x = norm(x, w[norm_weight], a.rms_eps, "result_norm", None)
+    logits = gb.mul_mat(w.get("output.weight", w["token_embd.weight"]), x)  # [n_vocab, n_out]
+    if softcap:
+        logits = gb.scale(gb.tanh(gb.scale(logits, 1.0 / softcap)), softcap)
+    logits = _named(logits, "result_output")
+    logits.flags |= TFlag.OUTPUT
+    return g.expand(logits)
+
+
 def build(a: ModelArgs, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], n_kv: int,
           rope_mode: int, qk_norm: bool, opts: GraphOptions, attn_out_name: str | None = None) -> tuple[Graph, Tensor]:
     """The whole forward graph of one micro-batch; returns (graph, logits [n_vocab, n_out])."""
     g = Graph()
-    x = _named(gb.get_rows(w["token_embd.weight"], inp.tokens), "embd")  # [n_embd, T]
-    if inp.embd is not None:
-        g.expand(inp.embd)  # ggml_build_forward_select: the embedding-input branch stays in the graph, unused
-    g.expand(x)
+    x = token_embeddings(g, w, inp)  # [n_embd, T]
     for il in range(a.n_layer):
         p = f"blk.{il}."
         inp_sa = x
@@ -283,12 +302,7 @@ def build(a: ModelArgs, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCac
         h = norm(ffn_inp, w[p + "ffn_norm.weight"], a.rms_eps, "ffn_norm", il)
         h = ffn_swiglu(a, w, il, h)
         x = _named(gb.add(h, ffn_inp), "l_out", il)
-    x = norm(x, w["output_norm.weight"], a.rms_eps, "result_norm", None)
-    head = w.get("output.weight", w["token_embd.weight"])
-    logits = _named(gb.mul_mat(head, x), "result_output")  # [n_vocab, n_out]
-    logits.flags |= TFlag.OUTPUT
-    g.expand(logits)
-    return g, logits
+    return g, output_head(g, a, w, x)
 
 
 def required_weights(a: ModelArgs, qk_norm: bool) -> list[str]:

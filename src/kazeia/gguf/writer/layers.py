@@ -36,25 +36,38 @@ def _weights(cfg: SynthConfig):
         yield "output.weight", lin(cfg.n_vocab, E), True
 
 
+def _attention(cfg: SynthConfig, p: str, lin, norm_w, rng, biases: bool = False, qk_norm: bool = False):
+    """One layer's separate q, k, v projections, their biases (F32 vectors, as the converter keeps Qwen2's), the
+    per-head q/k norms, the output projection: drawn in that order."""
+    E, Dq, Dkv = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    yield p + "attn_q.weight", lin(Dq, E), True
+    yield p + "attn_k.weight", lin(Dkv, E), True
+    yield p + "attn_v.weight", lin(Dkv, E), True
+    if biases:
+        for c, n in (("q", Dq), ("k", Dkv), ("v", Dkv)):
+            yield p + f"attn_{c}.bias", (0.5 * rng.standard_normal(n, dtype=np.float32)), False
+    if qk_norm:
+        yield p + "attn_q_norm.weight", norm_w(cfg.head_dim), False
+        yield p + "attn_k_norm.weight", norm_w(cfg.head_dim), False
+    yield p + "attn_output.weight", lin(E, Dq), True
+
+
+def _swiglu_ffn(cfg: SynthConfig, p: str, lin, norm_w):
+    """One layer's FFN norm and SwiGLU projections (gate, up, down), drawn in that order."""
+    E, F = cfg.n_embd, cfg.n_ff
+    yield p + "ffn_norm.weight", norm_w(E), False
+    yield p + "ffn_gate.weight", lin(F, E), True
+    yield p + "ffn_up.weight", lin(F, E), True
+    yield p + "ffn_down.weight", lin(E, F), True
+
+
 def _dense_layers(cfg: SynthConfig, lin, norm_w, rng):
-    E, F, Dq, Dkv = cfg.n_embd, cfg.n_ff, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    E = cfg.n_embd
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         yield p + "attn_norm.weight", norm_w(E), False
-        yield p + "attn_q.weight", lin(Dq, E), True
-        yield p + "attn_k.weight", lin(Dkv, E), True
-        yield p + "attn_v.weight", lin(Dkv, E), True
-        if cfg.arch == "qwen2":  # Qwen2's q/k/v biases (F32 vectors, as the converter keeps them)
-            for c, n in (("q", Dq), ("k", Dkv), ("v", Dkv)):
-                yield p + f"attn_{c}.bias", (0.5 * rng.standard_normal(n, dtype=np.float32)), False
-        if cfg.arch == "qwen3":
-            yield p + "attn_q_norm.weight", norm_w(cfg.head_dim), False
-            yield p + "attn_k_norm.weight", norm_w(cfg.head_dim), False
-        yield p + "attn_output.weight", lin(E, Dq), True
-        yield p + "ffn_norm.weight", norm_w(E), False
-        yield p + "ffn_gate.weight", lin(F, E), True
-        yield p + "ffn_up.weight", lin(F, E), True
-        yield p + "ffn_down.weight", lin(E, F), True
+        yield from _attention(cfg, p, lin, norm_w, rng, biases=cfg.arch == "qwen2", qk_norm=cfg.arch == "qwen3")
+        yield from _swiglu_ffn(cfg, p, lin, norm_w)
 
 
 def _hybrid_layers(cfg: SynthConfig, lin, norm_w, rng):
@@ -104,21 +117,13 @@ def _qwen35_keys(w: GGUFWriter, cfg: SynthConfig) -> None:
 
 def _gemma3_layers(cfg: SynthConfig, lin, norm_w, rng):
     """Gemma 3's blocks: q/k norms and the two post norms (norm weights as the converter stores them, 1 + w)."""
-    E, F, D = cfg.n_embd, cfg.n_ff, cfg.head_dim
+    E = cfg.n_embd
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         yield p + "attn_norm.weight", norm_w(E), False
-        yield p + "attn_q.weight", lin(D * cfg.n_head, E), True
-        yield p + "attn_k.weight", lin(D * cfg.n_head_kv, E), True
-        yield p + "attn_v.weight", lin(D * cfg.n_head_kv, E), True
-        yield p + "attn_q_norm.weight", norm_w(D), False
-        yield p + "attn_k_norm.weight", norm_w(D), False
-        yield p + "attn_output.weight", lin(E, D * cfg.n_head), True
+        yield from _attention(cfg, p, lin, norm_w, rng, qk_norm=True)
         yield p + "post_attention_norm.weight", norm_w(E), False
-        yield p + "ffn_norm.weight", norm_w(E), False
-        yield p + "ffn_gate.weight", lin(F, E), True
-        yield p + "ffn_up.weight", lin(F, E), True
-        yield p + "ffn_down.weight", lin(E, F), True
+        yield from _swiglu_ffn(cfg, p, lin, norm_w)
         yield p + "post_ffw_norm.weight", norm_w(E), False
 
 
@@ -143,7 +148,7 @@ def _phi3_layers(cfg: SynthConfig, lin, norm_w, rng):
 def _lfm2_layers(cfg: SynthConfig, lin, norm_w, rng):
     """LFM2's blocks: a short conv (in_proj to B | C | x, the [L, E] kernel, F32 as llama.cpp keeps it, out_proj) or
     attention with q/k norms; a SwiGLU FFN in every layer."""
-    E, F, D = cfg.n_embd, cfg.n_ff, cfg.head_dim
+    E = cfg.n_embd
     for il, conv in enumerate(cfg.recurrent_layers):
         p = f"blk.{il}."
         yield p + "attn_norm.weight", norm_w(E), False
@@ -153,16 +158,8 @@ def _lfm2_layers(cfg: SynthConfig, lin, norm_w, rng):
             yield p + "shortconv.in_proj.weight", lin(3 * E, E), True
             yield p + "shortconv.out_proj.weight", lin(E, E), True
         else:
-            yield p + "attn_q.weight", lin(D * cfg.n_head, E), True
-            yield p + "attn_k.weight", lin(D * cfg.n_head_kv, E), True
-            yield p + "attn_v.weight", lin(D * cfg.n_head_kv, E), True
-            yield p + "attn_q_norm.weight", norm_w(D), False
-            yield p + "attn_k_norm.weight", norm_w(D), False
-            yield p + "attn_output.weight", lin(E, D * cfg.n_head), True
-        yield p + "ffn_norm.weight", norm_w(E), False
-        yield p + "ffn_gate.weight", lin(F, E), True
-        yield p + "ffn_up.weight", lin(F, E), True
-        yield p + "ffn_down.weight", lin(E, F), True
+            yield from _attention(cfg, p, lin, norm_w, rng, qk_norm=True)
+        yield from _swiglu_ffn(cfg, p, lin, norm_w)
 
 
 def head_count_kv(cfg: SynthConfig) -> int | list[int]:
