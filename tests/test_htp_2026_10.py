@@ -340,10 +340,11 @@ def test_traces_name_the_fused_op(tiny_qwen3_q4, tmp_path):
 def test_gate_validation_cases_read_finished_outputs(tiny_qwen3_q4, m, path):
     """gate --auto's child runs a MUL_MAT twice in one batch and reads both outputs: under 2026-10 the batch is
     only sent at synchronize, so the child synchronizes first (an unsynchronized read saw zeros)."""
-    from kazeia.debug.gate.child import _case
+    from kazeia.debug.gate.child import Cases, _case
     from kazeia.engine.context import Model
 
-    got = _case(Model.load(tiny_qwen3_q4), "MUL_MAT", "blk.0.ffn_down.weight", m, path, HtpSettings.from_env({}), 0)
+    cases = Cases(Model.load(tiny_qwen3_q4), "MUL_MAT", "blk.0.ffn_down.weight", m, 0)
+    got = _case(cases, m, path, HtpSettings.from_env({}))
     assert got["ok"], got
 
 

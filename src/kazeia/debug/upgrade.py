@@ -1,7 +1,7 @@
 """`kazeia upgrade`: the user's scenario under two upstream versions of ggml-hexagon (`--from`, `--to`), side by side.
 
-What it runs, all in this process: a CPU pass that plans every MUL_MAT the HTP would take under each version
-(investigate's PlanScan), the REF oracle (float64) once, for the logits and every op's output, the scenario on
+What it runs, all in this process: the REF oracle (float64) once, for the logits and every op's output, watched by
+a plan scan per version (investigate's PlanScan: every MUL_MAT the HTP would take, planned), the scenario on
 HTP0 under each version, and each version's ops alone on REF's inputs (compare's isolated mode).
 What it says: each run's outcome and the op and mechanism behind it; the plans of the op that failed, in both
 versions (path, chunks, bytes against VTCM); the MUL_MATs whose path changed (HMX <-> HVX <-> CPU), with each
@@ -98,13 +98,6 @@ def _outcome(side: Side, r: RunResult) -> None:
         side.outcome = "completes"
 
 
-def _scan(spec: RunSpec, settings: dict[str, HtpSettings]) -> dict[str, PlanScan]:
-    """One CPU run planning every MUL_MAT under each version's settings."""
-    scans = {p: PlanScan(s) for p, s in settings.items()}
-    run(reference_spec(spec, device="CPU", htp_profile=None, faults=[], gates=[]), hooks=tuple(scans.values()))
-    return scans
-
-
 def _rates(args, settings: HtpSettings, n_prompt: int, n_ubatch: int) -> tuple[float, float]:
     """Modeled prefill t/s of the prompt and decode t/s of one token (the cost model; not a measurement)."""
     from kazeia.engine.modeled import modeled_prefill_tps
@@ -121,11 +114,10 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
     base = reference_spec(spec, device="HTP0")
     args = model_args(load_gguf(spec.model_path))  # (the model's shapes, for the modeled rates of both sides)
     settings = {p: base.with_(htp_profile=p).htp_settings() for p in (before, after)}
-    progress("planning every MUL_MAT under both versions (one CPU run)")
-    scans = _scan(base, settings)
-    progress("REF (float64): logits and every op's output")
+    progress("REF (float64): logits, every op's output, every MUL_MAT planned under both versions")
+    scans = {p: PlanScan(s) for p, s in settings.items()}
     ref_spec = fix_tokens(base.with_(n_predict=0))
-    reference = capture_reference(ref_spec, sources=True)
+    reference = capture_reference(ref_spec, sources=True, hooks=tuple(scans.values()))
     sides = []
     for p in (before, after):
         progress(f"the scenario on HTP0 under {p}")

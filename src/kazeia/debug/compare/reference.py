@@ -89,9 +89,10 @@ def fix_tokens(spec: RunSpec) -> RunSpec:
     return spec.with_(tokens=prompt_ids(spec, load_model(spec.model_path)))
 
 
-def capture_reference(spec: RunSpec, sources: bool = True) -> Reference:
+def capture_reference(spec: RunSpec, sources: bool = True, hooks: tuple = ()) -> Reference:
     """Run the prefill of `spec` on REF and keep every op's float64 output (and, with `sources`, what each op
-    read, for isolated replays). Device settings of `spec` are ignored."""
+    read, for isolated replays). Device settings of `spec` are ignored. `hooks` watch the same run (a caller that
+    also wants the graph's ops, as upgrade's plan scans do, needs no run of its own)."""
     rspec = ref_spec(fix_tokens(spec))
     ctx = build_context(rspec)
     ref = next(b for b in ctx.scheduler.backends if isinstance(b, RefBackend))
@@ -99,7 +100,7 @@ def capture_reference(spec: RunSpec, sources: bool = True) -> Reference:
     out = Reference(rspec, outputs=SpilledArrays(store), sources=SpilledSources(store) if sources else None)
     cap = _RefCapture(ref, out, sources)
     ctx.on_ubatch = cap.next_ubatch
-    res = run(rspec, hooks=[cap], ctx=ctx)
+    res = run(rspec, hooks=[cap, *hooks], ctx=ctx)
     if not res.ok:
         raise KazeiaError(f"the REF run failed: {res.signature()}")
     out.logits = res.logits

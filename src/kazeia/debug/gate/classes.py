@@ -77,9 +77,19 @@ class OpClass:
         return f"MUL_MAT {self.wtype} K={self.k} N={self.n} M={rs} ({self.path}, {self.plan[1]})"
 
 
-def plan_key(node: Tensor, settings: HtpSettings, m: int) -> tuple:
+def plan_key(node: Tensor, settings: HtpSettings, m: int, memo: dict | None = None) -> tuple:
+    """(path, status, outcome, mc, nc) of the node's plan at M = m. `memo`: plans already made, by what a plan
+    reads of the node (the weight's type and shape, src1's type, shape and strides, the route), so the nodes of
+    every layer that share a weight shape are planned once per M."""
+    w, x = node.src[0], node.src[1]
+    key = (w.type, w.ne, w.nb, x.type, x.ne[2:], x.nb, node.route_path, m)
+    if memo is not None and key in memo:
+        return memo[key]
     p = plan_for_node(node, settings, m=m)
-    return p.path, p.status, p.outcome, p.mc, p.nc
+    out = p.path, p.status, p.outcome, p.mc, p.nc
+    if memo is not None:
+        memo[key] = out
+    return out
 
 
 def _graph_nodes(model: Model, t: int) -> list[Tensor]:
@@ -94,11 +104,12 @@ def enumerate_classes(model: Model, settings: HtpSettings, ubatch: int) -> tuple
     big, small = _graph_nodes(model, b), ({n.name: n for n in _graph_nodes(model, a)} if a != b else {})
     classes: dict[tuple, OpClass] = {}
     others: dict[str, int] = {}
+    plans: dict[tuple, tuple] = {}
     for node in big:
         if not supports_op(node, settings):
             continue
         if node.op == "SSM_CONV" and node.src[1].weight_name is not None:
-            _conv_classes(node, settings, b, classes)
+            _conv_classes(node, settings, b, classes, plans)
             continue
         if node.op != "MUL_MAT" or node.src[0].weight_name is None:
             others[node.desc()] = others.get(node.desc(), 0) + 1
@@ -109,7 +120,7 @@ def enumerate_classes(model: Model, settings: HtpSettings, ubatch: int) -> tuple
         ms = range(1, b + 1) if follows else [node.src[1].ne[1]]
         seen: set[tuple] = set()
         for m in ms:
-            pk = plan_key(node, settings, m)
+            pk = plan_key(node, settings, m, plans)
             ck = (type_name(w.type).lower(), w.ne[0], w.ne[1], pk)
             c = classes.setdefault(ck, OpClass(ck[0], w.ne[0], w.ne[1], pk))
             if m not in c.ms:
@@ -134,14 +145,17 @@ def conv_node(kernel: Tensor, m: int) -> Tensor:
     return gb.ssm_conv(sx, kernel, "gate_conv")
 
 
-def _conv_classes(node: Tensor, settings: HtpSettings, ubatch: int, classes: dict) -> None:
+def _conv_classes(node: Tensor, settings: HtpSettings, ubatch: int, classes: dict, memo: dict) -> None:
     """A short conv's classes: its tokens per sequence follow the micro-batch (1..ubatch), grouped by the DSP kernel
     each size runs (op_scratch: May's scalar loop below 32 tokens, HVX from there; October's HVX kernel always), so
     a defect of one kernel (May's HVX SSM_CONV, #24470) is one class. A one-op run shows it: unlike the other
     non-matmul ops, it needs nothing a batch leaves behind."""
     w = node.src[1]
     for m in range(1, ubatch + 1):
-        kernel = op_scratch(conv_node(w, m), settings).info.get("kernel", "?")
+        key = ("SSM_CONV", w.ne, m)  # every layer's kernel of this shape runs the same DSP kernel at this M
+        if key not in memo:
+            memo[key] = op_scratch(conv_node(w, m), settings).info.get("kernel", "?")
+        kernel = memo[key]
         ck = ("SSM_CONV", w.ne[0], w.ne[1], kernel)
         c = classes.setdefault(ck, OpClass("f32", w.ne[0], w.ne[1], ("hvx", "ok", kernel, 0, 0), op="SSM_CONV"))
         if m not in c.ms:

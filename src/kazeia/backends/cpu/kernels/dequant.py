@@ -13,7 +13,7 @@ from kazeia.gguf.quants import QK, block_bytes, dequantize
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library, available
 from kazeia.native.idioms import q4_k_scale_min, q6_k_code
-from kazeia.native.irkit import F32, I8, I16, I64, V8F32, V8I32, V16I8, Kernel, i64, ptr, splat, vec
+from kazeia.native.irkit import F32, F64, I8, I16, I64, V8F32, V8I32, V16I8, Kernel, i64, ptr, splat, vec
 from kazeia.native.pool import run
 from kazeia.native.portable import jit, prange
 from kazeia.native.threads import threads
@@ -24,16 +24,23 @@ BLOCK_BYTES = block_bytes(KINDS)
 NATIVE = {T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q8_0: "q8_0", T.F16: "f16", T.BF16: "bf16"}
 PARALLEL_MIN_BYTES = 1 << 20  # rows below this are dequantized on one thread (a hand-off costs ~10-30 us)
 
-DEQ_ARGS = [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("out", ptr(F32)), ("ostride", I64), ("r0", I64),
+def _args(out: ir.Type) -> list:
+    return [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("out", ptr(out)), ("ostride", I64), ("r0", I64),
             ("r1", I64)]
 
 
-def _dequant(module: ir.Module, kind: str) -> str:
+DEQ_ARGS = _args(F32)
+EXACT_F64 = ("q4_0", "q8_0", "f16")  # kinds whose float32 values widen to the float64 ones (REF's weights)
+
+
+def _dequant(module: ir.Module, kind: str, f64: bool = False) -> str:
     """Rows r0..r1 of blocks -> out[r, 32*b + j] float32, the exact products d*(q-8), d*q (then + m for Q4_1,
     one rounding): gguf-py's values. `nb` counts 32-element blocks (F16/BF16: elements / 32 too, with the
-    tail `wstride` bytes past nb*32 elements handled by the caller)."""
-    name = f"dequant_{kind}"
-    k = Kernel(module, name, DEQ_ARGS)
+    tail `wstride` bytes past nb*32 elements handled by the caller). `f64`: the same values widened to float64
+    as they are stored (REF's exact weights, EXACT_F64 kinds: no float32 copy to widen afterwards)."""
+    name = f"dequant_{kind}" + ("_f64" if f64 else "")
+    k = Kernel(module, name, _args(F64 if f64 else F32))
+    widen = (lambda v: k.b.fpext(v, vec(F64, 8))) if f64 else (lambda v: v)
     b, a = k.b, k.a
     with k.loop(a.r0, a.r1, name="row") as r:
         rowp = k.gep(a.w, b.mul(r, a.wstride))
@@ -48,7 +55,7 @@ def _dequant(module: ir.Module, kind: str) -> str:
                         f = b.fpext(b.bitcast(h, vec(ir.HalfType(), 8)), V8F32)
                     else:
                         f = b.bitcast(b.shl(b.zext(h, V8I32), splat(V8I32, 16)), V8F32)
-                    k.store_vec(f, outp, b.add(o, i64(8 * j)))
+                    k.store_vec(widen(f), outp, b.add(o, i64(8 * j)))
             else:
                 base = k.gep(rowp, b.mul(blk, i64(BLOCK_BYTES[kind])))
                 d = k.broadcast(k.half_to_f32(k.load_as(base, I16, 0)), 8)
@@ -70,18 +77,34 @@ def _dequant(module: ir.Module, kind: str) -> str:
                     f = b.fmul(b.sitofp(p, V8F32), d)
                     if mv is not None:
                         f = b.fadd(f, mv)
-                    k.store_vec(f, outp, b.add(o, i64(8 * j)))
+                    k.store_vec(widen(f), outp, b.add(o, i64(8 * j)))
     k.ret()
     return name
 
 
 LIB = Library(__name__, "kazeia_simd_dequant")
 DEQUANT = {kind: LIB.kernel(f"dequant_{kind}", _dequant, kind, par=True) for kind in (*KINDS, "f16", "bf16")}
+DEQUANT_F64 = {kind: LIB.kernel(f"dequant_{kind}_f64", _dequant, kind, True, par=True) for kind in EXACT_F64}
 
 
 # --- front -----------------------------------------------------------------------------------------------------
 
 _F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)  # fp16 bits -> value
+
+
+def dequantize_rows_f64(raw: np.ndarray, qtype: T, k: int) -> np.ndarray:
+    """Rows (R, row_bytes) of an EXACT_F64 type -> float64 (R, K): the float32 values, widened (exact: an fp16
+    scale times a small code), written once by the native kernel when it runs, else widened from float32."""
+    r, name = raw.shape[0], NATIVE.get(qtype)
+    if not (available() and name in EXACT_F64 and k % QK == 0 and raw.strides[1] == 1):
+        return dequantize_rows(raw, qtype, k).astype(np.float64)
+    dst = np.empty((r, k), dtype=np.float64)
+    args = (addr(raw), raw.strides[0], k // QK, addr(dst), k)
+    if raw.nbytes >= PARALLEL_MIN_BYTES and threads() > 1:
+        run(DEQUANT_F64[name].par, (*args, addr(np.zeros(1, dtype=np.int64)), r, max(8, r // 16)))
+    else:
+        DEQUANT_F64[name].fn(*args, 0, r)
+    return dst
 
 
 def dequantize_rows(raw: np.ndarray, qtype: T, k: int, scratch: np.ndarray | None = None) -> np.ndarray:
