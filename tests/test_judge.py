@@ -139,3 +139,32 @@ def test_every_tool_says_the_same_on_the_same_arrays():
     assert not ex.ok and ex.vs_ref.reason in ex.verdict()
     samples = numeric_failure_samples()
     assert any(s.startswith("[logits] NaN") for s in samples) and any("NMSE" in s for s in samples)
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_the_all_finite_pass_gives_the_general_verdict(case, monkeypatch):
+    """judge's one-pass path for all-finite outputs (`_finite_verdict`) gives the verdict, reason and numbers the
+    general checks give, and steps aside for NaN, inf, FLT_MAX itself, all-zero and identical outputs."""
+    import kazeia.debug.judge as J
+
+    rng = np.random.default_rng(case)
+    for _ in range(40):
+        n = int(rng.integers(1, 400))
+        a = rng.standard_normal(n) * 10 ** rng.uniform(-5, 5)
+        b = a + rng.standard_normal(n) * 10 ** rng.uniform(-12, 1)
+        kind = int(rng.integers(0, 7))
+        if kind == 1:
+            a[rng.integers(n)] = np.nan
+        elif kind == 2:
+            b[rng.integers(n)] = -np.inf
+        elif kind == 3:
+            a[0] = 3.4028234663852886e38
+        elif kind == 4:
+            b = a.copy()
+        elif kind == 5:
+            a[:] = 0
+        threshold = 10 ** rng.uniform(-10, -1)
+        fast = J.judge(a, b, threshold, op="X")
+        with monkeypatch.context() as m:
+            m.setattr(J, "_finite_verdict", lambda *args: None)
+            assert J.judge(a, b, threshold, op="X") == fast

@@ -166,3 +166,25 @@ def test_unsupported_type_is_a_clear_error():
     bs, ts = GGML_QUANT_SIZES[T.IQ2_XXS]
     with pytest.raises(UnsupportedError, match="IQ2_XXS"):
         dequantize(np.zeros((1, ts), dtype=np.uint8), T.IQ2_XXS)
+
+
+@pytest.mark.parametrize("wtype", ["q4_0", "q8_0"])
+def test_the_float64_dequantization_is_gguf_pys_values(wtype, tmp_path):
+    """REF's weights (ref.py EXACT_IN_F32): the native float64 dequantization, whole and by rows, equals gguf-py's
+    float64 values bit for bit (an fp16 scale times a small code: exact in float32 and float64 alike)."""
+    from kazeia.backends.cpu.kernels.dequant import dequantize_rows_f64
+    from kazeia.backends.ref import RefBackend
+    from kazeia.engine.context import Model
+    from kazeia.gguf.quants import dequantize
+    from kazeia.gguf.writer import preset, write_model
+    from kazeia.graph.tensor import rows
+
+    path = str(tmp_path / "m.gguf")
+    write_model(preset("tiny", wtype=wtype), path)
+    t = Model.load(path).weights["blk.0.ffn_down.weight"]
+    want = dequantize(rows(t), t.type, np.float64).reshape(t.ne[::-1])
+    raw = rows(t)[0, 0]
+    assert np.array_equal(dequantize_rows_f64(raw, t.type, t.ne[0]), want[0, 0])
+    sel = np.array([3, 0, 77])
+    ref = RefBackend()
+    assert np.array_equal(ref.load(t), want) and np.array_equal(ref.load_rows(t, sel), want[0, 0][sel])

@@ -2,7 +2,8 @@
 
 What it runs, all in this process: the REF oracle (float64) once, for the logits and every op's output, watched by
 a plan scan per version (investigate's PlanScan: every MUL_MAT the HTP would take, planned), the scenario on
-HTP0 under each version, and each version's ops alone on REF's inputs (compare's isolated mode).
+HTP0 under each version, and under each version the MUL_MATs whose path the versions change, alone on REF's inputs
+(compare's isolated mode, those ops only).
 What it says: each run's outcome and the op and mechanism behind it; the plans of the op that failed, in both
 versions (path, chunks, bytes against VTCM); the MUL_MATs whose path changed (HMX <-> HVX <-> CPU), with each
 version's NMSE against REF for them; the logits against REF; the modeled prefill and decode rates; the switches
@@ -119,6 +120,10 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
     ref_spec = fix_tokens(base.with_(n_predict=0))
     reference = capture_reference(ref_spec, sources=True, hooks=tuple(scans.values()))
     sides = []
+    # the MUL_MATs whose path the versions change: the only ops whose alone-on-REF's-inputs error the report shows
+    plans = {p: {op.name: op.plan.path for op in scans[p].plans if op.ubatch == 0} for p in (before, after)}
+    moved = {n for n in {*plans[before], *plans[after]}
+             if plans[before].get(n, "cpu") != plans[after].get(n, "cpu")}
     for p in (before, after):
         progress(f"the scenario on HTP0 under {p}")
         r = run(base.with_(htp_profile=p))
@@ -134,9 +139,10 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
                                   f"whether one op or an accumulated drift does it)")
         side.prefill_tps, side.decode_tps = _rates(args, settings[p], r.n_prompt, spec.ubatch or 512)
         side.plans = {op.name: op for op in scans[p].plans if op.ubatch == 0}
-        progress(f"every op alone on REF's inputs under {p} (compare --mode isolated)")
-        rep = compare(ref_spec.with_(htp_profile=p), "isolated", reference=reference)
-        side.per_op = {row.name: row for row in rep.rows.get("isolated", []) if row.ubatch == 0}
+        if moved:
+            progress(f"the {len(moved)} MUL_MATs whose path changed, alone on REF's inputs under {p}")
+            rep = compare(ref_spec.with_(htp_profile=p), "isolated", reference=reference, only=moved)
+            side.per_op = {row.name: row for row in rep.rows.get("isolated", []) if row.ubatch == 0}
         sides.append(side)
     b, a = sides
     verdict = ("fixed" if not b.ok and a.ok else "left" if not b.ok else "new fault" if not a.ok else "unchanged")

@@ -49,9 +49,10 @@ class _IsolatedScheduler(Scheduler):
     storage of every source it reads, and compares its output with REF's."""
 
     def __init__(self, base: Scheduler, reference: Reference, rows: list[OpRow], report: CompareReport,
-                 strict: bool) -> None:
+                 strict: bool, only: set[str] | None = None) -> None:
         super().__init__(base.backends, base.router)
         self.reference, self.rows, self.report, self.strict = reference, rows, report, strict
+        self.only = only  # the node names to run (None: every node; each op reads REF's inputs, so none needs another)
         self.ubatch = 0
         self.info_hook = _InfoHook()
         self.add_hook(self.info_hook)
@@ -62,7 +63,7 @@ class _IsolatedScheduler(Scheduler):
         for b in self.backends:
             b.begin_graph(graph)
         for i, node in enumerate(graph.nodes):
-            if node.is_computed:
+            if node.is_computed and (self.only is None or node.name in self.only):
                 self._one(i, node)
         for b in self.backends:
             b.end_graph()
@@ -117,12 +118,13 @@ class _IsolatedScheduler(Scheduler):
         return here + sum(1 for (ub, _idx) in self.reference.outputs if ub > self.ubatch)
 
 
-def run_isolated(spec: RunSpec, reference: Reference, report: CompareReport, hooks, strict: bool) -> None:
+def run_isolated(spec: RunSpec, reference: Reference, report: CompareReport, hooks, strict: bool,
+                 only: set[str] | None = None) -> None:
     if reference.sources is None:
         raise KazeiaError("isolated mode needs a reference captured with sources=True")
     rows: list[OpRow] = []
     ctx = build_context(spec)
-    ctx.scheduler = _IsolatedScheduler(ctx.scheduler, reference, rows, report, strict)
+    ctx.scheduler = _IsolatedScheduler(ctx.scheduler, reference, rows, report, strict, only)
     report.deaths["isolated"] = None
     res = run(spec, hooks=list(hooks), ctx=ctx)
     close_backends(ctx)

@@ -12,11 +12,12 @@ from kazeia.errors import KazeiaError
 
 
 def compare(spec: RunSpec, mode: str = "both", reference: Reference | None = None, hooks=(),
-            strict: bool = False) -> CompareReport:
+            strict: bool = False, only: set[str] | None = None) -> CompareReport:
     """Compare `spec`'s device against REF per op. mode: cumulative, isolated or both. `reference`: a
     `capture_reference` of the same model, prompt tokens, micro-batch and context (made here if None).
     `hooks`: extra hooks on the backend under test (their on_complete runs before the output is read).
-    `strict`: judge MUL_MAT by its bare threshold, without the activation-conversion allowance."""
+    `strict`: judge MUL_MAT by its bare threshold, without the activation-conversion allowance. `only`: the
+    node names the isolated mode runs (each op reads REF's inputs there, so the others need not run)."""
     modes = MODES if mode == "both" else (mode,)
     for m in modes:
         if m not in MODES:
@@ -31,5 +32,5 @@ def compare(spec: RunSpec, mode: str = "both", reference: Reference | None = Non
     if "cumulative" in modes:
         run_cumulative(spec, reference, report, hooks, strict)
     if "isolated" in modes:
-        run_isolated(spec, reference, report, hooks, strict)
+        run_isolated(spec, reference, report, hooks, strict, only)
     return report
