@@ -1,70 +1,25 @@
-"""Op kernels in numpy, written once for any float dtype: `ref` runs them in float64, `cpu` in float32.
-
-Each kernel reads its sources through the backend (`load`, `weight_matmul`) and writes the result through
-it (`store`), so the same code serves the oracle (which keeps float64 shadows and exact float64 weights) and
-the fast path (which multiplies the quantized bytes directly). Arrays are shaped (ne3, ne2, ne1, ne0) like
-the tensors' numpy views.
-"""
+"""The dense layers' ops: elementwise, norms, rows, MUL_MAT, rope, the GLU and unary activations, copies."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
+from kazeia.backends.numpy_ops.base import NumpyOps, broadcast_to, kernel
 from kazeia.errors import UnsupportedError
-from kazeia.graph.builder import ROPE_IMROPE, ROPE_MROPE, ROPE_NEOX, ROPE_NORM, gdn_snapshots
+from kazeia.graph.builder import ROPE_IMROPE, ROPE_MROPE, ROPE_NEOX, ROPE_NORM
 from kazeia.graph.tensor import Tensor, TFlag, array
-
-Kernel = Callable[["NumpyOps", Tensor], None]
-KERNELS: dict[str, Kernel] = {}
-
-
-def kernel(op: str):
-    def deco(fn: Kernel) -> Kernel:
-        KERNELS[op] = fn
-        return fn
-    return deco
-
-
-class NumpyOps:
-    """What kernels need from a backend (implemented by RefBackend and CpuBackend)."""
-
-    ft: type  # np.float32 or np.float64
-
-    def load(self, t: Tensor) -> np.ndarray:
-        raise NotImplementedError
-
-    def weight_matrix(self, t: Tensor) -> np.ndarray:
-        """A 2-D weight (flags WEIGHT) as an (N, K) float array."""
-        raise NotImplementedError
-
-    def weight_matmul(self, t: Tensor, y: np.ndarray) -> np.ndarray:
-        """y (M, K) @ W^T for a 2-D weight (flags WEIGHT): (M, N) in the backend's float type."""
-        raise NotImplementedError
-
-    def store(self, t: Tensor, values: np.ndarray) -> None:
-        raise NotImplementedError
-
-
-def _broadcast_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """ggml_repeat semantics: each dim of b divides the target dim (tile when not 1)."""
-    reps = tuple(s // d for s, d in zip(shape, b.shape))
-    if all(d == 1 or r == 1 for d, r in zip(b.shape, reps)):
-        return np.broadcast_to(b, shape)
-    return np.tile(b, reps)
 
 
 @kernel("ADD")
 def _add(be: NumpyOps, n: Tensor) -> None:
     a, b = be.load(n.src[0]), be.load(n.src[1])
-    be.store(n, a + _broadcast_to(b, a.shape))
+    be.store(n, a + broadcast_to(b, a.shape))
 
 
 @kernel("MUL")
 def _mul(be: NumpyOps, n: Tensor) -> None:
     a, b = be.load(n.src[0]), be.load(n.src[1])
-    be.store(n, a * _broadcast_to(b, a.shape))
+    be.store(n, a * broadcast_to(b, a.shape))
 
 
 @kernel("SCALE")
@@ -186,61 +141,6 @@ def _rope(be: NumpyOps, n: Tensor) -> None:
     be.store(n, out)
 
 
-def _softmax_rows(s: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis; a row that is entirely -inf gives zeros (never NaN)."""
-    m = np.max(s, axis=-1, keepdims=True)
-    m = np.where(np.isneginf(m), 0.0, m)
-    e = np.exp(s - m)
-    z = np.sum(e, axis=-1, keepdims=True)
-    return e / np.where(z == 0, 1.0, z)
-
-
-def _alibi_slopes(n_head: int, max_bias: float, ft) -> np.ndarray:
-    if max_bias <= 0.0:
-        return np.ones(n_head, dtype=ft)
-    n_floor = 2 ** int(np.floor(np.log2(n_head)))
-    m0 = 2.0 ** (-max_bias / n_floor)
-    m1 = 2.0 ** (-(max_bias / 2.0) / n_floor)
-    h = np.arange(n_head)
-    return np.where(h < n_floor, m0 ** (h + 1), m1 ** (2 * (h - n_floor) + 1)).astype(ft)
-
-
-@kernel("SOFT_MAX")
-def _soft_max(be: NumpyOps, n: Tensor) -> None:
-    x = be.load(n.src[0])  # (ne3, H, T, n_kv)
-    s = x * be.ft(n.params["scale"])
-    if len(n.src) > 1 and n.src[1] is not None:
-        mask = be.load(n.src[1])[:, :, : x.shape[2], : x.shape[3]]
-        slopes = _alibi_slopes(x.shape[1], n.params.get("max_bias", 0.0), be.ft)[None, :, None, None]
-        s = s + slopes * _broadcast_to(mask, (mask.shape[0], x.shape[1], x.shape[2], x.shape[3]))
-    with np.errstate(invalid="ignore", over="ignore"):
-        be.store(n, _softmax_rows(s))
-
-
-@kernel("FLASH_ATTN_EXT")
-def _flash_attn_ext(be: NumpyOps, n: Tensor) -> None:
-    q = be.load(n.src[0])  # (S, H, T, D)
-    k = be.load(n.src[1])  # (S, Hkv, n_kv, D)
-    v = be.load(n.src[2])  # (S, Hkv, n_kv, Dv)
-    mask = be.load(n.src[3]) if len(n.src) > 3 and n.src[3] is not None else None
-    H, T = q.shape[1], q.shape[2]
-    g = H // k.shape[1]
-    k = np.repeat(k, g, axis=1)
-    v = np.repeat(v, g, axis=1)
-    s = np.matmul(q, k.swapaxes(-1, -2)) * be.ft(n.params["scale"])  # (S, H, T, n_kv)
-    cap = n.params.get("softcap", 0.0)
-    if cap:
-        s = be.ft(cap) * np.tanh(s / be.ft(cap))
-    if mask is not None:
-        m = mask[:, :, :T, : s.shape[-1]]  # (S|1, H|1, T, n_kv)
-        slopes = _alibi_slopes(H, n.params.get("max_bias", 0.0), be.ft)[None, :, None, None]
-        s = s + slopes * m
-    with np.errstate(invalid="ignore", over="ignore"):
-        p = _softmax_rows(s)
-    o = np.matmul(p, v)  # (S, H, T, Dv)
-    be.store(n, o.transpose(0, 2, 1, 3))  # result [Dv, H, T] -> numpy (S, T, H, Dv)
-
-
 def _silu(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         return x / (1 + np.exp(-x))
@@ -332,78 +232,3 @@ def _cpy(be: NumpyOps, n: Tensor) -> None:
 @kernel("CONT")
 def _cont(be: NumpyOps, n: Tensor) -> None:
     be.store(n, be.load(n.src[0]).reshape(n.ne[::-1]))
-
-
-# ---------------------------------------------------------------------------------------------------
-# the ops of the gated-delta-net layers (Qwen3.5, Qwen3-Next), with ggml-cpu's semantics (ops.cpp)
-
-
-@kernel("CONCAT")
-def _concat(be: NumpyOps, n: Tensor) -> None:
-    be.store(n, np.concatenate([be.load(n.src[0]), be.load(n.src[1])], axis=3 - n.params["dim"]))
-
-
-@kernel("L2_NORM")
-def _l2_norm(be: NumpyOps, n: Tensor) -> None:
-    x = be.load(n.src[0])
-    ss = np.einsum("...i,...i->...", x, x, dtype=np.float64)  # sum of squares in double, as ggml
-    scale = (1.0 / np.maximum(np.sqrt(ss), n.params["eps"])).astype(be.ft)
-    be.store(n, x * scale[..., None])
-
-
-@kernel("SSM_CONV")
-def _ssm_conv(be: NumpyOps, n: Tensor) -> None:
-    sx = be.load(n.src[0])[0]  # (n_s, d_inner, d_conv - 1 + n_t)
-    c = be.load(n.src[1])[0, 0]  # (d_inner, d_conv)
-    n_t = n.ne[1]
-    acc = sx[:, :, 0:n_t] * c[:, 0:1]
-    for j in range(1, c.shape[1]):  # the taps in order, as ggml sums them
-        acc = acc + sx[:, :, j:j + n_t] * c[:, j:j + 1]
-    be.store(n, acc.transpose(0, 2, 1)[None])  # [d_inner, n_t, n_s]
-
-
-def delta_rule(q, k, v, g, beta, m, scale, snapshots=None):
-    """The gated delta rule over T tokens, in place on the states m (n_seqs, H, S_v, S_k): m[j, i] is S[i][j]
-    (ggml keeps the state transposed). q, k (n_seqs, T, H, S) already broadcast to H heads; v (n_seqs, T, H,
-    S); g (n_seqs, T, H, 1 | S) log-decays; beta (n_seqs, T, H). Per token: decay, delta = beta (v - S^T k),
-    S += k delta^T, o = scale S^T q. Returns o (n_seqs, T, H, S); snapshots(t, m) after each token if given."""
-    o = np.empty(v.shape, dtype=v.dtype)
-    for t in range(v.shape[1]):
-        decay = np.exp(g[:, t])  # (n_seqs, H, 1 | S)
-        m *= decay[:, :, None, :] if decay.shape[-1] > 1 else decay[:, :, :, None]
-        sk = np.matmul(m, k[:, t, :, :, None])[..., 0]  # (n_seqs, H, S_v)
-        delta = (v[:, t] - sk) * beta[:, t, :, None]
-        m += delta[..., :, None] * k[:, t, :, None, :]
-        o[:, t] = np.matmul(m, q[:, t, :, :, None])[..., 0] * scale
-        if snapshots is not None:
-            snapshots(t, m)
-    return o
-
-
-@kernel("GATED_DELTA_NET")
-def _gated_delta_net(be: NumpyOps, n: Tensor) -> None:
-    qt, kt, vt, gt, bt, st = n.src
-    S, H, T, n_seqs = vt.ne
-    K = gdn_snapshots(n)
-    seqs, heads = np.arange(n_seqs), np.arange(H)
-
-    def bcast(t: Tensor) -> np.ndarray:  # (n_seqs, T, H, S): tiled over heads, grouped over sequences
-        x = be.load(t)
-        return x[seqs // (n_seqs // t.ne[3])][:, :, heads % t.ne[1]]
-
-    q, k, v = bcast(qt), bcast(kt), be.load(vt)
-    g, beta = be.load(gt), be.load(bt)[..., 0]
-    m = np.array(be.load(st).reshape(n_seqs, -1, H * S * S)[:, 0].reshape(n_seqs, H, S, S))  # each one's slot 0
-    out = be.load(n).reshape(-1).copy() if K > 1 else np.empty(n.nelements, dtype=be.ft)
-    n_att = S * H * T * n_seqs
-    snaps = out[n_att:].reshape(K, n_seqs, H, S, S)
-    keep = None
-    if K > 1:  # the last min(T, K) per-token states go to the trailing slots; earlier slots are left as they are
-        def keep(t: int, state: np.ndarray) -> None:
-            if 0 <= t - (T - K) < K:
-                snaps[t - (T - K)] = state
-    o = delta_rule(q, k, v, g, beta, m, be.ft(1.0 / np.sqrt(S)), keep)
-    out[:n_att] = o.reshape(-1)
-    if K == 1:
-        snaps[0] = m
-    be.store(n, out)

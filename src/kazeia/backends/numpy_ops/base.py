@@ -1,0 +1,48 @@
+"""What every numpy kernel shares: the kernel registry (`KERNELS`, the `kernel` decorator), the interface a backend
+gives its kernels (`NumpyOps`: load, weight_matmul, store) and ggml's broadcasting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kazeia.graph.tensor import Tensor
+
+Kernel = Callable[["NumpyOps", Tensor], None]
+KERNELS: dict[str, Kernel] = {}
+
+
+def kernel(op: str):
+    def deco(fn: Kernel) -> Kernel:
+        KERNELS[op] = fn
+        return fn
+    return deco
+
+
+class NumpyOps:
+    """What kernels need from a backend (implemented by RefBackend and CpuBackend)."""
+
+    ft: type  # np.float32 or np.float64
+
+    def load(self, t: Tensor) -> np.ndarray:
+        raise NotImplementedError
+
+    def weight_matrix(self, t: Tensor) -> np.ndarray:
+        """A 2-D weight (flags WEIGHT) as an (N, K) float array."""
+        raise NotImplementedError
+
+    def weight_matmul(self, t: Tensor, y: np.ndarray) -> np.ndarray:
+        """y (M, K) @ W^T for a 2-D weight (flags WEIGHT): (M, N) in the backend's float type."""
+        raise NotImplementedError
+
+    def store(self, t: Tensor, values: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+def broadcast_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """ggml_repeat semantics: each dim of b divides the target dim (tile when not 1)."""
+    reps = tuple(s // d for s, d in zip(shape, b.shape))
+    if all(d == 1 or r == 1 for d, r in zip(b.shape, reps)):
+        return np.broadcast_to(b, shape)
+    return np.tile(b, reps)
