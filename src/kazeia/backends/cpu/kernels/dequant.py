@@ -95,16 +95,22 @@ _F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 def dequantize_rows_f64(raw: np.ndarray, qtype: T, k: int) -> np.ndarray:
     """Rows (R, row_bytes) of an EXACT_F64 type -> float64 (R, K): the float32 values, widened (exact: an fp16
     scale times a small code), written once by the native kernel when it runs, else widened from float32."""
-    r, name = raw.shape[0], NATIVE.get(qtype)
+    name = NATIVE.get(qtype)
     if not (available() and name in EXACT_F64 and k % QK == 0 and raw.strides[1] == 1):
         return dequantize_rows(raw, qtype, k).astype(np.float64)
-    dst = np.empty((r, k), dtype=np.float64)
+    dst = np.empty((raw.shape[0], k), dtype=np.float64)
+    _native_rows(DEQUANT_F64[name], raw, dst, k)
+    return dst
+
+
+def _native_rows(kernel, raw: np.ndarray, dst: np.ndarray, k: int) -> None:
+    """Rows of `raw` into `dst` by a native dequantization kernel, on the pool's threads when they are worth it."""
+    r = raw.shape[0]
     args = (addr(raw), raw.strides[0], k // QK, addr(dst), k)
     if raw.nbytes >= PARALLEL_MIN_BYTES and threads() > 1:
-        run(DEQUANT_F64[name].par, (*args, addr(np.zeros(1, dtype=np.int64)), r, max(8, r // 16)))
+        run(kernel.par, (*args, addr(np.zeros(1, dtype=np.int64)), r, max(8, r // 16)))
     else:
-        DEQUANT_F64[name].fn(*args, 0, r)
-    return dst
+        kernel.fn(*args, 0, r)
 
 
 def dequantize_rows(raw: np.ndarray, qtype: T, k: int, scratch: np.ndarray | None = None) -> np.ndarray:
@@ -113,12 +119,7 @@ def dequantize_rows(raw: np.ndarray, qtype: T, k: int, scratch: np.ndarray | Non
     dst = scratch[:r] if scratch is not None else np.empty((r, k), dtype=np.float32)
     name = NATIVE.get(qtype)
     if available() and name is not None and k % QK == 0 and raw.strides[1] == 1 and dst.flags.c_contiguous:
-        args = (addr(raw), raw.strides[0], k // QK, addr(dst), k)
-        if raw.nbytes >= PARALLEL_MIN_BYTES and threads() > 1:
-            ctr = np.zeros(1, dtype=np.int64)
-            run(DEQUANT[name].par, (*args, addr(ctr), r, max(8, r // 16)))
-        else:
-            DEQUANT[name].fn(*args, 0, r)
+        _native_rows(DEQUANT[name], raw, dst, k)
     elif qtype in (T.Q4_0, T.Q4_1, T.Q8_0):
         ts = BLOCK_BYTES[NATIVE[qtype]]
         b8, b16 = raw.reshape(r, k // QK, ts), raw.view(np.uint16).reshape(r, k // QK, ts // 2)
