@@ -14,6 +14,7 @@ from kazeia.backends.htp.hmx.deep_loads import BANK_BYTES, bank_crossings
 from kazeia.backends.htp.hmx.tiles import (
     hmx_matmul_weight,
     output_to_tiles,
+    pad_rows,
     stage_a16,
     stage_activations,
     weight_from_tiles,
@@ -172,10 +173,10 @@ class HmxPath:
             # are whole, their columns past N zero here (what the DSP leaves there is not modelled)
             n_tiles = -(-(n1 - n0) // 32) * 32
             if area.startswith("wt") or area == "weight" or area.startswith("scratch"):
-                nbytes, make = n_tiles * K * 2, lambda: weight_to_tiles(_pad_first(rw.w16_rows(n0, n1), n_tiles))
+                nbytes, make = n_tiles * K * 2, lambda: weight_to_tiles(pad_rows(rw.w16_rows(n0, n1), n_tiles))
             elif area.startswith("out"):
                 y_chunk = y[m0:, n0:n1] if y_kept else np.array(y[m0:, n0:n1])  # dst is reused by later ops
-                nbytes, make = m_pad * n_tiles * 2, lambda: output_to_tiles(_pad_first(y_chunk.T, n_tiles).T)
+                nbytes, make = m_pad * n_tiles * 2, lambda: output_to_tiles(pad_rows(y_chunk.T, n_tiles).T)
             else:  # qweight: the raw x4x2 rows of chunk j, at the plan's row stride
                 nbytes, make = (n1 - n0) * plan.row_stride, lambda: self._qweight_rows(rw, n0, n1, plan.row_stride)
             vt.write_lazy(ar.offset, min(nbytes, ar.size), lambda: make()[: ar.size])
@@ -204,12 +205,3 @@ class HmxPath:
         buf = np.zeros((raw.shape[0], stride), dtype=np.uint8)
         buf[:, : min(raw.shape[1], stride)] = raw[:, :stride]
         return buf.reshape(-1)
-
-
-def _pad_first(a: np.ndarray, n: int) -> np.ndarray:
-    """a with its first axis zero-padded to n entries."""
-    if a.shape[0] == n:
-        return a
-    out = np.zeros((n, *a.shape[1:]), dtype=a.dtype)
-    out[: a.shape[0]] = a
-    return out

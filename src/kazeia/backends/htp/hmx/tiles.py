@@ -84,7 +84,8 @@ def _from_bytes(b: np.ndarray, rt: int, ct: int) -> np.ndarray:
     return from_fp16_bits(b[:need].view(np.uint16)).reshape(rt, ct, TILE_ELEMS)
 
 
-def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
+def pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
+    """a (2-D) with zero rows appended up to `rows`."""
     if a.shape[0] == rows:
         return a
     out = np.zeros((rows, a.shape[1]), dtype=a.dtype)
@@ -95,7 +96,7 @@ def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
 def activation_to_tiles(a16: np.ndarray) -> np.ndarray:
     """(M, K) fp16 values -> VTCM bytes of the activation tiles [ceil(M/32)][K/32] (pad rows = 0)."""
     m = a16.shape[0]
-    return _to_bytes(pack_tiles(_pad_rows(np.asarray(a16, dtype=np.float32), -(-m // TILE) * TILE)))
+    return _to_bytes(pack_tiles(pad_rows(np.asarray(a16, dtype=np.float32), -(-m // TILE) * TILE)))
 
 
 def activation_from_tiles(b: np.ndarray, m: int, k: int) -> np.ndarray:
@@ -124,7 +125,7 @@ def weight_from_tiles(b: np.ndarray, n: int, k: int) -> np.ndarray:
 def output_to_tiles(y16: np.ndarray) -> np.ndarray:
     """(M, N) fp16 outputs -> VTCM bytes of output tiles [ceil(M/32)][N/32] (pad rows = 0)."""
     m = y16.shape[0]
-    return _to_bytes(pack_tiles(_pad_rows(np.asarray(y16, dtype=np.float32), -(-m // TILE) * TILE)))
+    return _to_bytes(pack_tiles(pad_rows(np.asarray(y16, dtype=np.float32), -(-m // TILE) * TILE)))
 
 
 def output_from_tiles(b: np.ndarray, m: int, n: int) -> np.ndarray:
@@ -157,7 +158,7 @@ def stage_a16(a16: np.ndarray, prev: np.ndarray | None = None) -> np.ndarray:
         old = np.asarray(prev, dtype=np.uint8).reshape(-1)
         if old.size != img.size:
             raise ValueError(f"prev must have {img.size} bytes, got {old.size}")
-        stale = _pad_rows(np.zeros((m, k), dtype=bool), img.size // (2 * k))
+        stale = pad_rows(np.zeros((m, k), dtype=bool), img.size // (2 * k))
         stale[m:] = True
         mask = pack_tiles(stale).reshape(-1)               # per fp16 element
         img = img.view(np.uint16).copy()
