@@ -179,13 +179,8 @@ def judge(a: np.ndarray, b: np.ndarray, threshold: float, *, op: str = "", name_
         what = "inf sign mismatch" if inf_a[i] and inf_b[i] else "inf mismatch"
         return Verdict(FAIL, "inf", f"{tag}{what} {_at(i, int(bad.sum()), a.size, a, b, name_a, name_b)}",
                        nmse=math.inf, n_inf_mismatch=int(bad.sum()), **common)
-    value = nmse(a[~matched], b[~matched])
-    if value <= threshold:
-        return Verdict(OK, "nmse", f"{tag}NMSE {value:.3g} <= {threshold:.3g}", nmse=value, **common)
-    if not np.any(a[~matched]):
-        return Verdict(FAIL, "zero", f"{tag}all-zero output where {name_b} is not (NMSE inf > {threshold:.3g})",
-                       nmse=value, **common)
-    return Verdict(FAIL, "nmse", f"{tag}NMSE {value:.3g} > {threshold:.3g}", nmse=value, **common)
+    kept = a[~matched]  # matched infinities (same sign on both sides) are agreement, not error
+    return _nmse_verdict(nmse(kept, b[~matched]), kept, threshold, tag, name_b, common)
 
 
 def _finite_verdict(a: np.ndarray, b: np.ndarray, threshold: float, tag: str, name_b: str) -> Verdict | None:
@@ -203,6 +198,12 @@ def _finite_verdict(a: np.ndarray, b: np.ndarray, threshold: float, tag: str, na
     common = dict(threshold=threshold, max_abs=max_abs, max_rel=max_rel, identical=not d.any())
     num, den = float(np.sum(d ** 2)), float(np.sum(a * a))
     value = (0.0 if num == 0.0 else math.inf) if den == 0.0 else num / den
+    return _nmse_verdict(value, a, threshold, tag, name_b, common)
+
+
+def _nmse_verdict(value: float, a: np.ndarray, threshold: float, tag: str, name_b: str, common: dict) -> Verdict:
+    """The verdict of an NMSE `value` of the judged values `a` (all finite where it counts): OK within the
+    threshold, else "zero" for an all-zero output, else "nmse"."""
     if value <= threshold:
         return Verdict(OK, "nmse", f"{tag}NMSE {value:.3g} <= {threshold:.3g}", nmse=value, **common)
     if not np.any(a):
