@@ -120,10 +120,9 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
     ref_spec = fix_tokens(base.with_(n_predict=0))
     reference = capture_reference(ref_spec, sources=True, hooks=tuple(scans.values()))
     sides = []
-    # the MUL_MATs whose path the versions change: the only ops whose alone-on-REF's-inputs error the report shows
-    plans = {p: {op.name: op.plan.path for op in scans[p].plans if op.ubatch == 0} for p in (before, after)}
-    moved = {n for n in {*plans[before], *plans[after]}
-             if plans[before].get(n, "cpu") != plans[after].get(n, "cpu")}
+    plans = {p: {op.name: op for op in scans[p].plans if op.ubatch == 0} for p in (before, after)}
+    changed = _changed(plans[before], plans[after])
+    moved = {row["op"] for row in changed}  # the only ops whose alone-on-REF's-inputs error the report shows
     for p in (before, after):
         progress(f"the scenario on HTP0 under {p}")
         r = run(base.with_(htp_profile=p))
@@ -138,7 +137,7 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
                                   f"{WHOLE_MODEL_NMSE:g} (not identified here: kazeia compare --mode both says "
                                   f"whether one op or an accumulated drift does it)")
         side.prefill_tps, side.decode_tps = _rates(args, settings[p], r.n_prompt, spec.ubatch or 512)
-        side.plans = {op.name: op for op in scans[p].plans if op.ubatch == 0}
+        side.plans = plans[p]
         if moved:
             progress(f"the {len(moved)} MUL_MATs whose path changed, alone on REF's inputs under {p}")
             rep = compare(ref_spec.with_(htp_profile=p), "isolated", reference=reference, only=moved)
@@ -146,7 +145,6 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
         sides.append(side)
     b, a = sides
     verdict = ("fixed" if not b.ok and a.ok else "left" if not b.ok else "new fault" if not a.ok else "unchanged")
-    changed = _changed(b, a)
     for row in changed:
         row["nmse_before"], row["nmse_after"] = (_nmse_of(s.per_op.get(row["op"])) for s in (b, a))
     return Upgrade(base.command(), b, a, verdict, _why(b, a), changed, _switches(spec))
@@ -176,11 +174,12 @@ def _why(b: Side, a: Side) -> list[str]:
     return out
 
 
-def _changed(b: Side, a: Side) -> list[dict[str, Any]]:
-    """MUL_MATs whose path differs (an op one version leaves to the CPU has no plan there: "cpu")."""
+def _changed(before: dict[str, OpPlan], after: dict[str, OpPlan]) -> list[dict[str, Any]]:
+    """MUL_MATs whose path differs between two versions' plans by op name (an op one version leaves to the CPU has
+    no plan there: "cpu")."""
     rows = []
-    for name in dict.fromkeys([*b.plans, *a.plans]):
-        old, new = b.plans.get(name), a.plans.get(name)
+    for name in dict.fromkeys([*before, *after]):
+        old, new = before.get(name), after.get(name)
         was, now = (old.plan.path if old else "cpu"), (new.plan.path if new else "cpu")
         if was != now:
             p = (old or new).plan
