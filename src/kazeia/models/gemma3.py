@@ -35,6 +35,7 @@ from kazeia.models.transformer import (
     LayerCache,
     _named,
     attend,
+    expand_inputs,
     norm,
     output_head,
     qkv,
@@ -165,6 +166,5 @@ def build(a: Args, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], 
                    "ffn_post_norm", il)
         x = _named(gb.add(h, sa_out), "l_out", il)
     logits = output_head(g, a, w, x, softcap=a.final_logit_softcapping)
-    for t in (inp.kv_idx, inp.v_idx, inp.mask):  # the base cache's inputs even when every layer slides
-        g.expand(t)
+    expand_inputs(g, inp)  # the base cache's inputs even when every layer slides
     return g, logits

@@ -35,11 +35,13 @@ from kazeia.models.transformer import (
     RecurrentLayerCache,
     _named,
     attend,
+    attention_layers,
     ffn_swiglu,
     hybrid_inputs,
     norm,
     output_head,
     read_state,
+    recurrent_layers,  # noqa: F401 - the layers that keep a recurrent state, read through the module
     token_embeddings,
 )
 
@@ -90,14 +92,6 @@ class Args(ModelArgs):
         if isinstance(n_swa, bool) or not isinstance(n_swa, int) or n_swa < 0:
             raise GGUFError(f.path, f"key '{ARCH}.attention.sliding_window' has a bad value {str(n_swa)[:40]!r}")
         return replace(a, l_cache=l_cache, recurrent=tuple(c == 0 for c in counts), n_swa=n_swa)
-
-
-def attention_layers(a: Args) -> list[int]:
-    return [il for il in range(a.n_layer) if not a.is_recurrent(il)]
-
-
-def recurrent_layers(a: Args) -> list[int]:
-    return [il for il in range(a.n_layer) if a.is_recurrent(il)]
 
 
 def swa_layers(a: Args) -> list[int]:

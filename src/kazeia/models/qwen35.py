@@ -25,7 +25,6 @@ dims, theta 1e7, sections [11, 11, 10, 0]; GDN 16 K heads / 32 V heads x 128, co
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, replace
 
 from kazeia.errors import GGUFError
@@ -43,10 +42,13 @@ from kazeia.models.transformer import (
     RecurrentLayerCache,
     _named,
     attend,
+    attention_layers,  # noqa: F401 - the layers that keep KV, read through the module (engine/context.py)
+    expand_inputs,
     ffn_swiglu,
     hybrid_inputs,
     norm,
     read_state,
+    recurrent_layers,  # noqa: F401 - the same for the recurrent state
 )
 
 ARCH = "qwen35"
@@ -127,15 +129,6 @@ class Args(ModelArgs):
                                     f"{a.ssm_n_group}, state {a.ssm_d_state} (need V head dim == state size and "
                                     f"V heads a multiple of K heads)")
         return a
-
-
-def attention_layers(a: Args) -> list[int]:
-    """The layers that keep a KV cache."""
-    return [il for il in range(a.n_layer) if not a.is_recurrent(il)]
-
-
-def recurrent_layers(a: Args) -> list[int]:
-    return [il for il in range(a.n_layer) if a.is_recurrent(il)]
 
 
 def expected_shapes(a: Args) -> dict[str, tuple[int, ...]]:
@@ -304,8 +297,5 @@ def build(a: Args, w: dict[str, Tensor], inp: HybridInputs, caches: list, n_kv: 
     logits = _named(gb.mul_mat(w.get("output.weight", w["token_embd.weight"]), x), "result_output")
     logits.flags |= TFlag.OUTPUT
     g.expand(logits)
-    for f in dataclasses.fields(inp):  # the input leaves even when no layer reads them (no attention layer)
-        t = getattr(inp, f.name)
-        if isinstance(t, Tensor) and t.op == "NONE":
-            g.expand(t)
+    expand_inputs(g, inp)
     return g, logits

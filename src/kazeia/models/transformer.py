@@ -144,6 +144,27 @@ def read_state(g: Graph, cache: Tensor, inp: HybridInputs, name: str = "", il: i
     return rows
 
 
+def expand_inputs(g: Graph, inp: Inputs) -> None:
+    """Every input leaf in the graph, the sliding-window cache's too, even one no layer reads (a hybrid cut with no
+    attention layer, a Gemma 3 cut whose every layer slides): the context writes all of them."""
+    for f in dataclasses.fields(inp):
+        t = getattr(inp, f.name)
+        if isinstance(t, Tensor) and t.op == "NONE":
+            g.expand(t)
+    if inp.swa is not None:
+        expand_inputs(g, inp.swa)
+
+
+def attention_layers(a: ModelArgs) -> list[int]:
+    """The layers of a hybrid (an `is_recurrent` per layer) that keep a KV cache."""
+    return [il for il in range(a.n_layer) if not a.is_recurrent(il)]
+
+
+def recurrent_layers(a: ModelArgs) -> list[int]:
+    """The layers of a hybrid that keep a recurrent state."""
+    return [il for il in range(a.n_layer) if a.is_recurrent(il)]
+
+
 def position_streams(pos: np.ndarray, n_streams: int) -> np.ndarray:
     """inp_pos for rope with `n_streams` position streams (4 for the multi-section modes): a text token's
     position in the first three streams (t, h, w) and 0 in the fourth, as llama.cpp fills it."""
