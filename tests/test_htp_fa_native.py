@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA/F16C
 class _T:
     def __init__(self, a: np.ndarray) -> None:
         self.a = a
+        self.type = None  # (not F16: flash_attn loads K through load_c)
 
 
 class _Node:

@@ -63,3 +63,23 @@ def test_f16_kv_widening_keeps_bits_and_layout():
         got, want = f16_to_f32(v), np.asarray(v, dtype=np.float32)
         assert got.strides == want.strides
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # NaN payloads too
+        # C order: rows walked in source order (a cache view: cells outer), the same bits in C layout
+        got, want = f16_to_f32(v, order="C"), np.asarray(v, dtype=np.float32, order="C")
+        assert got.flags.c_contiguous and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("cells,n,heads,d", [(4096, 256, 8, 16), (300, 37, 2, 64), (64, 64, 1, 256), (512, 19, 4, 8),
+                                             (1024, 1023, 3, 24)])
+def test_k_widened_and_transposed_in_one_pass(monkeypatch, cells, n, heads, d):
+    """kt_from_f16 (flash attention's K^T from an F16 cache view) is numpy's widening, then the transposed copy:
+    every fp16 pattern (NaN payloads, infinities, subnormals), cells not a multiple of 8, several heads and widths."""
+    from kazeia.backends.htp.kernels import fa
+
+    monkeypatch.setattr(fa, "F16_LOAD_MIN_ELEMS", 0)  # small shapes too (the front leaves them to numpy)
+    rng = np.random.default_rng(n)
+    bits = rng.choice(ALL_FP16.view(np.uint16), size=(cells, heads, d))
+    view = bits.view(np.float16)[:n].transpose(1, 0, 2)[None]
+    want = np.ascontiguousarray(np.asarray(view, dtype=np.float32)[0].transpose(0, 2, 1))
+    got = fa.kt_from_f16(view)
+    assert got is not None and got.shape == want.shape
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

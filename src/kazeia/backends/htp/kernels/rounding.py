@@ -102,16 +102,24 @@ def _f16_rows_kernel(module: ir.Module) -> str:
         obase = b.add(b.mul(h2, a.os2), b.mul(c1, a.os1))
         with k.loop(0, b.sdiv(a.d, i64(8)), name="j") as j:
             h = k.load_vec(k.gep(a.src, base), v8i16, b.mul(j, i64(16)))  # src is a byte pointer
-            wide = b.fpext(b.bitcast(h, vec(F16, 8)), V8F32)
-            hz = b.zext(h, V8I32)
-            is_nan = b.and_(b.icmp_unsigned("==", b.and_(hz, splat(V8I32, 0x7C00)), splat(V8I32, 0x7C00)),
-                            b.icmp_unsigned("!=", b.and_(hz, splat(V8I32, 0x3FF)), splat(V8I32, 0)))
-            nan = b.or_(b.or_(b.shl(b.and_(hz, splat(V8I32, 0x8000)), splat(V8I32, 16)), splat(V8I32, 0x7F800000)),
-                        b.shl(b.and_(hz, splat(V8I32, 0x3FF)), splat(V8I32, 13)))
-            out = b.select(is_nan, b.bitcast(nan, V8F32), wide)
-            k.store_vec(out, a.dst, b.add(obase, b.mul(j, i64(8))))
+            k.store_vec(widen_f16(k, h), a.dst, b.add(obase, b.mul(j, i64(8))))
     k.ret()
     return "f16_rows_f32"
+
+
+def widen_f16(k: Kernel, h: ir.Value) -> ir.Value:
+    """<n x i16> fp16 bits -> <n x float> with numpy's bits: vcvtph2ps, NaN lanes given numpy's payload (sign |
+    0x7F800000 | mant << 13) instead of the quieted one."""
+    b = k.b
+    n = h.type.count
+    vi = vec(I32, n)
+    wide = b.fpext(b.bitcast(h, vec(F16, n)), vec(F32, n))
+    hz = b.zext(h, vi)
+    is_nan = b.and_(b.icmp_unsigned("==", b.and_(hz, splat(vi, 0x7C00)), splat(vi, 0x7C00)),
+                    b.icmp_unsigned("!=", b.and_(hz, splat(vi, 0x3FF)), splat(vi, 0)))
+    nan = b.or_(b.or_(b.shl(b.and_(hz, splat(vi, 0x8000)), splat(vi, 16)), splat(vi, 0x7F800000)),
+                b.shl(b.and_(hz, splat(vi, 0x3FF)), splat(vi, 13)))
+    return b.select(is_nan, b.bitcast(nan, vec(F32, n)), wide)
 
 
 LIB = Library(__name__, "kazeia_htp_rounding")
@@ -179,8 +187,12 @@ def f16_to_f32(a: np.ndarray, order: str = "K") -> np.ndarray:
     if out.strides[3] != 4:
         return np.asarray(a, dtype=np.float32, order=order)
     _, n2, n1, d = a.shape
-    F16_ROWS.fn(addr(a), a.strides[2], a.strides[1], n1, d, addr(out), out.strides[2] // 4, out.strides[1] // 4,
-                0, n2 * n1)
+    if a.strides[2] > a.strides[1]:  # rows in source order (a KV cache's cells hold every head: cells outer)
+        F16_ROWS.fn(addr(a), a.strides[1], a.strides[2], n2, d, addr(out), out.strides[1] // 4, out.strides[2] // 4,
+                    0, n2 * n1)
+    else:
+        F16_ROWS.fn(addr(a), a.strides[2], a.strides[1], n1, d, addr(out), out.strides[2] // 4, out.strides[1] // 4,
+                    0, n2 * n1)
     return out
 
 

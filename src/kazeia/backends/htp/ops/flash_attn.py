@@ -8,7 +8,7 @@ import numpy as np
 from kazeia.backends.htp.fp16 import FP16_MAX, round_fp16
 from kazeia.backends.htp.kernels import fa as fast_fa
 from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw
-from kazeia.graph.tensor import Tensor
+from kazeia.graph.tensor import GGMLType, Tensor, array
 
 FA_KV_BLOCK = 128  # KV rows per HMX flash-attention step (fp16 P@V partial results are rounded per step)
 
@@ -51,21 +51,30 @@ def _transposed(k: np.ndarray) -> np.ndarray:
     return out
 
 
+def _k_transposed(io, t: Tensor) -> np.ndarray:
+    """K^T, (Hkv, D, n_kv) C-contiguous float32, in a kept buffer (the next flash attention of that shape overwrites
+    it): an F16 KV cache view widened and transposed in one pass (fast_fa.kt_from_f16: a decode's K is read once,
+    from memory the weights' stream has evicted), else loaded, then transposed."""
+    if t.type == GGMLType.F16 and (kt := fast_fa.kt_from_f16(array(t))) is not None:
+        return kt
+    return _transposed(io.load_c(t)[0])
+
+
 def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
     """FLASH_ATTN_EXT on the DSP: HMX models its fp16 tiles (S and P@V read out as fp16 per KV block), HVX
     computes in float32. `io` loads the sources and stores dst (executor.DspOps)."""
     # (S, H, T, D) with S = 1 (ne3): work on 3-D stacks of C-contiguous matrices so numpy uses BLAS
     q = io.load(n.src[0])[0]                                     # (H, T, D)
-    k, v = (io.load_c(s)[0] for s in n.src[1:3])                # (Hkv, n_kv, D), (Hkv, n_kv, Dv)
+    kt = _k_transposed(io, n.src[1])                              # (Hkv, D, n_kv)
+    v = io.load_c(n.src[2])[0]                                   # (Hkv, n_kv, Dv)
     mask = io.load(n.src[3])[0, 0] if len(n.src) > 3 and n.src[3] is not None else None  # (T', n_kv)
-    hkv = k.shape[0]
+    hkv = kt.shape[0]
     # GQA: query head h reads KV head h // (H / Hkv). The KV matrices are broadcast over the g heads of their group
     # (stride 0) instead of repeated: numpy calls the same BLAS product on the same C-contiguous matrices.
     v = np.ascontiguousarray(v)[:, None]                              # (Hkv, 1, n_kv, Dv)
     scale = np.float32(n.params["scale"])
     q16 = _round16(q)
-    kt = _transposed(k)[:, None]                                       # (Hkv, 1, D, n_kv)
-    s = _grouped(np.matmul, q16, kt, hkv)
+    s = _grouped(np.matmul, q16, kt[:, None], hkv)                    # kt: (Hkv, 1, D, n_kv)
     p, l, native = _softmax_parts(s, mask, scale, use_hmx)
     if use_hmx:
         p16 = round_hw(p) if native else _round16(p)  # (native: p = exp(x <= 0) is in [0, 1], never NaN)
