@@ -22,6 +22,7 @@ from kazeia.backends.htp.host.repack import RepackedWeight
 from kazeia.backends.htp.hvx import dot as hvx
 from kazeia.backends.htp.hvx import quant as hq
 from kazeia.backends.htp.kernels import hvx as hvx_kernels
+from kazeia.backends.htp.kernels.hvx import ir as hvx_ir
 from kazeia.backends.htp.kernels.rounding import round_hw
 from kazeia.native.threads import set_kernel_threads as set_threads
 
@@ -125,14 +126,17 @@ def test_hvx_dot_on_threads(qtype, sequential, monkeypatch):
 
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("k", [32, 96, 800, 2560])
+@pytest.mark.parametrize("k", [32, 96, 800, 2560, 64 * 256, 64 * 256 + 96, 128 * 256 + 32])
 def test_hvx_dot_in_october_order(qtype, k, monkeypatch):
     """hvx_dot_seq (one accumulator per output, blocks in K order: October's tiled kernels) against its numba twin,
-    every weight type, whole and partial groups of 8 blocks, well-formed and garbage images, odd N."""
+    every weight type, whole and partial groups of 8 blocks, well-formed and garbage images, odd N; K past one
+    slice of the kernel's product buffer (SEQ_SLICE groups), ending on a slice, inside one, and on a partial group
+    alone in its slice."""
+    assert hvx_ir.SEQ_SLICE == 64  # the K list above is written for this slice
     w = RepackedWeight.from_ggml(weight_rows(qtype, 7, k, seed=k, spread=False), qtype, k)
     parse = hq.parse_q8_1x4x2 if qtype == T.Q4_1 else hq.parse_q8x4x2
     b8, b16 = w.blocks()
-    for m in (1, 3, 38):
+    for m in ((1, 3, 38) if k <= 2560 else (1, 3)):
         for garbage in (False, True):
             img = image_for(qtype, m, k, seed=m, garbage=garbage)
             args = (b8, b16, qtype, img, m, k, parse, hvx.IQ4_NL_VALUES, hvx.F16_LUT, True)
