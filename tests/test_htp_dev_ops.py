@@ -78,16 +78,43 @@ def test_rms_norm_glu_rope_are_the_kernels(seed):
         _same_as_kernel(rope)
 
 
-def test_in_place_and_other_modes_are_left_to_the_kernels():
+def test_other_modes_and_overlaps_are_left_to_the_kernels():
     rng = np.random.default_rng(9)
     q, pos = make_tensor(F32, (128, 4), "q"), make_tensor(I32, (1,), "pos")
     norm_rope = make_tensor(F32, (128, 4), "r", op="ROPE", src=(q, pos),
                             params={"n_dims": 128, "mode": 0, "freq_base": 1e4, "freq_scale": 1.0})
-    inplace = make_tensor(F32, (128, 4), "r2", op="ROPE", src=(q, pos),
+    shifted = make_tensor(F32, (128, 4), "r2", op="ROPE", src=(q, pos),
                           params={"n_dims": 128, "mode": 2, "freq_base": 1e4, "freq_scale": 1.0})
-    _place([q, pos, norm_rope, inplace], rng)
-    inplace.offset = q.offset
-    assert dev_ops.compute_for(norm_rope) is None and dev_ops.compute_for(inplace) is None
+    _place([q, pos, norm_rope, shifted], rng)
+    shifted.offset = q.offset + 256  # overlapping x, not x itself
+    assert dev_ops.compute_for(norm_rope) is None and dev_ops.compute_for(shifted) is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rope_in_place_is_the_kernel(seed):
+    """A NEOX rope whose dst is its source's own memory (a decode's Q and K): the bound closure's bits are the general
+    kernel's, partial rotation (dims past n_dims kept) included."""
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        d = int(rng.choice([64, 128, 80]))
+        nd = int(rng.choice([d, d // 2, 32]))
+        rows, tok = int(rng.integers(1, 33)), int(rng.integers(1, 4))
+        q, pos = make_tensor(F32, (d, rows, tok), "q"), make_tensor(I32, (tok,), "pos")
+        rope = make_tensor(F32, (d, rows, tok), "rope", op="ROPE", src=(q, pos),
+                           params={"n_dims": nd, "mode": 2, "freq_base": float(rng.choice([1e4, 1e6])),
+                                   "freq_scale": 1.0, "ext_factor": 0.0, "attn_factor": float(rng.choice([1.0, 0.7]))})
+        _place([q, pos, rope], rng)
+        rope.offset = q.offset
+        array(pos)[...] = rng.integers(0, 40000, tok)
+        x = np.array(array(q))
+        run = dev_ops.compute_for(rope)
+        assert run is not None
+        with np.errstate(all="ignore"):
+            run()
+            got = np.array(array(rope))
+            array(q)[...] = x
+            KERNELS["ROPE"](X.DspOps(), rope)
+        assert got.tobytes() == np.array(array(rope)).tobytes()
 
 
 def _program(rng):

@@ -90,7 +90,8 @@ def rope_tables(pos: np.ndarray, nd: int, base: float, scale: float, attn: float
 def _rope(node: Tensor) -> Callable[[], None] | None:
     """numpy_ops._rope for the NEOX mode: out[:h] = x0*cos - x1*sin, out[h:nd] = x0*sin + x1*cos (each product,
     then the difference or sum, rounded to float32 as there), dims past nd copied; into dst directly when dst
-    does not share memory with x."""
+    does not share memory with x. A dst that is x itself (the allocator gave the rope its source's buffer, as for
+    a decode's Q and K) gets the first half through a kept temporary: the kernel reads x0 again after writing it."""
     p = node.params
     if p.get("ext_factor", 0.0) != 0.0 or p.get("mode") != ROPE_NEOX or node.src[0].type != GGMLType.F32:
         return None
@@ -99,24 +100,30 @@ def _rope(node: Tensor) -> Callable[[], None] | None:
     x, dst, posv = array(node.src[0]), array(node), array(node.src[1])
     nd = p["n_dims"]
     h = nd // 2
-    if x.shape != dst.shape or nd % 2 or nd > x.shape[-1] or np.shares_memory(x, dst):
+    if x.shape != dst.shape or nd % 2 or nd > x.shape[-1]:
         return None
+    in_place = np.shares_memory(x, dst)
+    if in_place and (x.__array_interface__["data"][0] != dst.__array_interface__["data"][0] or x.strides != dst.strides):
+        return None  # overlapping, not the same view: the general kernel's copies
     pos = posv.reshape(-1)  # (a view: read at each call, as the kernel reads it)
     if pos.size != x.shape[1] or not posv.flags.c_contiguous:
         return None
     base, scale, attn = p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0)
     x0, x1, d0, d1 = x[..., :h], x[..., h:nd], dst[..., :h], dst[..., h:nd]
     t0, t1 = np.empty(x0.shape, F32), np.empty(x0.shape, F32)
-    tail = nd < x.shape[-1]
+    first = np.empty(x0.shape, F32) if in_place else d0  # (in place: written into d0 once x0 is read)
+    tail = nd < x.shape[-1] and not in_place
 
     def run() -> None:
         cos, sin = rope_tables(pos, nd, base, scale, attn)
         np.multiply(x0, cos, out=t0)
         np.multiply(x1, sin, out=t1)
-        np.subtract(t0, t1, out=d0)
+        np.subtract(t0, t1, out=first)
         np.multiply(x0, sin, out=t0)
         np.multiply(x1, cos, out=t1)
         np.add(t0, t1, out=d1)
+        if in_place:
+            d0[...] = first
         if tail:
             dst[..., nd:] = x[..., nd:]
 
