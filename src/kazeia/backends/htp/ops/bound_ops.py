@@ -103,7 +103,8 @@ def _rope(node: Tensor) -> Callable[[], None] | None:
     if x.shape != dst.shape or nd % 2 or nd > x.shape[-1]:
         return None
     in_place = np.shares_memory(x, dst)
-    if in_place and (x.__array_interface__["data"][0] != dst.__array_interface__["data"][0] or x.strides != dst.strides):
+    same_view = x.__array_interface__["data"][0] == dst.__array_interface__["data"][0] and x.strides == dst.strides
+    if in_place and not same_view:
         return None  # overlapping, not the same view: the general kernel's copies
     pos = posv.reshape(-1)  # (a view: read at each call, as the kernel reads it)
     if pos.size != x.shape[1] or not posv.flags.c_contiguous:
