@@ -31,7 +31,7 @@ class _IO:
     def load(self, t: _T) -> np.ndarray:
         return t.a
 
-    def load_c(self, t: _T) -> np.ndarray:
+    def load_c(self, t: _T, linger: bool = False) -> np.ndarray:
         return np.ascontiguousarray(t.a)
 
     def store(self, n, values: np.ndarray) -> None:

@@ -66,10 +66,14 @@ def test_f16_kv_widening_keeps_bits_and_layout():
         # C order: rows walked in source order (a cache view: cells outer), the same bits in C layout
         got, want = f16_to_f32(v, order="C"), np.asarray(v, dtype=np.float32, order="C")
         assert got.flags.c_contiguous and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    wide = np.tile(cache, (1, 1, 4))[:1100].transpose(1, 0, 2)[None]  # 563k elements: the kernel threads widen it
+    for order in ("K", "C"):
+        got, want = f16_to_f32(wide, order=order), np.asarray(wide, dtype=np.float32, order=order)
+        assert got.strides == want.strides and np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("cells,n,heads,d", [(4096, 256, 8, 16), (300, 37, 2, 64), (64, 64, 1, 256), (512, 19, 4, 8),
-                                             (1024, 1023, 3, 24)])
+                                             (1024, 1023, 3, 24), (2048, 1021, 8, 64)])  # (the last: threaded)
 def test_k_widened_and_transposed_in_one_pass(monkeypatch, cells, n, heads, d):
     """kt_from_f16 (flash attention's K^T from an F16 cache view) is numpy's widening, then the transposed copy:
     every fp16 pattern (NaN payloads, infinities, subnormals), cells not a multiple of 8, several heads and widths."""

@@ -18,12 +18,13 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from kazeia.backends.htp.kernels.rounding import F16_LOAD_MIN_ELEMS, widen_f16
+from kazeia.backends.htp.kernels.rounding import F16_LOAD_MIN_ELEMS, PARALLEL_MIN_ELEMS, widen_f16
 from kazeia.native.buffers import ThreadScratch
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library, available
 from kazeia.native.idioms import transpose8  # the same 8x8 register transpose as the CPU GEMM
 from kazeia.native.irkit import F16, F32, I8, I16, I32, I64, V8F32, V8I32, Kernel, f32, i64, ptr, splat, vec
+from kazeia.native.pool import run_rows
 
 W = 8  # lanes of the vector loops; a row's last n % 8 elements take the same steps as <1 x float>
 
@@ -93,19 +94,19 @@ def _transpose_kernel(module: ir.Module) -> str:
 
 
 def _kt_f16_kernel(module: ir.Module) -> str:
-    """fa_kt_f16(src, nb1, nb2, n, d, dst, nh): dst[h, j, i] = float(src[h, i, j]) (widen_f16: numpy's bits) for
-    the nh heads of an fp16 view (head h, cell i at byte src + h*nb2 + i*nb1, d contiguous halves, d a multiple
-    of 8) into a C-contiguous float32 (nh, d, n): a KV cache's K widened and transposed in one pass. Cells go 8 at
-    a time, every head of them before the next 8 (a cache row holds all heads of a cell: the reads go forward;
-    heads outer was ~1.2x slower here, warm or cold); cells past n // 8 * 8 one at a time."""
+    """fa_kt_f16(src, nb1, nb2, n, d, dst, h0, h1): dst[h, j, i] = float(src[h, i, j]) (widen_f16: numpy's bits)
+    for the heads h0 <= h < h1 of an fp16 view (head h, cell i at byte src + h*nb2 + i*nb1, d contiguous halves, d
+    a multiple of 8) into a C-contiguous float32 (H, d, n): a KV cache's K widened and transposed in one pass.
+    Cells go 8 at a time, every head of them before the next 8 (a cache row holds all heads of a cell: the reads
+    go forward; heads outer was ~1.2x slower here, warm or cold); cells past n // 8 * 8 one at a time."""
     k = Kernel(module, "fa_kt_f16", [("src", ptr(I8)), ("nb1", I64), ("nb2", I64), ("n", I64), ("d", I64),
-                                     ("dst", ptr(F32)), ("nh", I64)])
+                                     ("dst", ptr(F32)), ("h0", I64), ("h1", I64)])
     b, a = k.b, k.a
     v8i16 = vec(I16, 8)
     n8 = b.mul(b.sdiv(a.n, i64(8)), i64(8))
     plane = b.mul(a.d, a.n)
     with k.loop(0, n8, 8, name="i0") as i0:
-        with k.loop(0, a.nh, name="h") as h:
+        with k.loop(a.h0, a.h1, name="h") as h:
             hb = b.add(b.mul(h, a.nb2), b.mul(i0, a.nb1))
             with k.loop(0, a.d, 8, name="j0") as j0:
                 rows = [b.bitcast(widen_f16(k, k.load_vec(k.gep(a.src, b.add(hb, b.mul(i64(r), a.nb1))), v8i16,
@@ -113,7 +114,7 @@ def _kt_f16_kernel(module: ir.Module) -> str:
                 for c, v in enumerate(transpose8(k, rows)):
                     k.store_vec(b.bitcast(v, V8F32), a.dst, b.mul(h, plane), b.mul(b.add(j0, i64(c)), a.n), i0)
     with k.loop(n8, a.n, name="ie") as i:
-        with k.loop(0, a.nh, name="he") as h:
+        with k.loop(a.h0, a.h1, name="he") as h:
             hb = b.add(b.mul(h, a.nb2), b.mul(i, a.nb1))
             with k.loop(0, a.d, 8, name="je") as j0:
                 v = widen_f16(k, k.load_vec(k.gep(a.src, hb), v8i16, b.mul(j0, i64(2))))
@@ -213,7 +214,7 @@ def _div_kernel(module: ir.Module) -> str:
 
 LIB = Library(__name__, "kazeia_simd_fa")
 TRANSPOSE = LIB.kernel("fa_transpose", _transpose_kernel)
-KT_F16 = LIB.kernel("fa_kt_f16", _kt_f16_kernel)
+KT_F16 = LIB.kernel("fa_kt_f16", _kt_f16_kernel, par=True)
 SCORES = LIB.kernel("fa_scores", _scores_kernel)
 ACC16 = LIB.kernel("fa_acc16", _acc16_kernel)
 DIV = LIB.kernel("fa_div", _div_kernel)
@@ -241,16 +242,19 @@ def transposed(k: np.ndarray, reuse: bool = False) -> np.ndarray | None:
     return out
 
 
-def kt_from_f16(view: np.ndarray) -> np.ndarray | None:
+def kt_from_f16(view: np.ndarray, linger: bool = False) -> np.ndarray | None:
     """np.ascontiguousarray(f16_to_f32(view)[0].transpose(0, 2, 1)) of a (1, H, n, D) float16 view (a KV cache's
     K: rows of D contiguous halves), the same bits, in one pass into this thread's scratch of that shape (which
-    the next call of the same shape overwrites); None where the kernel does not apply."""
+    the next call of the same shape overwrites); None where the kernel does not apply. The kernel threads take
+    a head at a time (a decode's cache is read cold: two threads keep twice the misses in flight); `linger`: they
+    keep spinning afterwards (a decode step, see native.pool.run)."""
     if (not available() or view.dtype != np.float16 or view.ndim != 4 or view.shape[0] != 1
             or view.shape[3] % 8 or view.strides[3] != 2 or view.size < F16_LOAD_MIN_ELEMS):
         return None
     _, h, n, d = view.shape
     out = _scratch((h, d, n))
-    KT_F16.fn(addr(view), view.strides[2], view.strides[1], n, d, addr(out), h)
+    run_rows(KT_F16, (addr(view), view.strides[2], view.strides[1], n, d, addr(out)), h, 1,
+             view.size >= PARALLEL_MIN_ELEMS, linger=linger)
     return out
 
 

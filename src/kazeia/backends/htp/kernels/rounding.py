@@ -125,7 +125,7 @@ def widen_f16(k: Kernel, h: ir.Value) -> ir.Value:
 LIB = Library(__name__, "kazeia_htp_rounding")
 ROUND = LIB.kernel("round_f16_hw", _round_kernel, par=True)
 ROUND_T = LIB.kernel("round_f16_hw_t", _round_t_kernel, par=True)
-F16_ROWS = LIB.kernel("f16_rows_f32", _f16_rows_kernel)
+F16_ROWS = LIB.kernel("f16_rows_f32", _f16_rows_kernel, par=True)
 
 
 # --- fronts ----------------------------------------------------------------------------------------------------
@@ -174,12 +174,14 @@ def round_hw_transposed(x: np.ndarray, out: np.ndarray) -> None:
 
 
 F16_LOAD_MIN_ELEMS = 1 << 14     # fp16 arrays below this are widened by numpy
+F16_ROWS_CHUNK = 256             # rows a claim of the threaded widening (32 cells of an 8-head cache)
 
 
-def f16_to_f32(a: np.ndarray, order: str = "K") -> np.ndarray:
+def f16_to_f32(a: np.ndarray, order: str = "K", linger: bool = False) -> np.ndarray:
     """np.asarray(a, dtype=np.float32) of a float16 array (a KV cache view: (1, heads, cells, D), strided), the
     same bits, NaN payloads included, in the same memory order numpy picks (numpy widens fp16 in software:
-    ~2 ns an element, this ~7x less); order="C": np.ascontiguousarray of that (made C-contiguous directly)."""
+    ~2 ns an element, this ~7x less); order="C": np.ascontiguousarray of that (made C-contiguous directly).
+    Large views are widened on the kernel threads (`linger`: they keep spinning afterwards, a decode step)."""
     if (not available() or a.dtype != np.float16 or a.ndim != 4 or a.shape[0] != 1 or a.size < F16_LOAD_MIN_ELEMS
             or a.shape[3] % 8 or a.strides[3] != 2):
         return np.asarray(a, dtype=np.float32, order=order)
@@ -188,11 +190,10 @@ def f16_to_f32(a: np.ndarray, order: str = "K") -> np.ndarray:
         return np.asarray(a, dtype=np.float32, order=order)
     _, n2, n1, d = a.shape
     if a.strides[2] > a.strides[1]:  # rows in source order (a KV cache's cells hold every head: cells outer)
-        F16_ROWS.fn(addr(a), a.strides[1], a.strides[2], n2, d, addr(out), out.strides[1] // 4, out.strides[2] // 4,
-                    0, n2 * n1)
+        args = (addr(a), a.strides[1], a.strides[2], n2, d, addr(out), out.strides[1] // 4, out.strides[2] // 4)
     else:
-        F16_ROWS.fn(addr(a), a.strides[2], a.strides[1], n1, d, addr(out), out.strides[2] // 4, out.strides[1] // 4,
-                    0, n2 * n1)
+        args = (addr(a), a.strides[2], a.strides[1], n1, d, addr(out), out.strides[2] // 4, out.strides[1] // 4)
+    run_rows(F16_ROWS, args, n2 * n1, F16_ROWS_CHUNK, a.size >= PARALLEL_MIN_ELEMS, linger=linger)
     return out
 
 

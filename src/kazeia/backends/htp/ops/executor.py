@@ -37,12 +37,12 @@ class DspOps(NumpyOps):
             raise TypeError(f"{t.name}: the DSP reads {t.type.name} only through matmul")
         return f16_to_f32(array(t)) if t.type == GGMLType.F16 else np.asarray(array(t), dtype=np.float32)
 
-    def load_c(self, t: Tensor) -> np.ndarray:
-        """np.ascontiguousarray(load(t)), an F16 tensor widened straight into C order (a KV cache view). A Q8_0 KV
-        cache view (2026-10's flash attention) is dequantized to fp16 as the DSP does (hvx_dequantize_row_q8_0_f16:
-        fp16(f32(q * d)))."""
+    def load_c(self, t: Tensor, linger: bool = False) -> np.ndarray:
+        """np.ascontiguousarray(load(t)), an F16 tensor widened straight into C order (a KV cache view; `linger`: see
+        f16_to_f32). A Q8_0 KV cache view (2026-10's flash attention) is dequantized to fp16 as the DSP does
+        (hvx_dequantize_row_q8_0_f16: fp16(f32(q * d)))."""
         if t.type == GGMLType.F16:
-            return f16_to_f32(array(t), order="C")
+            return f16_to_f32(array(t), order="C", linger=linger)
         if t.type == GGMLType.Q8_0:
             with np.errstate(over="ignore", invalid="ignore"):
                 return round_hw(dequantize(rows(t), t.type, np.float32))

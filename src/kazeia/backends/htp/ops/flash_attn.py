@@ -7,6 +7,7 @@ import numpy as np
 
 from kazeia.backends.htp.fp16 import FP16_MAX, round_fp16
 from kazeia.backends.htp.kernels import fa as fast_fa
+from kazeia.backends.htp.kernels.hvx import DECODE_ROWS
 from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw
 from kazeia.graph.tensor import GGMLType, Tensor, array
 
@@ -51,11 +52,11 @@ def _transposed(k: np.ndarray) -> np.ndarray:
     return out
 
 
-def _k_transposed(io, t: Tensor) -> np.ndarray:
+def _k_transposed(io, t: Tensor, linger: bool) -> np.ndarray:
     """K^T, (Hkv, D, n_kv) C-contiguous float32, in a kept buffer (the next flash attention of that shape overwrites
     it): an F16 KV cache view widened and transposed in one pass (fast_fa.kt_from_f16: a decode's K is read once,
     from memory the weights' stream has evicted), else loaded, then transposed."""
-    if t.type == GGMLType.F16 and (kt := fast_fa.kt_from_f16(array(t))) is not None:
+    if t.type == GGMLType.F16 and (kt := fast_fa.kt_from_f16(array(t), linger)) is not None:
         return kt
     return _transposed(io.load_c(t)[0])
 
@@ -65,8 +66,9 @@ def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
     computes in float32. `io` loads the sources and stores dst (executor.DspOps)."""
     # (S, H, T, D) with S = 1 (ne3): work on 3-D stacks of C-contiguous matrices so numpy uses BLAS
     q = io.load(n.src[0])[0]                                     # (H, T, D)
-    kt = _k_transposed(io, n.src[1])                              # (Hkv, D, n_kv)
-    v = io.load_c(n.src[2])[0]                                   # (Hkv, n_kv, Dv)
+    decode = q.shape[1] <= DECODE_ROWS  # the kernel threads keep spinning for the decode's next op
+    kt = _k_transposed(io, n.src[1], decode)                      # (Hkv, D, n_kv)
+    v = io.load_c(n.src[2], linger=decode)[0]                    # (Hkv, n_kv, Dv)
     mask = io.load(n.src[3])[0, 0] if len(n.src) > 3 and n.src[3] is not None else None  # (T', n_kv)
     hkv = kt.shape[0]
     # GQA: query head h reads KV head h // (H / Hkv). The KV matrices are broadcast over the g heads of their group
