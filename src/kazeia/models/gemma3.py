@@ -37,6 +37,7 @@ from kazeia.models.transformer import (
     attend,
     expand_inputs,
     norm,
+    out_rows,
     output_head,
     qkv,
     token_embeddings,
@@ -155,9 +156,7 @@ def build(a: Args, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], 
         p = f"blk.{il}."
         h = norm(x, w[p + "attn_norm.weight"], a.rms_eps, "attn_norm", il)
         h = attention(g, a, w, il, h, inp, caches[il], n_kv, opts)
-        if il == a.n_layer - 1:  # only the rows whose logits are wanted go on
-            h = gb.get_rows(h, inp.out_ids)
-            x = gb.get_rows(x, inp.out_ids)
+        h, x = out_rows(a, il, inp, h, x)
         h = norm(h, w[p + "post_attention_norm.weight"], a.rms_eps, "attn_post_norm", il)
         sa_out = _named(gb.add(h, x), "sa_out", il)
         h = norm(sa_out, w[p + "ffn_norm.weight"], a.rms_eps, "ffn_norm", il)

@@ -39,6 +39,7 @@ from kazeia.models.transformer import (
     ffn_swiglu,
     hybrid_inputs,
     norm,
+    out_rows,
     output_head,
     read_state,
     recurrent_layers,  # noqa: F401 - the layers that keep a recurrent state, read through the module
@@ -177,9 +178,7 @@ def build(a: Args, w: dict[str, Tensor], inp: HybridInputs, caches: list, n_kv: 
             h = short_conv(g, a, w, il, h, inp, caches[il])
         else:
             h = attention(g, a, w, il, h, inp, caches[il], n_kv, opts)
-        if il == a.n_layer - 1:  # only the rows whose logits are wanted go on
-            h = gb.get_rows(h, inp.out_ids)
-            x = gb.get_rows(x, inp.out_ids)
+        h, x = out_rows(a, il, inp, h, x)
         x = gb.add(x, h)  # unnamed
         h = norm(x, w[p + "ffn_norm.weight"], a.rms_eps, LAYER + "ffn_out", il)
         x = _named(gb.add(x, ffn_swiglu(a, w, il, h, out_name="")), "l_out", il)

@@ -32,6 +32,7 @@ from kazeia.models.transformer import (
     _named,
     attend,
     norm,
+    out_rows,
     output_head,
     qkv,
     token_embeddings,
@@ -124,9 +125,7 @@ def build(a: Args, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], 
         residual = x
         h = norm(x, w[p + "attn_norm.weight"], a.rms_eps, "attn_norm", il)
         h = attention(g, a, w, il, h, inp, caches[il], n_kv, opts)
-        if il == a.n_layer - 1:  # only the rows whose logits are wanted go on
-            h = gb.get_rows(h, inp.out_ids)
-            residual = gb.get_rows(residual, inp.out_ids)
+        h, residual = out_rows(a, il, inp, h, residual)
         residual = gb.add(h, residual)  # unnamed
         h = norm(residual, w[p + "ffn_norm.weight"], a.rms_eps, "ffn_norm", il)
         h = ffn(w, il, h)

@@ -306,6 +306,14 @@ def output_head(g: Graph, a: ModelArgs, w: dict[str, Tensor], x: Tensor, norm_we
     return g.expand(logits)
 
 
+def out_rows(a, il: int, inp: Inputs, h: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+    """The layer output h and its residual, cut to the rows whose logits are wanted after the last layer
+    (llama.cpp's `if (il == n_layer - 1 && inp_out_ids)`: h's GET_ROWS, then the residual's); as they are before."""
+    if il != a.n_layer - 1:
+        return h, residual
+    return gb.get_rows(h, inp.out_ids), gb.get_rows(residual, inp.out_ids)  # [n_embd, n_out]
+
+
 def build(a: ModelArgs, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCache], n_kv: int,
           rope_mode: int, qk_norm: bool, opts: GraphOptions, attn_out_name: str | None = None) -> tuple[Graph, Tensor]:
     """The whole forward graph of one micro-batch; returns (graph, logits [n_vocab, n_out])."""
@@ -316,9 +324,7 @@ def build(a: ModelArgs, w: dict[str, Tensor], inp: Inputs, caches: list[LayerCac
         inp_sa = x
         h = norm(x, w[p + "attn_norm.weight"], a.rms_eps, "attn_norm", il)
         h = attention(g, a, w, il, h, inp, caches[il], n_kv, rope_mode, qk_norm, opts, attn_out_name)
-        if il == a.n_layer - 1:  # only the rows whose logits are wanted go on
-            h = gb.get_rows(h, inp.out_ids)  # [n_embd, n_out]
-            inp_sa = gb.get_rows(inp_sa, inp.out_ids)
+        h, inp_sa = out_rows(a, il, inp, h, inp_sa)
         ffn_inp = _named(gb.add(h, inp_sa), "ffn_inp", il)
         h = norm(ffn_inp, w[p + "ffn_norm.weight"], a.rms_eps, "ffn_norm", il)
         h = ffn_swiglu(a, w, il, h)
