@@ -182,3 +182,22 @@ def shared_cache(path: str):
     from kazeia.backends.ref import WeightCache
 
     return _caches.setdefault(path, WeightCache())
+
+
+CANONICAL_NAN = np.uint32(0x7FC00000).view(np.float32)
+
+
+def ordered_products(a: np.ndarray, w: np.ndarray, canonical_nan: bool = True) -> np.ndarray:
+    """The device model's product order, computed independently of its kernels (kernels/gemm.py's rule):
+    y[m, n] = fl(...fl(fl(+0 + a[m, 0] w[n, 0]) + a[m, 1] w[n, 1]) ... ), float32, k ascending, each product
+    rounded to float32 and then added, by numpy's element-wise float32 operations (IEEE, no reordering).
+    a (M, K), w (N, K). `canonical_nan`: a NaN output as 0x7FC00000 (the HMX kernels' read-in of a NaN sum)."""
+    a = np.asarray(a, dtype=np.float32)
+    w = np.asarray(w, dtype=np.float32)
+    acc = np.zeros((a.shape[0], w.shape[0]), dtype=np.float32)
+    with np.errstate(all="ignore"):
+        for k in range(a.shape[1]):
+            acc = acc + a[:, k:k + 1] * w[None, :, k]
+    if canonical_nan:
+        acc[np.isnan(acc)] = CANONICAL_NAN
+    return acc

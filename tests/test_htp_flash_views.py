@@ -1,6 +1,6 @@
 """HTP flash attention reads its KV cache views straight into C order and multiplies P by V per block through
-views: the same bits as the formulation with explicit contiguous copies (restated here), on cache-shaped
-strided F16 K/V, GQA, masks and both paths."""
+views: the same bits as the formulation with explicit contiguous copies (restated here, its products in the
+device model's order computed by oracle_utils), on cache-shaped strided F16 K/V, GQA, masks and both paths."""
 
 import numpy as np
 import pytest
@@ -9,11 +9,16 @@ from kazeia.backends.htp.fp16 import round_fp16
 from kazeia.backends.htp.ops.executor import DspOps
 from kazeia.backends.htp.ops.flash_attn import flash_attn
 from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, Tensor, array, make_tensor
+from oracle_utils import ordered_products
 
 
 def _grouped(a, b, hkv):
-    h = a.shape[0]
-    return np.matmul(a.reshape(hkv, h // hkv, *a.shape[1:]), b).reshape(h, a.shape[1], b.shape[-1])
+    """The device model's product order (oracle_utils.ordered_products), head h against KV matrix h // (H/Hkv)."""
+    h, t = a.shape[:2]
+    a = np.ascontiguousarray(a).reshape(hkv, (h // hkv) * t, a.shape[-1])
+    b = b.reshape(hkv, *b.shape[-2:])
+    y = [ordered_products(a[i], b[i].T, canonical_nan=False) for i in range(hkv)]
+    return np.stack(y).reshape(h, t, -1)
 
 
 def _reference(q, k, v, mask, scale, use_hmx):

@@ -63,6 +63,17 @@ def host_ok() -> bool:
     return _host_ok
 
 
+def host_has(feature: str) -> bool:
+    """The host CPU has this LLVM feature ("avx512f", ...): for an emitter that picks its register tiling by the
+    vector width it gets (never its summation order). False where llvmlite cannot say."""
+    try:
+        import llvmlite.binding as llvm
+
+        return bool(llvm.get_host_cpu_features().get(feature, False))
+    except Exception:  # noqa: BLE001 - no llvmlite: the portable path never asks
+        return False
+
+
 def available() -> bool:
     """True when the native kernels run here (else every front takes its portable twin)."""
     return not _portable and settings.get().simd and host_ok()

@@ -12,6 +12,7 @@ from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.hmx import pipeline
 from kazeia.backends.htp.hmx.deep_loads import BANK_BYTES, bank_crossings
 from kazeia.backends.htp.hmx.tiles import (
+    hmx_matmul,
     hmx_matmul_weight,
     output_to_tiles,
     pad_rows,
@@ -21,7 +22,7 @@ from kazeia.backends.htp.hmx.tiles import (
     weight_to_tiles,
 )
 from kazeia.backends.htp.host.repack import RepackedWeight
-from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw, shuffled_fp16
+from kazeia.backends.htp.kernels.rounding import ROUND_ROW, shuffled_fp16
 from kazeia.backends.htp.msg import STATUS_OK, DspFault, OpDesc, OpRecord
 from kazeia.backends.htp.vtcm import arena as V
 from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
@@ -132,8 +133,11 @@ class HmxPath:
         r2, r3 = x.ne[2] // w.ne[2], x.ne[3] // w.ne[3]
         wv = np.repeat(np.repeat(wv, r2, axis=1), r3, axis=0)
         a16 = shuffled_fp16(xv, None)
-        with np.errstate(all="ignore"):
-            return round_hw(np.matmul(a16, wv.swapaxes(-1, -2)))
+        y = np.empty(a16.shape[:-1] + (wv.shape[-2],), dtype=np.float32)
+        for i3 in range(y.shape[0]):
+            for i2 in range(y.shape[1]):
+                y[i3, i2] = hmx_matmul(a16[i3, i2], wv[i3, i2])
+        return y
 
     def _leave_hmx_bytes(self, dsp: Dsp, plan: MatmulPlan, rw: RepackedWeight, xs: np.ndarray,
                          a16: np.ndarray, y: np.ndarray, y_kept: bool = True) -> None:

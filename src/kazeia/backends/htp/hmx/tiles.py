@@ -11,9 +11,10 @@ Numerics (layout-free; the tile helpers below only matter for VTCM images, paddi
   product, the qf16 multiply); Q4_1: fp16(fp16(q * d) + m) (qf16 multiply, then qf16 add, two roundings);
   F16: the stored values. Computed per tile of rows from the ggml blocks (`hmx_weight_rows`).
 - activations: A16 = fp16(x) by the shuffled converter (|x| > 65504 -> inf; optional arch quirks).
-- products accumulated inside HMX (internal precision not public), modelled as ONE float32 GEMM over the
-  whole K, then the read-out (scale 1.0, bias 0) rounds each output once to fp16 (|y| > 65504 -> inf) and
-  the store widens it exactly to fp32. Every output is therefore an fp16 value.
+- products accumulated inside HMX (internal precision not public), modelled in kazeia's own order
+  (kernels/gemm.py, docs/hmx-numerics.md: float32, k ascending, one accumulator per output), then the read-out
+  (scale 1.0, bias 0) rounds each output once to fp16 (|y| > 65504 -> inf) and the store widens it exactly to
+  fp32. Every output is therefore an fp16 value.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from kazeia.backends.htp.fp16 import (
     from_fp16_bits,
 )
 from kazeia.backends.htp.host.repack import RepackedWeight
+from kazeia.backends.htp.kernels.gemm import hmx_products, product_scratch
 from kazeia.backends.htp.kernels.rounding import round_hw, round_hw_transposed, shuffled_fp16
+from kazeia.gguf.quants import QK
 from kazeia.native.buffers import GrowingScratch
+from kazeia.native.compile import available
 
 GGMLType = GGMLQuantizationType
 
@@ -171,36 +175,24 @@ def stage_a16(a16: np.ndarray, prev: np.ndarray | None = None) -> np.ndarray:
 
 
 def hmx_matmul(a16: np.ndarray, w16: np.ndarray) -> np.ndarray:
-    """y (M, N) float32 = fp16(A16 @ W16^T) with fp32 accumulation, every element fp16-representable.
+    """y (M, N) float32 = fp16(A16 @ W16^T), every element fp16-representable.
 
-    a16: (M, K) float32 of fp16 values; w16: (N, K) float32 of fp16 values. One float32 GEMM over the whole K
-    (`a16 @ w16.T`, C-contiguous float32 operands), then one fp16 rounding (|y| > 65504 -> inf) per output.
-    Note the GEMM's summation order is BLAS's; the same shapes give the same bits, but a row's result may
-    change in the last fp32 bit if it is computed in a call with a different M.
-    """
+    a16: (M, K) float32 of fp16 values; w16: (N, K) float32 of fp16 values. The products are accumulated in
+    kazeia's HMX order (kernels/gemm.py: float32, k ascending, one accumulator per output), then read out: one fp16
+    rounding (|y| > 65504 -> inf) per output. The same bits on every host, and a row's bits do not depend on M."""
     a = np.ascontiguousarray(a16, dtype=np.float32)
     w = np.ascontiguousarray(w16, dtype=np.float32)
     if a.shape[1] != w.shape[1]:
         raise ValueError(f"K mismatch: {a.shape} vs {w.shape}")
-    with np.errstate(all="ignore"):
-        return round_hw(a @ w.T)
+    return read_out(hmx_products(a, w.shape[0], "f32", w, w.strides[0]), a.shape[0])
 
 
-# float32 of one tile of fp16 weight rows. Larger tiles make the GEMMs faster in isolation (each tile's GEMM packs
-# A again: Qwen3-4B's layer weights at M = 128, 16 MiB 807 ms, 48 MiB 751) but their dequantization no longer stays
-# in L3 (32 MiB here): in a 36-layer pp128 the two were within noise (17.3/19.1 vs 17.2/17.0 t/s), so 16 MiB stays.
+# float32 of one tile of fp16 weight rows, where the weight is dequantized before its products (the portable path,
+# a fault's patch): the native kernels dequantize into their own blocks instead.
 TILE_WEIGHT_BYTES = 16 << 20
 
 
 _TILES = GrowingScratch(np.float32, minimum=TILE_WEIGHT_BYTES // 4)  # one tile of weight rows per thread
-_OUT_T = GrowingScratch(np.float32)  # one tile's product, transposed (rows of the tile, M), per thread
-
-# Tiles whose product has more multiply-adds than this are computed as (W_tile @ A^T)^T (A^T a transposed view):
-# OpenBLAS's sgemm runs ~10% faster in that orientation at M = 38..128 (measured on Qwen3-4B's layer
-# weights) and, past its small-matrix kernels (M*N*K <= 100^3, interface/gemm.c), sums each output over K in the
-# same order as a @ t.T: bitwise equal on every shape tried (M 5..512, K 640..9728, tiles 96..1632 rows, real Q4_0
-# weights; tests/test_htp_hmx_tiles.py). Smaller products keep the a @ t.T form and its bits unconditionally.
-TRANSPOSED_MIN_MACS = 1 << 24
 
 
 def _tile_scratch(n: int) -> np.ndarray:
@@ -210,59 +202,63 @@ def _tile_scratch(n: int) -> np.ndarray:
 
 
 def weight_tile_rows(k: int) -> int:
-    """Weight rows dequantized at a time by `hmx_matmul_weight`: TILE_WEIGHT_BYTES of float32, whole 32-row
-    tiles."""
+    """Weight rows dequantized at a time where the weight is dequantized first: TILE_WEIGHT_BYTES of float32,
+    whole 32-row tiles."""
     return max(TILE, TILE_WEIGHT_BYTES // (4 * k) // TILE * TILE)
+
+
+def _fused_source(w: RepackedWeight) -> tuple[str, np.ndarray] | None:
+    """(kernel source, its rows) where the native kernel dequantizes the weight itself, else None."""
+    if not available() or w.k % QK:
+        return None
+    if w.qtype == GGMLType.F16:
+        return "f16", w.ggml
+    return w.qtype.name.lower(), w.blocks()[0]
 
 
 def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: float = 1.0,
                       out: np.ndarray | None = None) -> np.ndarray:
-    """`hmx_matmul(a16, w.w16)` computed per tile of weight rows, never holding the whole fp16 weight.
+    """`hmx_matmul(a16, w.w16)` without ever holding the whole fp16 weight: the same bits.
 
-    Each tile is one float32 GEMM over the whole K, then the fp16 read-out (times `scale` first when it is not
-    1.0: a stale HMX bias/scale). A weight that fits one tile (TILE_WEIGHT_BYTES) gives the bits of the one-GEMM
-    form; a larger one may differ from it in the last fp32 bit of some outputs (BLAS sums the edge columns of
-    a call its own way), which the fp16 read-out occasionally keeps. `patch(r0, w16_tile)` may replace a tile
-    before it is used (fault injections).
-
-    The tiles are dequantized into one scratch per thread (`_tile_scratch`: no fresh pages per tile), each GEMM
-    writes its columns of y in place (the same calls, C-contiguous operands; only the output's row stride
-    differs). The read-out is elementwise: a tile computed transposed is rounded as it is transposed into y
-    (`round_hw_transposed`), the others once over the whole y at the end. `out`: a C-contiguous float32 (M, N)
-    array to compute y in (the op's dst: the same GEMM calls, whose output has that row stride anyway)."""
+    The native kernel dequantizes the weight into its own blocks; otherwise (the portable path, or a `patch`)
+    the weight is dequantized per tile of rows first. `patch(r0, w16_tile)` may replace a tile before it is used
+    (fault injections). `scale`, when it is not 1.0, multiplies each float32 sum before the read-out (a stale
+    HMX bias/scale). `out`: a C-contiguous float32 (M, N) array to read the outputs into (the op's dst)."""
     a = np.ascontiguousarray(a16, dtype=np.float32)
     if a.shape[1] != w.k:
         raise ValueError(f"K mismatch: {a.shape} vs ({w.n}, {w.k})")
     if out is not None and (out.shape != (a.shape[0], w.n) or out.dtype != np.float32 or not out.flags.c_contiguous):
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(a.shape[0], w.n)}")
     m = a.shape[0]
-    y = np.empty((m, w.n), dtype=np.float32) if out is None else out
-    step = weight_tile_rows(w.k)
-    scratch = _tile_scratch(min(step, w.n) * w.k)
-    a_t = a.T  # (K, M): a transposed operand of the GEMM, not a copy
-    rounded = True  # every tile's columns already hold their fp16 read-out
-    with np.errstate(all="ignore"):
+    ct = product_scratch(w.n, m)
+    fused = None if patch is not None else _fused_source(w)
+    if fused is not None:
+        src, rows = fused
+        hmx_products(a, w.n, src, rows, rows.strides[0], ct)
+    else:
+        step = weight_tile_rows(w.k)
+        scratch = _tile_scratch(min(step, w.n) * w.k)
         for r0 in range(0, w.n, step):
             r1 = min(w.n, r0 + step)
             t = w.w16_rows(r0, r1, out=scratch)
             if patch is not None:
-                t = patch(r0, t)
-            if m * (r1 - r0) * w.k > TRANSPOSED_MIN_MACS:
-                y_t = _OUT_T.take((r1 - r0) * m)[: (r1 - r0) * m].reshape(r1 - r0, m)
-                np.matmul(t, a_t, out=y_t)
-                if scale == 1.0:  # the read-out is elementwise: done here, as the product is transposed in
-                    round_hw_transposed(y_t, y[:, r0:r1])
-                else:
-                    y[:, r0:r1] = y_t.T
-                    rounded = False
-            else:
-                np.matmul(a, t.T, out=y[:, r0:r1])
-                rounded = False
-        if rounded:
-            return y
-        if scale != 1.0:
-            y *= np.float32(scale)
-        return round_hw(y, out=y)  # rounding an fp16 value again leaves its bits as they are
+                t = np.ascontiguousarray(patch(r0, t), dtype=np.float32)
+            hmx_products(a, r1 - r0, "f32", t, t.strides[0], ct[r0:r1])
+    return read_out(ct, m, scale, out)
+
+
+def read_out(ct: np.ndarray, m: int, scale: float = 1.0, out: np.ndarray | None = None) -> np.ndarray:
+    """The HMX read-out of the sums ct (N, >= M): y (M, N) = fp16(scale * ct[:, :M].T) (|y| > 65504 -> inf), into
+    `out` when given."""
+    n = ct.shape[0]
+    y = np.empty((m, n), dtype=np.float32) if out is None else out
+    sums = ct[:, :m]
+    if scale == 1.0:
+        round_hw_transposed(sums, y)
+        return y
+    with np.errstate(all="ignore"):
+        np.multiply(sums.T, np.float32(scale), out=y)
+    return round_hw(y, out=y)
 
 
 def hmx_mul_mat(w: RepackedWeight, x: np.ndarray, arch: int | None = None) -> np.ndarray:

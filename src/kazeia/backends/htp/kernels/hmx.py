@@ -79,9 +79,10 @@ def _q4_1_sum(k: Kernel, a16: ir.Value, m: ir.Value) -> ir.Value:
     return b.select(big, inf, r)
 
 
-def _hmx_weight(module: ir.Module, kind: str) -> str:
-    """hmx_weight_<kind>(w, wstride, nb, out, ostride, r0, r1): out[r, 32*b + j] = the HMX fp16 weight value."""
-    name = f"hmx_weight_{kind}"
+def emit_hmx_weight(module: ir.Module, kind: str, name: str | None = None) -> str:
+    """hmx_weight_<kind>(w, wstride, nb, out, ostride, r0, r1): out[r, 32*b + j] = the HMX fp16 weight value.
+    `name`: another name for the same function (the GEMM family emits it into its own module)."""
+    name = name or f"hmx_weight_{kind}"
     k = Kernel(module, name, [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("out", ptr(F32)), ("ostride", I64),
                               ("r0", I64), ("r1", I64)])
     b, a = k.b, k.a
@@ -153,7 +154,7 @@ def _lut_block(k: Kernel, kind: str, base: ir.Value, outp: ir.Value, o: ir.Value
             k.store_vec(v, outp, b.add(o, i64(16 * half + j)))
 
 LIB = Library(__name__, "kazeia_htp_hmx")
-WEIGHT = LIB.kernels("hmx_weight", _hmx_weight, KINDS, par=True)
+WEIGHT = LIB.kernels("hmx_weight", emit_hmx_weight, KINDS, par=True)
 
 
 # --- front -----------------------------------------------------------------------------------------------------

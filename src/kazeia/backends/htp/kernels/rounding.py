@@ -156,17 +156,19 @@ def round_hw(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def round_hw_transposed(x: np.ndarray, out: np.ndarray) -> None:
-    """out[...] = round_hw(x.T): x (R, M) float32 C-contiguous, out (M, R) float32 with unit column stride (a
-    column range of a wider C-contiguous array); the same bits as round_hw, written through 8 x 8 register
-    transposes (numpy's strided transpose copy runs at ~1 element a ns here)."""
+    """out[...] = round_hw(x.T): x (R, M) float32 with unit column stride (the first M columns of a wider
+    array, too), out (M, R) float32 with unit column stride (a column range of a wider C-contiguous array); the
+    same bits as round_hw, written through 8 x 8 register transposes (numpy's strided transpose copy runs at ~1
+    element a ns here)."""
     r, m = x.shape
     if out.shape != (m, r) or out.dtype != np.float32 or x.dtype != np.float32:
         raise ValueError(f"round_hw_transposed: out must be float32 of shape {(m, r)}")
     m8, r8 = m // 8 * 8, r // 8 * 8
-    if not available() or not x.flags.c_contiguous or out.strides[1] != 4 or m8 == 0 or r8 == 0:
+    if not available() or x.strides[1] != 4 or out.strides[1] != 4 or m8 == 0 or r8 == 0:
         out[...] = round_hw(x.T)
         return
-    run_rows(ROUND_T, (addr(x), m, m8, addr(out), out.strides[0] // 4), r8 // 8, 16, x.size >= PARALLEL_MIN_ELEMS)
+    run_rows(ROUND_T, (addr(x), x.strides[0] // 4, m8, addr(out), out.strides[0] // 4), r8 // 8, 16,
+             x.size >= PARALLEL_MIN_ELEMS)
     if m8 < m:
         out[m8:, :r8] = round_fp16_hw(x[:r8, m8:].T)
     if r8 < r:

@@ -7,6 +7,7 @@ import numpy as np
 
 from kazeia.backends.htp.fp16 import FP16_MAX, round_fp16
 from kazeia.backends.htp.kernels import fa as fast_fa
+from kazeia.backends.htp.kernels.gemm import fa_matmul
 from kazeia.backends.htp.kernels.hvx import DECODE_ROWS
 from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw
 from kazeia.graph.tensor import GGMLType, Tensor, array
@@ -64,33 +65,30 @@ def _k_transposed(io, t: Tensor, linger: bool) -> np.ndarray:
 def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
     """FLASH_ATTN_EXT on the DSP: HMX models its fp16 tiles (S and P@V read out as fp16 per KV block), HVX
     computes in float32. `io` loads the sources and stores dst (executor.DspOps)."""
-    # (S, H, T, D) with S = 1 (ne3): work on 3-D stacks of C-contiguous matrices so numpy uses BLAS
+    # (S, H, T, D) with S = 1 (ne3): work on 3-D stacks of matrices
     q = io.load(n.src[0])[0]                                     # (H, T, D)
     decode = q.shape[1] <= DECODE_ROWS  # the kernel threads keep spinning for the decode's next op
     kt = _k_transposed(io, n.src[1], decode)                      # (Hkv, D, n_kv)
     v = io.load_c(n.src[2], linger=decode)[0]                    # (Hkv, n_kv, Dv)
     mask = io.load(n.src[3])[0, 0] if len(n.src) > 3 and n.src[3] is not None else None  # (T', n_kv)
     hkv = kt.shape[0]
-    # GQA: query head h reads KV head h // (H / Hkv). The KV matrices are broadcast over the g heads of their group
-    # (stride 0) instead of repeated: numpy calls the same BLAS product on the same C-contiguous matrices.
-    v = np.ascontiguousarray(v)[:, None]                              # (Hkv, 1, n_kv, Dv)
+    # GQA: query head h reads KV head h // (H / Hkv) (_grouped).
+    v = np.ascontiguousarray(v)                                       # (Hkv, n_kv, Dv)
     scale = np.float32(n.params["scale"])
     q16 = _round16(q)
-    s = _grouped(np.matmul, q16, kt[:, None], hkv)                    # kt: (Hkv, 1, D, n_kv)
+    s = _grouped(q16, kt, hkv)                                        # kt: (Hkv, D, n_kv)
     p, l, native = _softmax_parts(s, mask, scale, use_hmx)
     if use_hmx:
         p16 = round_hw(p) if native else _round16(p)  # (native: p = exp(x <= 0) is in [0, 1], never NaN)
         o = np.zeros(q.shape[:-1] + (v.shape[-1],), dtype=np.float32)
         for j in range(0, p.shape[-1], FA_KV_BLOCK):  # per KV block: fp16 read-out, fp32 accumulation
-            # the blocks are views: each of their matrices is row-contiguous, so numpy makes the same BLAS
-            # calls as on copies (only the leading dimension differs; the same bits on 882 shapes tried)
             pj = p16[..., j:j + FA_KV_BLOCK]
-            vj = v[:, :, j:j + FA_KV_BLOCK]
-            pv = _grouped(np.matmul, pj, vj, hkv)
+            vj = v[:, j:j + FA_KV_BLOCK]
+            pv = _grouped(pj, vj, hkv)
             if not fast_fa.acc16(o, pv):
                 o += _round16(pv)
     else:
-        o = _grouped(np.matmul, p, v, hkv)
+        o = _grouped(p, v, hkv)
     if not fast_fa.divide(o, l):
         o = o / np.where(l == 0, 1.0, l)
     io.store(n, o.transpose(1, 0, 2)[None])  # (T, H, Dv): dst ne = [Dv, H, T]
@@ -117,8 +115,10 @@ def _softmax_parts(s: np.ndarray, mask: np.ndarray | None, scale: np.float32,
     return p, p.sum(axis=-1, keepdims=True, dtype=np.float32), False
 
 
-def _grouped(matmul, a: np.ndarray, b: np.ndarray, hkv: int) -> np.ndarray:
-    """(H, T, X) @ (Hkv, 1, X, Y) -> (H, T, Y), head h against matrix h // (H / Hkv)."""
-    h = a.shape[0]
-    return matmul(a.reshape(hkv, h // hkv, *a.shape[1:]), b).reshape(h, a.shape[1], b.shape[-1])
-
+def _grouped(a: np.ndarray, b: np.ndarray, hkv: int) -> np.ndarray:
+    """(H, T, X) @ (Hkv, X, Y) -> (H, T, Y), head h against matrix h // (H / Hkv): the g = H / Hkv heads of a
+    group are one (g*T, X) matrix against their KV matrix, every product in the device model's order
+    (kernels/gemm.py fa_matmul: a multiply then an add per x, x ascending; no BLAS)."""
+    h, t = a.shape[0], a.shape[1]
+    y = fa_matmul(a.reshape(hkv, (h // hkv) * t, a.shape[2]), b)
+    return y.reshape(h, t, b.shape[-1])

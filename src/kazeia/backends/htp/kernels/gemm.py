@@ -1,0 +1,317 @@
+"""The device model's products in an order kazeia owns: the HMX MUL_MAT (`hmx_gemm_*`, the weight dequantized
+into the kernel's own blocks) and the flash attention's S = Q K^T and P V (`fa_gemm`). No BLAS: the bits are the
+same on every host, at any thread count, vector width, tiling or BLAS build (docs/hmx-numerics.md).
+
+The one rule, for every output (m, n):
+
+    y[m, n] = fl(... fl(fl(+0 + a[m, 0] * w[n, 0]) + a[m, 1] * w[n, 1]) ... + a[m, K-1] * w[n, K-1])
+
+in float32, k ascending, one accumulator per output, every product rounded to float32 before it is added. For the
+HMX operands (fp16 values) every product is exact in float32 (11 + 11 significant bits < 24; 65504^2 < 2^32 and
+2^-24 * 2^-24 is a normal float32), so a fused multiply-add gives the same bits as the multiply then the add:
+the HMX kernels use FMA (`hmx_gemm_*`), the portable twin a multiply and an add. `fa_gemm` also serves float32
+operands whose products are not exact (HVX flash attention's P V), so it multiplies, then adds, everywhere.
+
+What varies with the host is only which outputs a vector lane, a register tile or a thread computes at a time:
+lanes run over independent outputs (m for `hmx_gemm`, n for `fa_gemm`), the K blocks continue each output's one
+accumulator in memory, and a thread computes whole weight rows.
+
+NaN: an HMX output that is NaN is stored as the one quiet NaN 0x7FC00000 (what a NaN's payload would be after a
+product is not defined by LLVM, and x86 and numba disagree on the default NaN's sign); `fa_gemm` keeps whatever
+NaN its adds make (its NaN outputs are canonicalised by the caller when they matter).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from kazeia.backends.htp.kernels.hmx import KINDS, emit_hmx_weight
+from kazeia.backends.htp.kernels.rounding import widen_f16
+from kazeia.gguf.quants import QK, block_bytes
+from kazeia.native.buffers import GrowingScratch
+from kazeia.native.buffers import ptr as addr
+from kazeia.native.compile import Library, available, host_has
+from kazeia.native.irkit import F32, I8, I16, I32, I64, Kernel, i64, ptr, splat, vec
+from kazeia.native.pool import run_rows
+from kazeia.native.portable import jit, prange
+
+PANEL = 32             # activation rows per packed panel: [mpad/32][K][32], one HMX tile of rows
+KC = 256               # K per block: the panel's block (32 KB) and a block of weight rows (48 KB) stay in L2
+SUB = 48               # weight rows dequantized together (a multiple of both tilings' NR)
+CHUNK = 96             # weight rows a thread claims
+SOURCES = ("f32", "f16") + KINDS   # float32 rows (given), F16 rows, ggml blocks
+BLOCK_BYTES = {"f16": 2 * QK, **block_bytes(KINDS)}
+CANONICAL_NAN = np.uint32(0x7FC00000).view(np.float32)
+PARALLEL_MIN_MACS = 1 << 22
+
+
+def _tiling() -> tuple[int, int, int]:
+    """(float lanes a vector, m lanes a micro-tile, weight rows a micro-tile) for this host's registers: 16
+    zmm-wide lanes x 2 x 12 rows with AVX-512 (24 accumulators of 32), else 8 x 2 x 6 (12 of 16 ymm)."""
+    return (16, 32, 12) if host_has("avx512f") else (8, 16, 6)
+
+
+# --- HMX MUL_MAT: lanes over m ------------------------------------------------------------------------------
+
+def _emit_f16_rows(module: ir.Module, name: str) -> None:
+    """name(w, wstride, nb, out, ostride, r0, r1): F16 weight rows widened exactly (numpy's NaN payloads)."""
+    k = Kernel(module, name, [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("out", ptr(F32)), ("ostride", I64),
+                              ("r0", I64), ("r1", I64)])
+    b, a = k.b, k.a
+    k.fn.linkage = "internal"
+    with k.loop(a.r0, a.r1, name="row") as r:
+        src = b.bitcast(k.gep(a.w, b.mul(r, a.wstride)), ptr(I16))
+        dst = k.gep(a.out, b.mul(r, a.ostride))
+        with k.loop(0, b.mul(a.nb, i64(QK)), 8, name="e") as e:
+            k.store_vec(widen_f16(k, k.load_vec(src, vec(I16, 8), e)), dst, e)
+    k.ret()
+
+
+def _micro(k: Kernel, vt: ir.VectorType, nv: int, rows: list, apan: ir.Value, kc: ir.Value, cps: list,
+           first: ir.Value, last: ir.Value) -> None:
+    """One register tile: len(rows) weight rows x nv*lanes activation rows over kc k's, continuing the
+    accumulators held in ct (from +0 on the first K block; NaN made canonical on the last)."""
+    b, vl = k.b, vt.count
+    zero = splat(vt, 0.0)
+    nan = b.bitcast(k.broadcast(ir.Constant(I32, 0x7FC00000), vl), vt)
+    accs = []
+    for cp in cps:
+        for v in range(nv):
+            slot = k.var(vt)
+            b.store(b.select(first, zero, k.load_vec(cp, vt, v * vl)), slot)
+            accs.append(slot)
+    with k.loop(0, kc, name="kk") as kk:
+        at = b.mul(kk, i64(PANEL))
+        av = [k.load_vec(apan, vt, at, v * vl) for v in range(nv)]
+        for j, rp in enumerate(rows):
+            w = k.broadcast(k.load(rp, kk), vl)
+            for v in range(nv):
+                s = accs[j * nv + v]
+                b.store(k.fma(av[v], w, b.load(s)), s)
+    for j, cp in enumerate(cps):
+        for v in range(nv):
+            acc = b.load(accs[j * nv + v])
+            canon = b.select(b.fcmp_unordered("uno", acc, acc), nan, acc)
+            k.store_vec(b.select(last, canon, acc), cp, v * vl)
+
+
+def _hmx_gemm(module: ir.Module, src: str) -> None:
+    """hmx_gemm_<src>(ap, mpad, k, w, wstride, ct, r0, r1): ct[n, m] = sum_k a[m, k] * w[n, k] for the weight rows
+    n in [r0, r1) and every m < mpad, in the one order (module doc). ap: the activation panels [mpad/32][k][32];
+    w: the weight rows (wstride bytes apart) as float32, F16 or ggml blocks, dequantized here per block of SUB
+    rows x KC into a stack buffer; ct: (N, mpad) float32."""
+    vl, lanes, nr = _tiling()
+    vt, nv = vec(F32, vl), lanes // vl
+    k = Kernel(module, f"hmx_gemm_{src}", [("ap", ptr(F32)), ("mpad", I64), ("k", I64), ("w", ptr(I8)),
+                                           ("wstride", I64), ("ct", ptr(F32)), ("r0", I64), ("r1", I64)])
+    b, a = k.b, k.a
+    deq = None
+    if src != "f32":
+        deq_name = f"hmx_gemm_deq_{src}"
+        if src == "f16":
+            _emit_f16_rows(module, deq_name)
+        else:
+            emit_hmx_weight(module, src, deq_name)
+        deq = module.globals[deq_name]
+        deq.linkage = "internal"
+        tmp = b.bitcast(k.var(ir.ArrayType(F32, SUB * KC)), ptr(F32))
+    with k.loop(a.r0, a.r1, SUB, name="s") as s0:
+        s1 = b.add(s0, i64(SUB))
+        s1 = b.select(b.icmp_signed("<", s1, a.r1), s1, a.r1)
+        with k.loop(0, a.k, KC, name="kb") as k0:
+            rest = b.sub(a.k, k0)
+            kc = b.select(b.icmp_signed("<", rest, i64(KC)), rest, i64(KC))
+            first = b.icmp_signed("==", k0, i64(0))
+            last = b.icmp_signed("<=", rest, i64(KC))
+            if deq is not None:
+                blocks = b.sdiv(k0, i64(QK))
+                b.call(deq, [k.gep(a.w, b.mul(blocks, i64(BLOCK_BYTES[src]))), a.wstride, b.sdiv(kc, i64(QK)),
+                             k.gep(tmp, b.mul(s0, i64(-KC))), i64(KC), s0, s1])
+                wbase, wst = tmp, i64(KC)
+            else:
+                wbase = b.bitcast(k.gep(a.w, b.add(b.mul(s0, a.wstride), b.mul(k0, i64(4)))), ptr(F32))
+                wst = b.sdiv(a.wstride, i64(4))
+            apanels = k.gep(a.ap, b.mul(k0, i64(PANEL)))
+            npan = b.sdiv(b.sub(s1, s0), i64(nr))
+
+            def tile(n_rel: ir.Value, count: int) -> None:
+                rows = [k.gep(wbase, b.mul(b.add(n_rel, i64(j)), wst)) for j in range(count)]
+                with k.loop(0, a.mpad, lanes, name="mp") as mp:
+                    panel = b.sdiv(mp, i64(PANEL))
+                    apan = k.gep(apanels, b.mul(panel, b.mul(a.k, i64(PANEL))), b.srem(mp, i64(PANEL)))
+                    cps = [k.gep(a.ct, b.mul(b.add(b.add(s0, n_rel), i64(j)), a.mpad), mp) for j in range(count)]
+                    _micro(k, vt, nv, rows, apan, kc, cps, first, last)
+
+            with k.loop(0, npan, name="p") as p:
+                tile(b.mul(p, i64(nr)), nr)
+            with k.loop(b.mul(npan, i64(nr)), b.sub(s1, s0), name="t") as t:
+                tile(t, 1)
+    k.ret()
+
+
+# --- the flash attention's products: lanes over n -------------------------------------------------------------
+
+FA_MR = 4              # rows of A a register tile
+
+
+def _fa_gemm(module: ir.Module) -> None:
+    """fa_gemm(a, lda, ahs, bm, ldb, bhs, c, ldc, chs, m, k, n, h0, h1): for each matrix h in [h0, h1)
+    C_h (m x n) = A_h (m x k) @ B_h (k x n), row-major with the given row and matrix strides (elements): every
+    output a multiply then an add per k, k ascending, from +0 (module doc). Lanes run over n: two vectors, then
+    one, then single columns; FA_MR rows of A, then single rows."""
+    vl, _, _ = _tiling()
+    names = ("a", "lda", "ahs", "bm", "ldb", "bhs", "c", "ldc", "chs", "m", "k", "n", "h0", "h1")
+    k = Kernel(module, "fa_gemm", [(nm, ptr(F32) if nm in ("a", "bm", "c") else I64) for nm in names])
+    b, a = k.b, k.a
+
+    def tile(ah, bh, ch, m0: ir.Value, mr: int, n0: ir.Value, t: ir.Type) -> None:
+        width = t.count if isinstance(t, ir.VectorType) else 1
+        nvec = 2 if width > 1 and t.count == 2 * vl else 1
+        vt_ = vec(F32, vl) if width > 1 else F32
+        zero = splat(vt_, 0.0) if width > 1 else ir.Constant(F32, 0.0)
+        accs = [[k.var(vt_, zero) for _ in range(nvec)] for _ in range(mr)]
+        with k.loop(0, a.k, name="kk") as kk:
+            brow = k.gep(bh, b.mul(kk, a.ldb), n0)
+            bv = [k.load_vec(brow, vt_, v * vl) if width > 1 else k.load(brow, v) for v in range(nvec)]
+            for i in range(mr):
+                x = k.load(ah, b.mul(b.add(m0, i64(i)), a.lda), kk)
+                xv = k.broadcast(x, vl) if width > 1 else x
+                for v in range(nvec):
+                    s = accs[i][v]
+                    b.store(b.fadd(b.load(s), b.fmul(xv, bv[v])), s)
+        for i in range(mr):
+            crow = k.gep(ch, b.mul(b.add(m0, i64(i)), a.ldc), n0)
+            for v in range(nvec):
+                if width > 1:
+                    k.store_vec(b.load(accs[i][v]), crow, v * vl)
+                else:
+                    k.store(b.load(accs[i][v]), crow, v)
+
+    def rows(ah, bh, ch, n0: ir.Value, t: ir.Type) -> None:
+        mfull = b.mul(b.sdiv(a.m, i64(FA_MR)), i64(FA_MR))
+        with k.loop(0, mfull, FA_MR, name="mi") as m0:
+            tile(ah, bh, ch, m0, FA_MR, n0, t)
+        with k.loop(mfull, a.m, name="mt") as m0:
+            tile(ah, bh, ch, m0, 1, n0, t)
+
+    with k.loop(a.h0, a.h1, name="h") as h:
+        ah, bh, ch = k.gep(a.a, b.mul(h, a.ahs)), k.gep(a.bm, b.mul(h, a.bhs)), k.gep(a.c, b.mul(h, a.chs))
+        n2 = b.mul(b.sdiv(a.n, i64(2 * vl)), i64(2 * vl))
+        with k.loop(0, n2, 2 * vl, name="n2") as n0:
+            rows(ah, bh, ch, n0, vec(F32, 2 * vl))
+        n1 = b.mul(b.sdiv(a.n, i64(vl)), i64(vl))
+        with k.loop(n2, n1, vl, name="n1") as n0:
+            rows(ah, bh, ch, n0, vec(F32, vl))
+        with k.loop(n1, a.n, name="ns") as n0:
+            rows(ah, bh, ch, n0, F32)
+    k.ret()
+
+
+LIB = Library(__name__, "kazeia_htp_gemm")
+GEMM = LIB.kernels("hmx_gemm", _hmx_gemm, SOURCES, par=True)
+FA_GEMM = LIB.kernel("fa_gemm", _fa_gemm, par=True)
+
+
+# --- fronts ---------------------------------------------------------------------------------------------------
+
+_PANELS = GrowingScratch(np.float32)
+_CT = GrowingScratch(np.float32)
+
+
+def padded_rows(m: int) -> int:
+    """Activation rows the panels hold: m rounded up to whole 32-row panels (HMX's row tiles)."""
+    return -(-m // PANEL) * PANEL
+
+
+def pack_panels(a16: np.ndarray) -> np.ndarray:
+    """(M, K) float32 -> the panels [mpad/32][K][32] (rows past M zero), in a per-thread scratch."""
+    m, kdim = a16.shape
+    mpad = padded_rows(m)
+    buf = _PANELS.take(mpad * kdim)[: mpad * kdim].reshape(mpad // PANEL, kdim, PANEL)
+    full = m // PANEL * PANEL
+    if full:
+        buf[: full // PANEL] = a16[:full].reshape(full // PANEL, PANEL, kdim).transpose(0, 2, 1)
+    if full < m:
+        buf[full // PANEL] = 0.0
+        buf[full // PANEL, :, : m - full] = a16[full:].T
+    return buf
+
+
+def product_scratch(n: int, m: int) -> np.ndarray:
+    """A per-thread (N, mpad) float32 scratch for the sums of `hmx_products` (reused by the next matmul)."""
+    mpad = padded_rows(m)
+    return _CT.take(n * mpad)[: n * mpad].reshape(n, mpad)
+
+
+def hmx_products(a16: np.ndarray, n: int, src: str, w: np.ndarray, wstride: int,
+                 ct: np.ndarray | None = None) -> np.ndarray:
+    """ct (N, mpad) float32: ct[n, m] = the HMX accumulation (module doc) of activation row m (a16, (M, K)
+    C-contiguous float32 of fp16 values) with weight row n, given as `src` rows of `w` (wstride bytes apart:
+    float32 rows, F16 rows, or ggml blocks); into `ct` (C-contiguous) when given, else a per-thread scratch.
+    Columns m >= M hold the zero rows' products."""
+    m, kdim = a16.shape
+    mpad = padded_rows(m)
+    if ct is None:
+        ct = product_scratch(n, m)
+    if ct.shape != (n, mpad) or not ct.flags.c_contiguous:
+        raise ValueError(f"hmx_products: ct must be C-contiguous of shape {(n, mpad)}")
+    if available():
+        panels = pack_panels(a16)
+        parallel = m * n * kdim >= PARALLEL_MIN_MACS
+        run_rows(GEMM[src], (addr(panels), mpad, kdim, addr(w), wstride, addr(ct)), n, CHUNK, parallel)
+        return ct
+    if src != "f32":
+        raise ValueError("the portable HMX product takes float32 weight rows")  # (callers dequantize first)
+    at = np.zeros((kdim, mpad), dtype=np.float32)
+    at[:, :m] = a16.T
+    rows = np.lib.stride_tricks.as_strided(w.view(np.float32), (n, kdim), (wstride, 4))
+    hmx_products_portable(at, rows, ct, CANONICAL_NAN)
+    return ct
+
+
+@jit(parallel=True, cache=True)
+def hmx_products_portable(at, w, ct, nan):
+    """ct[n, m] = sum_k at[k, m] * w[n, k], k ascending from +0, a multiply then an add (the native kernels' FMA
+    gives the same bits on fp16 operands); a NaN stored as `nan`."""
+    kdim, mpad = at.shape
+    for n in prange(w.shape[0]):
+        acc = np.zeros(mpad, dtype=np.float32)
+        for k in range(kdim):
+            wk = w[n, k]
+            for m in range(mpad):
+                acc[m] = acc[m] + at[k, m] * wk
+        for m in range(mpad):
+            ct[n, m] = nan if acc[m] != acc[m] else acc[m]
+
+
+def fa_matmul(a: np.ndarray, bm: np.ndarray) -> np.ndarray:
+    """(G, M, K) @ (G, K, N) -> (G, M, N) float32, every output in the one order (module doc, a multiply then an
+    add). a and bm: float32 with unit last stride; matrices of a or bm may repeat (stride 0)."""
+    g, m, kdim = a.shape
+    n = bm.shape[2]
+    c = np.empty((g, m, n), dtype=np.float32)
+    if a.strides[2] != 4 or bm.strides[2] != 4:
+        a, bm = np.ascontiguousarray(a), np.ascontiguousarray(bm)
+    if available():
+        args = (addr(a), a.strides[1] // 4, a.strides[0] // 4, addr(bm), bm.strides[1] // 4, bm.strides[0] // 4,
+                addr(c), n, m * n, m, kdim, n)
+        run_rows(FA_GEMM, args, g, 1, g * m * n * kdim >= PARALLEL_MIN_MACS)
+        return c
+    fa_matmul_portable(a, bm, c)
+    return c
+
+
+@jit(parallel=True, cache=True)
+def fa_matmul_portable(a, bm, c):
+    """c[h] = a[h] @ bm[h], every output a multiply then an add per k, k ascending, from +0."""
+    g, m, kdim = a.shape
+    n = bm.shape[2]
+    for h in prange(g):
+        for i in range(m):
+            acc = np.zeros(n, dtype=np.float32)
+            for k in range(kdim):
+                x = a[h, i, k]
+                for j in range(n):
+                    acc[j] = acc[j] + x * bm[h, k, j]
+            c[h, i] = acc
