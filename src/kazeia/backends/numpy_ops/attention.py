@@ -8,11 +8,11 @@ from kazeia.backends.numpy_ops.base import NumpyOps, broadcast_to, kernel
 from kazeia.graph.tensor import Tensor
 
 
-def _softmax_rows(s: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis; a row that is entirely -inf gives zeros (never NaN)."""
+def _softmax_rows(s: np.ndarray, exp=np.exp) -> np.ndarray:
+    """Softmax over the last axis (`exp`: the backend's); a row that is entirely -inf gives zeros (never NaN)."""
     m = np.max(s, axis=-1, keepdims=True)
     m = np.where(np.isneginf(m), 0.0, m)
-    e = np.exp(s - m)
+    e = exp(s - m)
     z = np.sum(e, axis=-1, keepdims=True)
     return e / np.where(z == 0, 1.0, z)
 
@@ -36,7 +36,7 @@ def _soft_max(be: NumpyOps, n: Tensor) -> None:
         slopes = _alibi_slopes(x.shape[1], n.params.get("max_bias", 0.0), be.ft)[None, :, None, None]
         s = s + slopes * broadcast_to(mask, (mask.shape[0], x.shape[1], x.shape[2], x.shape[3]))
     with np.errstate(invalid="ignore", over="ignore"):
-        be.store(n, _softmax_rows(s))
+        be.store(n, _softmax_rows(s, be.exp))
 
 
 @kernel("FLASH_ATTN_EXT")
@@ -58,6 +58,6 @@ def _flash_attn_ext(be: NumpyOps, n: Tensor) -> None:
         slopes = _alibi_slopes(H, n.params.get("max_bias", 0.0), be.ft)[None, :, None, None]
         s = s + slopes * m
     with np.errstate(invalid="ignore", over="ignore"):
-        p = _softmax_rows(s)
+        p = _softmax_rows(s, be.exp)
     o = np.matmul(p, v)  # (S, H, T, Dv)
     be.store(n, o.transpose(0, 2, 1, 3))  # result [Dv, H, T] -> numpy (S, T, H, Dv)

@@ -39,6 +39,11 @@ class NumpyOps:
     def store(self, t: Tensor, values: np.ndarray) -> None:
         raise NotImplementedError
 
+    def exp(self, x: np.ndarray) -> np.ndarray:
+        """The exp the kernels use: numpy's here (its float32 bits follow the host's SIMD family, as a CPU
+        build's do); the emulated DSP's is the same on every host (htp/kernels/expf.py)."""
+        return np.exp(x)
+
 
 def broadcast_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """ggml_repeat semantics: each dim of b divides the target dim (tile when not 1)."""

@@ -141,17 +141,18 @@ def _rope(be: NumpyOps, n: Tensor) -> None:
     be.store(n, out)
 
 
-def _silu(x: np.ndarray) -> np.ndarray:
+def _silu(x: np.ndarray, exp=np.exp) -> np.ndarray:
     with np.errstate(over="ignore"):
-        return x / (1 + np.exp(-x))
+        return x / (1 + exp(-x))
 
 
 GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.79788456080286535587989211986876
 
 
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """ggml_gelu_f32: 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in x's dtype."""
+def gelu_tanh(x: np.ndarray, exp=None) -> np.ndarray:
+    """ggml_gelu_f32: 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in x's dtype (numpy's tanh: `exp` is
+    the backend's exp, which this one does not use)."""
     ft = x.dtype.type
     with np.errstate(over="ignore", invalid="ignore"):
         return ft(0.5) * x * (ft(1) + np.tanh(ft(SQRT_2_OVER_PI) * x * (ft(1) + ft(GELU_COEF_A) * x * x)))
@@ -177,21 +178,26 @@ def _glu(be: NumpyOps, n: Tensor) -> None:
     if act is None:
         raise UnsupportedError(f"{n.name}: GLU variant {n.params['glu_op']}")
     a, b = glu_halves(be, n)
-    be.store(n, act(a) * b)
+    be.store(n, act(a, be.exp) * b)
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def _sigmoid(x: np.ndarray, exp=np.exp) -> np.ndarray:
     with np.errstate(over="ignore"):
-        return 1 / (1 + np.exp(-x))
+        return 1 / (1 + exp(-x))
 
 
-def _softplus(x: np.ndarray) -> np.ndarray:
+def _softplus(x: np.ndarray, exp=np.exp) -> np.ndarray:
     """ggml_compute_softplus_f32: x above 20, else log(1 + exp(x))."""
     with np.errstate(over="ignore"):
-        return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+        return np.where(x > 20, x, np.log1p(exp(np.minimum(x, 20))))
 
 
-UNARY_FUNCS = {"SILU": _silu, "SIGMOID": _sigmoid, "SOFTPLUS": _softplus, "TANH": np.tanh}
+def _tanh(x: np.ndarray, exp=None) -> np.ndarray:
+    return np.tanh(x)
+
+
+# each takes (x, the backend's exp)
+UNARY_FUNCS = {"SILU": _silu, "SIGMOID": _sigmoid, "SOFTPLUS": _softplus, "TANH": _tanh}
 
 
 @kernel("UNARY")
@@ -199,7 +205,7 @@ def _unary(be: NumpyOps, n: Tensor) -> None:
     fn = UNARY_FUNCS.get(n.params["unary_op"])
     if fn is None:
         raise UnsupportedError(f"{n.name}: unary op {n.params['unary_op']}")
-    be.store(n, fn(be.load(n.src[0])))
+    be.store(n, fn(be.load(n.src[0]), be.exp))
 
 
 def scatter_rows(out: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kazeia.backends.htp.kernels.expf import exp_f32
 from kazeia.backends.numpy_ops import rope_angles
 from kazeia.graph.builder import ROPE_NEOX
 from kazeia.graph.tensor import GGMLType, Tensor, array
@@ -47,7 +48,7 @@ def _rms_norm(node: Tensor) -> Callable[[], None] | None:
 
 
 def _swiglu(node: Tensor) -> Callable[[], None] | None:
-    """numpy_ops._glu (SWIGLU): silu(a) * b = a / (1 + exp(-a)) * b, each step the kernel's ufunc into kept
+    """numpy_ops._glu (SWIGLU): silu(a) * b = a / (1 + exp(-a)) * b (the device's exp), each step into kept
     temporaries (exp reads a fresh contiguous array and writes another, as in the kernel)."""
     if node.params.get("glu_op") != "SWIGLU" or len(node.src) != 2:
         return None
@@ -61,7 +62,7 @@ def _swiglu(node: Tensor) -> Callable[[], None] | None:
     def run() -> None:
         with np.errstate(over="ignore"):
             np.negative(a, out=neg)
-            np.exp(neg, out=e)
+            exp_f32(neg, out=e)
             np.add(1, e, out=e)
             np.divide(a, e, out=e)
         np.multiply(e, b, out=dst)

@@ -7,6 +7,7 @@ import numpy as np
 
 from kazeia.backends.htp.fp16 import FP16_MAX, round_fp16
 from kazeia.backends.htp.kernels import fa as fast_fa
+from kazeia.backends.htp.kernels.expf import exp_f32
 from kazeia.backends.htp.kernels.gemm import fa_matmul
 from kazeia.backends.htp.kernels.hvx import DECODE_ROWS
 from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw
@@ -97,12 +98,12 @@ def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
 def _softmax_parts(s: np.ndarray, mask: np.ndarray | None, scale: np.float32,
                    use_hmx: bool) -> tuple[np.ndarray, np.ndarray, bool]:
     """(p, l, native): p = exp(x - m) of the scaled (HMX: fp16-rounded) and masked scores x and their row max m
-    (0 where -inf), l the row sums of p. The element-wise passes before numpy's exp are one native kernel
-    (fast_fa.scores) where it applies (native = True), else these numpy expressions; exp and the sum are numpy's
-    (their float32 bits are numpy's own SIMD exp and pairwise sum)."""
+    (0 where -inf), l the row sums of p. The element-wise passes before the exp are one native kernel
+    (fast_fa.scores) where it applies (native = True), else these numpy expressions; the exp is the device
+    model's own (kernels/expf.py), the sum numpy's pairwise float32 sum (plain C: the same order on every host)."""
     x = fast_fa.scores(s, mask, scale, use_hmx)
     if x is not None:
-        p = np.exp(x)
+        p = exp_f32(x)
         return p, p.sum(axis=-1, keepdims=True, dtype=np.float32), True
     # HMX: the S tile is read out as fp16 with the qk scale applied by the output conversion block
     s = _round16(s * scale) if use_hmx else s * scale
@@ -111,7 +112,7 @@ def _softmax_parts(s: np.ndarray, mask: np.ndarray | None, scale: np.float32,
     with np.errstate(invalid="ignore", over="ignore"):
         m = np.max(s, axis=-1, keepdims=True)
         m = np.where(np.isneginf(m), 0.0, m).astype(np.float32)
-        p = np.exp(s - m).astype(np.float32)
+        p = exp_f32((s - m).astype(np.float32))
     return p, p.sum(axis=-1, keepdims=True, dtype=np.float32), False
 
 

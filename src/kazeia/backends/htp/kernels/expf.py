@@ -1,0 +1,137 @@
+"""exp of float32 values in an order kazeia owns (the device model's softmax, flash attention and SiLU): numpy's
+float32 exp is a different SIMD routine per CPU family (its bits change with the host's vector width), so the
+device model computes its own, the same bits on every host.
+
+The rule, in float64, every step one IEEE operation (no fused multiply-add):
+    x clamped to [-110, 100] (beyond, exp underflows to 0 or overflows to inf in float32);
+    n = rint(x * log2(e)); r = (x - n * LN2_HI) - n * LN2_LO      (Cody-Waite, fdlibm's split of ln 2);
+    p = Horner of the Taylor series of exp to degree 11 at r       (|r| <= 0.347: relative error < 1e-15);
+    exp(x) = float32(p * 2^n)                                      (one rounding; float32's overflow, subnormals).
+A NaN comes out as the same NaN. Native (IR kit, <4 x double> lanes) and its numba twin: the same bits
+(tests/test_htp_expf.py, against this module's numpy statement of the rule too).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+
+from kazeia.native.buffers import ptr as addr
+from kazeia.native.compile import Library, available
+from kazeia.native.irkit import F32, F64, I64, Kernel, i64, ptr, splat, vec
+from kazeia.native.pool import run_rows
+from kazeia.native.portable import jit, prange
+
+LOG2E = 1.4426950408889634
+LN2_HI = 6.93147180369123816490e-01
+LN2_LO = 1.90821492927058770002e-10
+COEFFS = tuple(1.0 / math.factorial(i) for i in range(11, -1, -1))  # Horner, degree 11 first
+HI, LO = 100.0, -110.0
+ROW = 1024                      # elements a row of the native kernel
+PARALLEL_MIN_ELEMS = 1 << 18
+
+V4F64, V4I64 = vec(F64, 4), vec(I64, 4)
+
+
+def _exp4(k: Kernel, x: ir.Value) -> ir.Value:
+    """<4 x double> (no NaN) -> <4 x double> p * 2^n, the rule's steps."""
+    b = k.b
+    x = b.select(b.fcmp_ordered(">", x, splat(V4F64, HI)), splat(V4F64, HI), x)
+    x = b.select(b.fcmp_ordered("<", x, splat(V4F64, LO)), splat(V4F64, LO), x)
+    n = k.call("llvm.rint.v4f64", V4F64, b.fmul(x, splat(V4F64, LOG2E)))
+    r = b.fsub(b.fsub(x, b.fmul(n, splat(V4F64, LN2_HI))), b.fmul(n, splat(V4F64, LN2_LO)))
+    p = splat(V4F64, COEFFS[0])
+    for c in COEFFS[1:]:
+        p = b.fadd(b.fmul(p, r), splat(V4F64, c))
+    e = b.shl(b.add(b.fptosi(n, V4I64), splat(V4I64, 1023)), splat(V4I64, 52))
+    return b.fmul(p, b.bitcast(e, V4F64))
+
+
+def _exp_kernel(module: ir.Module) -> None:
+    """exp_f32(x, y, n, r0, r1): y[i] = exp(x[i]) by the rule for i in [ROW*r0, min(ROW*r1, n)) (x == y allowed)."""
+    k = Kernel(module, "exp_f32", [("x", ptr(F32)), ("y", ptr(F32)), ("n", I64), ("r0", I64), ("r1", I64)],
+               noalias=False)
+    b, a = k.b, k.a
+    lo = b.mul(a.r0, i64(ROW))
+    hi = b.mul(a.r1, i64(ROW))
+    hi = b.select(b.icmp_signed("<", hi, a.n), hi, a.n)
+    span = b.sub(hi, lo)
+    hi8 = b.add(lo, b.mul(b.sdiv(span, i64(8)), i64(8)))
+    v8 = vec(F32, 8)
+    with k.loop(lo, hi8, 8, name="i") as i:
+        x = k.load_vec(a.x, v8, i)
+        nan = b.fcmp_unordered("uno", x, x)
+        xs = b.select(nan, splat(v8, 0.0), x)
+        halves = [b.fptrunc(_exp4(k, b.fpext(k.shuffle(xs, None, list(range(j, j + 4))), V4F64)), vec(F32, 4))
+                  for j in (0, 4)]
+        y = k.shuffle(halves[0], halves[1], list(range(8)))
+        k.store_vec(b.select(nan, x, y), a.y, i)
+    with k.loop(hi8, hi, name="t") as i:
+        x = k.load(a.x, i)
+        nan = b.fcmp_unordered("uno", x, x)
+        xs = b.select(nan, ir.Constant(F32, 0.0), x)
+        x4 = k.broadcast(b.fpext(xs, F64), 4)
+        y = b.fptrunc(b.extract_element(_exp4(k, x4), ir.Constant(ir.IntType(32), 0)), F32)
+        k.store(b.select(nan, x, y), a.y, i)
+    k.ret()
+
+
+LIB = Library(__name__, "kazeia_htp_expf")
+EXP = LIB.kernel("exp_f32", _exp_kernel, par=True)
+
+
+def exp_f32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """exp of a float32 array by the rule (module doc), as a new C-contiguous array or into `out` (C-contiguous,
+    may be x itself)."""
+    x = np.asarray(x, dtype=np.float32)
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
+    y = np.empty(x.shape, dtype=np.float32) if out is None else out
+    if y.shape != x.shape or y.dtype != np.float32 or not y.flags.c_contiguous:
+        raise ValueError(f"exp_f32: out must be C-contiguous float32 of shape {x.shape}")
+    n = x.size
+    if n == 0:
+        return y
+    if available():
+        run_rows(EXP, (addr(x), addr(y), n), -(-n // ROW), 16, n >= PARALLEL_MIN_ELEMS)
+    else:
+        exp_f32_portable(x.reshape(-1), y.reshape(-1), np.array(COEFFS))
+    return y
+
+
+@jit(parallel=True, cache=True)
+def exp_f32_portable(x, y, coeffs):
+    """The rule, element by element (the native kernel's twin)."""
+    for i in prange(x.size):
+        v = x[i]
+        if v != v:
+            y[i] = v
+            continue
+        d = np.float64(v)
+        if d > HI:
+            d = HI
+        if d < LO:
+            d = LO
+        n = np.rint(d * LOG2E)
+        r = (d - n * LN2_HI) - n * LN2_LO
+        p = coeffs[0]
+        for j in range(1, coeffs.size):
+            p = p * r + coeffs[j]
+        y[i] = np.float32(math.ldexp(p, int(n)))  # exact: p * 2^n is a normal float64 for every n here
+
+
+def exp_rule_numpy(x: np.ndarray) -> np.ndarray:
+    """The rule stated with numpy's element-wise float64 operations (IEEE, one rounding each): the tests' oracle."""
+    x = np.asarray(x, dtype=np.float32)
+    d = np.clip(np.where(np.isnan(x), 0.0, x).astype(np.float64), LO, HI)
+    n = np.rint(d * LOG2E)
+    r = (d - n * LN2_HI) - n * LN2_LO
+    p = np.full_like(r, COEFFS[0])
+    for c in COEFFS[1:]:
+        p = p * r + c
+    scale = ((n.astype(np.int64) + 1023) << 52).view(np.float64)
+    with np.errstate(over="ignore", under="ignore"):
+        y = (p * scale).astype(np.float32)
+    return np.where(np.isnan(x), x, y)
