@@ -9,7 +9,7 @@ OPENBLAS_NUM_THREADS=1, KAZEIA_SIMD=0, KAZEIA_NO_BIND=1 and numpy's SIMD dispatc
 (NPY_DISABLE_CPU_FEATURES, as on a host without AVX2), and requires identical digests.
 
 The models are made by `kazeia make-model` from fixed seeds. To record the digests after a deliberate change of the
-device model's numerics: KAZEIA_RECORD_DIGESTS=1 pytest tests/test_htp_digests.py -k travel (and say so in the
+device model's numerics: RECORD_HTP_DIGESTS=1 pytest tests/test_htp_digests.py -k travel (and say so in the
 commit: the file is the contract).
 """
 
@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 from pathlib import Path
 
 import pytest
@@ -106,24 +107,37 @@ def run_digest(models: dict[str, Path], config: str, tmp: Path, env: dict[str, s
     out = tmp / "dump"
     r = kazeia_clean("run", "-m", str(models[model]), "-ngl", "99", "-dev", "HTP0", "--htp-profile", profile,
                      "--temp", "0", "-n", "2", "--n-prompt", str(n_prompt), *args, *(extra or []),
-                     "--dump", ".*", str(out), env={**RACE, **(env or {})})
+                     "--dump-limit", "0", "--dump-no-context", "--dump", ".*", str(out),
+                     env={**RACE, **(env or {})})
     assert r.returncode in (0, 3), r.stderr[-2000:]  # 3: the 2026-05 death is part of the configuration
     h = hashlib.sha256()
     ops = 0
     for manifest in sorted(out.glob("*/manifest.json")):
         m = json.loads(manifest.read_text())
-        values = m["output"].get("values") or {}
-        h.update(f"{m['id']}:{values.get('blob')}:{r.returncode}\n".encode())
+        values = (m.get("output") or {}).get("values") or {}
+        h.update(f"{m['id']}:{m.get('status')}:{values.get('blob')}:{r.returncode}\n".encode())
         ops += 1
+    shutil.rmtree(out)  # the dumps hold every op's weights too
     assert ops > 0, f"{config}: nothing dumped"
     return h.hexdigest()
 
 
+def _cpu() -> str:
+    """The CPU that records the digests: its model name and vector extensions (for the file's reader)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    isa = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni") if f in flags]
+    return f"{name} ({platform.machine()}: {' '.join(isa)})"
+
+
 def test_digests_travel(models, tmp_path):
     got = {c: run_digest(models, c, tmp_path / c) for c in MATRIX}
-    if os.environ.get("KAZEIA_RECORD_DIGESTS") == "1":
-        DIGESTS.write_text(json.dumps({"recorded_on": platform.processor() or platform.machine(),
-                                       "digests": got}, indent=1, sort_keys=True) + "\n")
+    if os.environ.get("RECORD_HTP_DIGESTS") == "1":
+        DIGESTS.write_text(json.dumps({"recorded_on": _cpu(), "digests": got}, indent=1, sort_keys=True) + "\n")
     want = json.loads(DIGESTS.read_text())["digests"]
     differ = [c for c in MATRIX if got[c] != want.get(c)]
     assert not differ, f"device bits differ from the committed digests for {differ}"

@@ -44,6 +44,15 @@ class NumpyOps:
         build's do); the emulated DSP's is the same on every host (htp/kernels/expf.py)."""
         return np.exp(x)
 
+    def matvec(self, m: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """m (..., R, C) @ x (..., C) -> (..., R) (the gated delta net's state products): numpy's matmul here."""
+        return numpy_matvec(m, x)
+
+
+def numpy_matvec(m: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """m (..., R, C) @ x (..., C) -> (..., R) by numpy's matmul (BLAS: its order follows the host)."""
+    return np.matmul(m, x[..., None])[..., 0]
+
 
 def broadcast_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """ggml_repeat semantics: each dim of b divides the target dim (tile when not 1)."""

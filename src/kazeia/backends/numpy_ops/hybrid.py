@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kazeia.backends.numpy_ops.base import NumpyOps, kernel
+from kazeia.backends.numpy_ops.base import NumpyOps, kernel, numpy_matvec
 from kazeia.graph.builder import gdn_snapshots
 from kazeia.graph.tensor import Tensor
 
@@ -34,19 +34,19 @@ def _ssm_conv(be: NumpyOps, n: Tensor) -> None:
     be.store(n, acc.transpose(0, 2, 1)[None])  # [d_inner, n_t, n_s]
 
 
-def delta_rule(q, k, v, g, beta, m, scale, snapshots=None):
+def delta_rule(q, k, v, g, beta, m, scale, snapshots=None, exp=np.exp, matvec=numpy_matvec):
     """The gated delta rule over T tokens, in place on the states m (n_seqs, H, S_v, S_k): m[j, i] is S[i][j]
     (ggml keeps the state transposed). q, k (n_seqs, T, H, S) already broadcast to H heads; v (n_seqs, T, H,
     S); g (n_seqs, T, H, 1 | S) log-decays; beta (n_seqs, T, H). Per token: decay, delta = beta (v - S^T k),
     S += k delta^T, o = scale S^T q. Returns o (n_seqs, T, H, S); snapshots(t, m) after each token if given."""
     o = np.empty(v.shape, dtype=v.dtype)
     for t in range(v.shape[1]):
-        decay = np.exp(g[:, t])  # (n_seqs, H, 1 | S)
+        decay = exp(g[:, t])  # (n_seqs, H, 1 | S)
         m *= decay[:, :, None, :] if decay.shape[-1] > 1 else decay[:, :, :, None]
-        sk = np.matmul(m, k[:, t, :, :, None])[..., 0]  # (n_seqs, H, S_v)
+        sk = matvec(m, k[:, t])  # (n_seqs, H, S_v)
         delta = (v[:, t] - sk) * beta[:, t, :, None]
         m += delta[..., :, None] * k[:, t, :, None, :]
-        o[:, t] = np.matmul(m, q[:, t, :, :, None])[..., 0] * scale
+        o[:, t] = matvec(m, q[:, t]) * scale
         if snapshots is not None:
             snapshots(t, m)
     return o
@@ -74,7 +74,7 @@ def _gated_delta_net(be: NumpyOps, n: Tensor) -> None:
         def keep(t: int, state: np.ndarray) -> None:
             if 0 <= t - (T - K) < K:
                 snaps[t - (T - K)] = state
-    o = delta_rule(q, k, v, g, beta, m, be.ft(1.0 / np.sqrt(S)), keep)
+    o = delta_rule(q, k, v, g, beta, m, be.ft(1.0 / np.sqrt(S)), keep, be.exp, be.matvec)
     out[:n_att] = o.reshape(-1)
     if K == 1:
         snaps[0] = m

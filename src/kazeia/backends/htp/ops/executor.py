@@ -12,6 +12,7 @@ import numpy as np
 from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.hvx.dot_2026_10 import quantize_q8_0_rows
 from kazeia.backends.htp.kernels.expf import exp_f32
+from kazeia.backends.htp.kernels.gemm import fa_matmul
 from kazeia.backends.htp.kernels.rounding import f16_to_f32, round_hw
 from kazeia.backends.htp.msg import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpContext, OpDesc, OpRecord
 from kazeia.backends.htp.ops.bound_ops import compute_for
@@ -37,6 +38,14 @@ class DspOps(NumpyOps):
         """exp by the device model's own rule (kernels/expf.py): the same bits on every host."""
         x = np.asarray(x)
         return exp_f32(x) if x.dtype == np.float32 else np.exp(x)
+
+    def matvec(self, m: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """m (..., R, C) @ x (..., C) in the device model's product order (kernels/gemm.py fa_matmul)."""
+        lead = m.shape[:-2]
+        r, c = m.shape[-2:]
+        y = fa_matmul(np.ascontiguousarray(m, dtype=np.float32).reshape(-1, r, c),
+                      np.ascontiguousarray(x, dtype=np.float32).reshape(-1, c, 1))
+        return y.reshape(*lead, r)
 
     def load(self, t: Tensor) -> np.ndarray:
         if t.type not in SCALAR_DTYPES:
