@@ -37,6 +37,7 @@ MODELS = {
     "qwen35": ["--preset", "tiny", "--arch", "qwen35", "--type", "q4_0"],
     "gemma3": ["--preset", "tiny", "--arch", "gemma3", "--type", "q4_0"],
     "lfm2": ["--preset", "tiny", "--arch", "lfm2", "--type", "q4_0"],
+    "qwen3-q4_k_m": ["--preset", "tiny", "--arch", "qwen3", "--type", "q4_k_m"],
 }
 
 GATE = """format = 1
@@ -67,6 +68,7 @@ MATRIX = {
     "gemma3-2026-05-m130": ("gemma3", "2026-05", 130, []),
     "lfm2-2026-10-m38": ("lfm2", "2026-10", 38, []),
     "lfm2-2026-05-m64": ("lfm2", "2026-05", 64, []),
+    "qwen3-q4_k_m-2026-10-m38": ("qwen3-q4_k_m", "2026-10", 38, []),
 }
 
 # the subset rerun under every host switch (config, then the switches)

@@ -27,7 +27,7 @@ from kazeia.backends.htp.fp16 import (
     from_fp16_bits,
 )
 from kazeia.backends.htp.host.repack import RepackedWeight
-from kazeia.backends.htp.kernels.gemm import hmx_products, product_scratch
+from kazeia.backends.htp.kernels.gemm import SOURCES, hmx_products, product_scratch
 from kazeia.backends.htp.kernels.rounding import round_hw, round_hw_transposed, shuffled_fp16
 from kazeia.gguf.quants import QK
 from kazeia.native.buffers import GrowingScratch
@@ -208,12 +208,14 @@ def weight_tile_rows(k: int) -> int:
 
 
 def _fused_source(w: RepackedWeight) -> tuple[str, np.ndarray] | None:
-    """(kernel source, its rows) where the native kernel dequantizes the weight itself, else None."""
-    if not available() or w.k % QK:
+    """(kernel source, its rows) where the native kernel dequantizes the weight itself (F16 rows and the ggml
+    blocks of its kinds), else None (a K-quant's weight object dequantizes its own rows first)."""
+    if not available() or w.k % QK or not isinstance(w, RepackedWeight):
         return None
     if w.qtype == GGMLType.F16:
         return "f16", w.ggml
-    return w.qtype.name.lower(), w.blocks()[0]
+    kind = w.qtype.name.lower()
+    return (kind, w.blocks()[0]) if kind in SOURCES else None
 
 
 def hmx_matmul_weight(a16: np.ndarray, w: RepackedWeight, patch=None, scale: float = 1.0,
