@@ -37,9 +37,9 @@ from kazeia.native.pool import run_rows
 from kazeia.native.portable import jit, prange
 
 PANEL = 32             # activation rows per packed panel: [mpad/32][K][32], one HMX tile of rows
-KC = 256               # K per block: the panel's block (32 KB) and a block of weight rows (48 KB) stay in L2
+KC = 512              # K per block: the panel's block (64 KB) and a block of weight rows (96 KB) stay in L2
 SUB = 48               # weight rows dequantized together (a multiple of both tilings' NR)
-CHUNK = 96             # weight rows a thread claims
+CHUNK = 48             # weight rows a thread claims
 SOURCES = ("f32", "f16") + KINDS   # float32 rows (given), F16 rows, ggml blocks
 BLOCK_BYTES = {"f16": 2 * QK, **block_bytes(KINDS)}
 CANONICAL_NAN = np.uint32(0x7FC00000).view(np.float32)
@@ -219,6 +219,14 @@ _PANELS = GrowingScratch(np.float32)
 _CT = GrowingScratch(np.float32)
 
 
+def _aligned(scratch: GrowingScratch, n: int) -> np.ndarray:
+    """n float32 of a per-thread scratch starting on a 64-byte boundary: a panel's k row (16 or 32 lanes) is then
+    one or two whole cache lines, never a load split across two."""
+    buf = scratch.take(n + 16)
+    skip = (-buf.ctypes.data % 64) // 4
+    return buf[skip: skip + n]
+
+
 def padded_rows(m: int) -> int:
     """Activation rows the panels hold: m rounded up to whole 32-row panels (HMX's row tiles)."""
     return -(-m // PANEL) * PANEL
@@ -228,7 +236,7 @@ def pack_panels(a16: np.ndarray) -> np.ndarray:
     """(M, K) float32 -> the panels [mpad/32][K][32] (rows past M zero), in a per-thread scratch."""
     m, kdim = a16.shape
     mpad = padded_rows(m)
-    buf = _PANELS.take(mpad * kdim)[: mpad * kdim].reshape(mpad // PANEL, kdim, PANEL)
+    buf = _aligned(_PANELS, mpad * kdim).reshape(mpad // PANEL, kdim, PANEL)
     full = m // PANEL * PANEL
     if full:
         buf[: full // PANEL] = a16[:full].reshape(full // PANEL, PANEL, kdim).transpose(0, 2, 1)
@@ -241,7 +249,7 @@ def pack_panels(a16: np.ndarray) -> np.ndarray:
 def product_scratch(n: int, m: int) -> np.ndarray:
     """A per-thread (N, mpad) float32 scratch for the sums of `hmx_products` (reused by the next matmul)."""
     mpad = padded_rows(m)
-    return _CT.take(n * mpad)[: n * mpad].reshape(n, mpad)
+    return _aligned(_CT, n * mpad).reshape(n, mpad)
 
 
 def hmx_products(a16: np.ndarray, n: int, src: str, w: np.ndarray, wstride: int,
