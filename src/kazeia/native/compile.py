@@ -42,36 +42,35 @@ NEEDED = ("avx2", "fma", "f16c")
 # process (RuntimeDyldELF: isInt<32>(RealOffset)). The hot loops keep their constants in registers.
 CODE_MODEL = "large"
 
-_host_ok: bool | None = None
+_features: dict[str, bool] | None = None
 _portable = False  # portable_only(): the one switch to the portable twins
 _jit = None
 _trackers: list = []
 _loading = threading.Lock()  # a library is compiled and linked once, whichever thread asks first
 
 
-def host_ok() -> bool:
-    """The host CPU has what the kernels use and llvmlite is there (read once)."""
-    global _host_ok
-    if _host_ok is None:
+def _host_features() -> dict[str, bool]:
+    """The host CPU's LLVM features, read once ({} where llvmlite is missing or cannot say)."""
+    global _features
+    if _features is None:
         try:
             import llvmlite.binding as llvm
 
-            feats = llvm.get_host_cpu_features()
-            _host_ok = all(feats.get(f, False) for f in NEEDED)
+            _features = {k: bool(v) for k, v in llvm.get_host_cpu_features().items()}
         except Exception:  # noqa: BLE001 - no llvmlite / unknown host: the portable path
-            _host_ok = False
-    return _host_ok
+            _features = {}
+    return _features
+
+
+def host_ok() -> bool:
+    """The host CPU has what the kernels use and llvmlite is there."""
+    return all(host_has(f) for f in NEEDED)
 
 
 def host_has(feature: str) -> bool:
-    """The host CPU has this LLVM feature ("avx512f", ...): for an emitter that picks its register tiling by the
-    vector width it gets (never its summation order). False where llvmlite cannot say."""
-    try:
-        import llvmlite.binding as llvm
-
-        return bool(llvm.get_host_cpu_features().get(feature, False))
-    except Exception:  # noqa: BLE001 - no llvmlite: the portable path never asks
-        return False
+    """The host CPU has this LLVM feature ("avx512f", ...): also for an emitter that picks its register tiling by
+    the vector width it gets (never its summation order)."""
+    return _host_features().get(feature, False)
 
 
 def available() -> bool:
