@@ -1,7 +1,7 @@
 """The device model's product order (kernels/gemm.py, docs/hmx-numerics.md) against an element-wise numpy statement of
 the rule (oracle_utils.ordered_products): the native HMX kernel (every weight source, the dequantization into its own
-blocks included), its portable twin, any thread count, shapes off every tiling boundary, special values; and the
-flash attention's products on float32 operands whose products are not exact."""
+blocks included), its portable twin, any thread count, shapes off every tiling boundary, special values.
+(backends/ordered.py, the float32 products: tests/test_ordered.py.)"""
 
 from __future__ import annotations
 
@@ -89,16 +89,3 @@ def test_special_values():
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert np.isposinf(got[0, 0]) and got[1, 0].view(np.uint32) == 0x7FC00000
     assert got[2, 2].view(np.uint32) == 0x7FC00000 and got[3, 3].view(np.uint32) == 0
-
-
-@pytest.mark.parametrize("g,m,k,n", [(1, 1, 128, 256), (8, 4, 128, 384), (3, 13, 200, 37), (2, 40, 128, 128)])
-def test_fa_products_multiply_then_add(g, m, k, n):
-    rng = np.random.default_rng(g * m + n)
-    a = rng.standard_normal((g, m, k)).astype(np.float32)   # float32 operands: products not exact
-    b = rng.standard_normal((g, k, n)).astype(np.float32)
-    want = np.stack([ordered_products(a[i], b[i].T, canonical_nan=False) for i in range(g)])
-    assert np.array_equal(gemm.fa_matmul(a, b).view(np.uint32), want.view(np.uint32))
-    with portable_only():
-        assert np.array_equal(gemm.fa_matmul(a, b).view(np.uint32), want.view(np.uint32))
-    view = np.ascontiguousarray(np.concatenate([b, b], axis=2))[:, :, :n]   # a strided B (a block of V)
-    assert np.array_equal(gemm.fa_matmul(a, view).view(np.uint32), want.view(np.uint32))

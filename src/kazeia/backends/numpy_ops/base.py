@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kazeia.backends.ordered import ordered_batched
 from kazeia.graph.tensor import Tensor
 
 Kernel = Callable[["NumpyOps", Tensor], None]
@@ -43,6 +44,15 @@ class NumpyOps:
         """The exp the kernels use: numpy's here (its float32 bits follow the host's SIMD family, as a CPU
         build's do); the emulated DSP's is the same on every host (htp/kernels/expf.py)."""
         return np.exp(x)
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """a (..., M, K) @ b (..., K, N) of two activations (a MUL_MAT whose src0 is not a weight: KQ, KQV): float32
+        in the one order of backends/ordered.py (llama.cpp's CPU backend runs its own vec_dot there, not BLAS; a
+        graph split between HTP0 and the CPU then keeps HTP0's bits on every host); REF's float64 by numpy's
+        matmul."""
+        if a.dtype == np.float32 and b.dtype == np.float32:
+            return ordered_batched(a, b)
+        return np.matmul(a, b)
 
     def matvec(self, m: np.ndarray, x: np.ndarray) -> np.ndarray:
         """m (..., R, C) @ x (..., C) -> (..., R) (the gated delta net's state products): numpy's matmul here."""

@@ -67,7 +67,7 @@ def _mul_mat(be: NumpyOps, n: Tensor) -> None:
             x = np.repeat(x, r2, axis=1)
         if r3 > 1:
             x = np.repeat(x, r3, axis=0)
-        out = np.matmul(y, x.swapaxes(-1, -2))
+        out = be.matmul(y, x.swapaxes(-1, -2))
     be.store(n, out)
 
 

@@ -1,6 +1,7 @@
-"""The device model's products in an order kazeia owns: the HMX MUL_MAT (`hmx_gemm_*`, the weight dequantized
-into the kernel's own blocks) and the flash attention's S = Q K^T and P V (`fa_gemm`). No BLAS: the bits are the
-same on every host, at any thread count, vector width, tiling or BLAS build (docs/hmx-numerics.md).
+"""The HMX MUL_MAT in an order kazeia owns (`hmx_gemm_*`, the weight dequantized into the kernel's own blocks). No
+BLAS: the bits are the same on every host, at any thread count, vector width, tiling or BLAS build
+(docs/hmx-numerics.md). The device model's other products (flash attention's, the gated delta net's) follow the
+same rule with float32 operands: backends/ordered.py.
 
 The one rule, for every output (m, n):
 
@@ -9,16 +10,14 @@ The one rule, for every output (m, n):
 in float32, k ascending, one accumulator per output, every product rounded to float32 before it is added. For the
 HMX operands (fp16 values) every product is exact in float32 (11 + 11 significant bits < 24; 65504^2 < 2^32 and
 2^-24 * 2^-24 is a normal float32), so a fused multiply-add gives the same bits as the multiply then the add:
-the HMX kernels use FMA (`hmx_gemm_*`), the portable twin a multiply and an add. `fa_gemm` also serves float32
-operands whose products are not exact (HVX flash attention's P V), so it multiplies, then adds, everywhere.
+the native kernels use FMA, the portable twin a multiply and an add.
 
 What varies with the host is only which outputs a vector lane, a register tile or a thread computes at a time:
-lanes run over independent outputs (m for `hmx_gemm`, n for `fa_gemm`), the K blocks continue each output's one
-accumulator in memory, and a thread computes whole weight rows.
+lanes run over m, the K blocks continue each output's one accumulator in memory, and a thread computes whole
+weight rows.
 
-NaN: an HMX output that is NaN is stored as the one quiet NaN 0x7FC00000 (what a NaN's payload would be after a
-product is not defined by LLVM, and x86 and numba disagree on the default NaN's sign); `fa_gemm` keeps whatever
-NaN its adds make (its NaN outputs are canonicalised by the caller when they matter).
+NaN: an output that is NaN is stored as the one quiet NaN 0x7FC00000 (what a NaN's payload would be after a
+product is not defined by LLVM, and x86 and numba disagree on the default NaN's sign).
 """
 
 from __future__ import annotations
@@ -150,67 +149,8 @@ def _hmx_gemm(module: ir.Module, src: str) -> None:
     k.ret()
 
 
-# --- the flash attention's products: lanes over n -------------------------------------------------------------
-
-FA_MR = 4              # rows of A a register tile
-
-
-def _fa_gemm(module: ir.Module) -> None:
-    """fa_gemm(a, lda, ahs, bm, ldb, bhs, c, ldc, chs, m, k, n, h0, h1): for each matrix h in [h0, h1)
-    C_h (m x n) = A_h (m x k) @ B_h (k x n), row-major with the given row and matrix strides (elements): every
-    output a multiply then an add per k, k ascending, from +0 (module doc). Lanes run over n: two vectors, then
-    one, then single columns; FA_MR rows of A, then single rows."""
-    vl, _, _ = _tiling()
-    names = ("a", "lda", "ahs", "bm", "ldb", "bhs", "c", "ldc", "chs", "m", "k", "n", "h0", "h1")
-    k = Kernel(module, "fa_gemm", [(nm, ptr(F32) if nm in ("a", "bm", "c") else I64) for nm in names])
-    b, a = k.b, k.a
-
-    def tile(ah, bh, ch, m0: ir.Value, mr: int, n0: ir.Value, t: ir.Type) -> None:
-        width = t.count if isinstance(t, ir.VectorType) else 1
-        nvec = 2 if width > 1 and t.count == 2 * vl else 1
-        vt_ = vec(F32, vl) if width > 1 else F32
-        zero = splat(vt_, 0.0) if width > 1 else ir.Constant(F32, 0.0)
-        accs = [[k.var(vt_, zero) for _ in range(nvec)] for _ in range(mr)]
-        with k.loop(0, a.k, name="kk") as kk:
-            brow = k.gep(bh, b.mul(kk, a.ldb), n0)
-            bv = [k.load_vec(brow, vt_, v * vl) if width > 1 else k.load(brow, v) for v in range(nvec)]
-            for i in range(mr):
-                x = k.load(ah, b.mul(b.add(m0, i64(i)), a.lda), kk)
-                xv = k.broadcast(x, vl) if width > 1 else x
-                for v in range(nvec):
-                    s = accs[i][v]
-                    b.store(b.fadd(b.load(s), b.fmul(xv, bv[v])), s)
-        for i in range(mr):
-            crow = k.gep(ch, b.mul(b.add(m0, i64(i)), a.ldc), n0)
-            for v in range(nvec):
-                if width > 1:
-                    k.store_vec(b.load(accs[i][v]), crow, v * vl)
-                else:
-                    k.store(b.load(accs[i][v]), crow, v)
-
-    def rows(ah, bh, ch, n0: ir.Value, t: ir.Type) -> None:
-        mfull = b.mul(b.sdiv(a.m, i64(FA_MR)), i64(FA_MR))
-        with k.loop(0, mfull, FA_MR, name="mi") as m0:
-            tile(ah, bh, ch, m0, FA_MR, n0, t)
-        with k.loop(mfull, a.m, name="mt") as m0:
-            tile(ah, bh, ch, m0, 1, n0, t)
-
-    with k.loop(a.h0, a.h1, name="h") as h:
-        ah, bh, ch = k.gep(a.a, b.mul(h, a.ahs)), k.gep(a.bm, b.mul(h, a.bhs)), k.gep(a.c, b.mul(h, a.chs))
-        n2 = b.mul(b.sdiv(a.n, i64(2 * vl)), i64(2 * vl))
-        with k.loop(0, n2, 2 * vl, name="n2") as n0:
-            rows(ah, bh, ch, n0, vec(F32, 2 * vl))
-        n1 = b.mul(b.sdiv(a.n, i64(vl)), i64(vl))
-        with k.loop(n2, n1, vl, name="n1") as n0:
-            rows(ah, bh, ch, n0, vec(F32, vl))
-        with k.loop(n1, a.n, name="ns") as n0:
-            rows(ah, bh, ch, n0, F32)
-    k.ret()
-
-
 LIB = Library(__name__, "kazeia_htp_gemm")
 GEMM = LIB.kernels("hmx_gemm", _hmx_gemm, SOURCES, par=True)
-FA_GEMM = LIB.kernel("fa_gemm", _fa_gemm, par=True)
 
 
 # --- fronts ---------------------------------------------------------------------------------------------------
@@ -291,35 +231,3 @@ def hmx_products_portable(at, w, ct, nan):
                 acc[m] = acc[m] + at[k, m] * wk
         for m in range(mpad):
             ct[n, m] = nan if acc[m] != acc[m] else acc[m]
-
-
-def fa_matmul(a: np.ndarray, bm: np.ndarray) -> np.ndarray:
-    """(G, M, K) @ (G, K, N) -> (G, M, N) float32, every output in the one order (module doc, a multiply then an
-    add). a and bm: float32 with unit last stride; matrices of a or bm may repeat (stride 0)."""
-    g, m, kdim = a.shape
-    n = bm.shape[2]
-    c = np.empty((g, m, n), dtype=np.float32)
-    if a.strides[2] != 4 or bm.strides[2] != 4:
-        a, bm = np.ascontiguousarray(a), np.ascontiguousarray(bm)
-    if available():
-        args = (addr(a), a.strides[1] // 4, a.strides[0] // 4, addr(bm), bm.strides[1] // 4, bm.strides[0] // 4,
-                addr(c), n, m * n, m, kdim, n)
-        run_rows(FA_GEMM, args, g, 1, g * m * n * kdim >= PARALLEL_MIN_MACS)
-        return c
-    fa_matmul_portable(a, bm, c)
-    return c
-
-
-@jit(parallel=True, cache=True)
-def fa_matmul_portable(a, bm, c):
-    """c[h] = a[h] @ bm[h], every output a multiply then an add per k, k ascending, from +0."""
-    g, m, kdim = a.shape
-    n = bm.shape[2]
-    for h in prange(g):
-        for i in range(m):
-            acc = np.zeros(n, dtype=np.float32)
-            for k in range(kdim):
-                x = a[h, i, k]
-                for j in range(n):
-                    acc[j] = acc[j] + x * bm[h, k, j]
-            c[h, i] = acc

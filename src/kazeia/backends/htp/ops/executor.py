@@ -12,7 +12,6 @@ import numpy as np
 from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.hvx.dot_2026_10 import quantize_q8_0_rows
 from kazeia.backends.htp.kernels.expf import exp_f32
-from kazeia.backends.htp.kernels.gemm import fa_matmul
 from kazeia.backends.htp.kernels.rounding import f16_to_f32, round_hw
 from kazeia.backends.htp.msg import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpContext, OpDesc, OpRecord
 from kazeia.backends.htp.ops.bound_ops import compute_for
@@ -24,6 +23,7 @@ from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.op_layouts import OpScratch
 from kazeia.backends.htp.vtcm.scratch import ScratchBinding, ScratchWriter
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
+from kazeia.backends.ordered import ordered_matmul
 from kazeia.gguf.quants import dequantize
 from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array, rows
 from kazeia.identity import IdentityCache, binding
@@ -40,10 +40,10 @@ class DspOps(NumpyOps):
         return exp_f32(x) if x.dtype == np.float32 else np.exp(x)
 
     def matvec(self, m: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """m (..., R, C) @ x (..., C) in the device model's product order (kernels/gemm.py fa_matmul)."""
+        """m (..., R, C) @ x (..., C) in the device model's product order (backends/ordered.py)."""
         lead = m.shape[:-2]
         r, c = m.shape[-2:]
-        y = fa_matmul(np.ascontiguousarray(m, dtype=np.float32).reshape(-1, r, c),
+        y = ordered_matmul(np.ascontiguousarray(m, dtype=np.float32).reshape(-1, r, c),
                       np.ascontiguousarray(x, dtype=np.float32).reshape(-1, c, 1))
         return y.reshape(*lead, r)
 

@@ -8,9 +8,9 @@ import numpy as np
 from kazeia.backends.htp.fp16 import FP16_MAX, round_fp16
 from kazeia.backends.htp.kernels import fa as fast_fa
 from kazeia.backends.htp.kernels.expf import exp_f32
-from kazeia.backends.htp.kernels.gemm import fa_matmul
 from kazeia.backends.htp.kernels.hvx import DECODE_ROWS
 from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw
+from kazeia.backends.ordered import ordered_matmul
 from kazeia.graph.tensor import GGMLType, Tensor, array
 
 FA_KV_BLOCK = 128  # KV rows per HMX flash-attention step (fp16 P@V partial results are rounded per step)
@@ -119,7 +119,7 @@ def _softmax_parts(s: np.ndarray, mask: np.ndarray | None, scale: np.float32,
 def _grouped(a: np.ndarray, b: np.ndarray, hkv: int) -> np.ndarray:
     """(H, T, X) @ (Hkv, X, Y) -> (H, T, Y), head h against matrix h // (H / Hkv): the g = H / Hkv heads of a
     group are one (g*T, X) matrix against their KV matrix, every product in the device model's order
-    (kernels/gemm.py fa_matmul: a multiply then an add per x, x ascending; no BLAS)."""
+    (backends/ordered.py: a multiply then an add per x, x ascending; no BLAS)."""
     h, t = a.shape[0], a.shape[1]
-    y = fa_matmul(a.reshape(hkv, (h // hkv) * t, a.shape[2]), b)
+    y = ordered_matmul(a.reshape(hkv, (h // hkv) * t, a.shape[2]), b)
     return y.reshape(h, t, b.shape[-1])
