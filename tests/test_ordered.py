@@ -75,3 +75,17 @@ def test_special_values_propagate():
     assert np.isnan(got[0, 1]).all()
     assert _bits(got[0, 2])[1] == 0                                   # +0 + 0*2 + 1*-0 = +0
     assert np.array_equal(np.isnan(got), np.isnan(twin)) and np.array_equal(got[~np.isnan(got)], twin[~np.isnan(twin)])
+
+
+@pytest.mark.parametrize("g,m,k,n", [(8, 4, 128, 256), (2, 33, 70, 19)])
+def test_fused_products_of_fp16_values_give_the_same_bits(g, m, k, n):
+    """`exact=True` (a fused multiply-add, for HMX's fp16 tiles) is the multiply-then-add's rounding, since every
+    product of two fp16 values is exact in float32; tiny and huge values included (subnormal-range products)."""
+    rng = np.random.default_rng(m)
+    scale = np.exp2(rng.integers(-14, 15, (g, m, 1))).astype(np.float32)
+    a = (rng.standard_normal((g, m, k)) * scale).astype(np.float16).astype(np.float32)
+    b = (rng.standard_normal((g, k, n)) * 1e-3).astype(np.float16).astype(np.float32)
+    want = _bits(_oracle(a, b))
+    assert np.array_equal(_bits(ordered_matmul(a, b, exact=True)), want)
+    with portable_only():
+        assert np.array_equal(_bits(ordered_matmul(a, b, exact=True)), want)

@@ -16,8 +16,8 @@ Who multiplies this way:
   through a transposed view, which the HTP does not take), the CPU's half then does not move HTP0's bits with the
   host's BLAS.
 
-The kernel is LLVM IR (`ordered_gemm`, native/compile.py) with a numba twin (`ordered_matmul_portable`); both
-give the bits of tests/oracle_utils.ordered_products.
+The kernel is LLVM IR (`ordered_gemm_fp32`, and `ordered_gemm_exact` for fp16 operands; native/compile.py) with
+a numba twin (`ordered_matmul_portable`); all give the bits of tests/oracle_utils.ordered_products.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from kazeia.native.pool import run_rows
 from kazeia.native.portable import jit, prange
 
 MR = 4                       # rows of A a register tile
-PARALLEL_MIN_MACS = 1 << 22  # products below this run on one thread
+PARALLEL_MIN_MACS = 1 << 19  # products below this run on one thread (a decode's S = Q K^T at n_kv = 256: 1 << 20)
 
 
 def _lanes() -> int:
@@ -39,14 +39,17 @@ def _lanes() -> int:
     return 16 if host_has("avx512f") else 8
 
 
-def _ordered_gemm(module: ir.Module) -> None:
-    """ordered_gemm(a, lda, ahs, bm, ldb, bhs, c, ldc, chs, m, k, n, h0, h1): for each matrix h in [h0, h1)
+def _ordered_gemm(module: ir.Module, kind: str) -> None:
+    """ordered_gemm_<kind>(a, lda, ahs, bm, ldb, bhs, c, ldc, chs, m, k, n, h0, h1): for each matrix h in [h0, h1)
     C_h (m x n) = A_h (m x k) @ B_h (k x n), row-major with the given row and matrix strides (elements): every
     output a multiply then an add per k, k ascending, from +0 (module doc). Lanes run over n: two vectors, then
-    one, then single columns; MR rows of A, then single rows."""
+    one, then single columns; MR rows of A, then single rows. kind "fp32": a multiply, then an add; "exact": one
+    fused multiply-add, for operands whose products are exact in float32 (fp16 values: 11 + 11 significant bits),
+    where it rounds once as the multiply-then-add does (the multiply does not round): the same bits, half the
+    instructions."""
     vl = _lanes()
     names = ("a", "lda", "ahs", "bm", "ldb", "bhs", "c", "ldc", "chs", "m", "k", "n", "h0", "h1")
-    k = Kernel(module, "ordered_gemm", [(nm, ptr(F32) if nm in ("a", "bm", "c") else I64) for nm in names])
+    k = Kernel(module, f"ordered_gemm_{kind}", [(nm, ptr(F32) if nm in ("a", "bm", "c") else I64) for nm in names])
     b, a = k.b, k.a
 
     def tile(ah, bh, ch, m0: ir.Value, mr: int, n0: ir.Value, t: ir.Type) -> None:
@@ -63,7 +66,10 @@ def _ordered_gemm(module: ir.Module) -> None:
                 xv = k.broadcast(x, vl) if width > 1 else x
                 for v in range(nvec):
                     s = accs[i][v]
-                    b.store(b.fadd(b.load(s), b.fmul(xv, bv[v])), s)
+                    if kind == "exact":
+                        b.store(k.fma(xv, bv[v], b.load(s)), s)
+                    else:
+                        b.store(b.fadd(b.load(s), b.fmul(xv, bv[v])), s)
         for i in range(mr):
             crow = k.gep(ch, b.mul(b.add(m0, i64(i)), a.ldc), n0)
             for v in range(nvec):
@@ -93,12 +99,15 @@ def _ordered_gemm(module: ir.Module) -> None:
 
 
 LIB = Library(__name__, "kazeia_ordered")
-GEMM = LIB.kernel("ordered_gemm", _ordered_gemm, par=True)
+GEMM = LIB.kernels("ordered_gemm", _ordered_gemm, ("fp32", "exact"), par=True)
 
 
-def ordered_matmul(a: np.ndarray, bm: np.ndarray) -> np.ndarray:
+def ordered_matmul(a: np.ndarray, bm: np.ndarray, exact: bool = False, linger: bool = False) -> np.ndarray:
     """(G, M, K) @ (G, K, N) -> (G, M, N) float32, every output in the one order (module doc). a and bm: float32
-    (copied when their last stride is not one element); matrices of a or bm may repeat (stride 0)."""
+    (copied when their last stride is not one element); matrices of a or bm may repeat (stride 0). `exact`: the
+    caller knows every product is exact in float32 (both operands fp16 values: HMX's tiles), so the kernel may
+    fuse the multiply into the add (the same bits; the portable twin multiplies, then adds). `linger`: a decode
+    step's products (the kernel threads keep spinning for the next op, native.pool.run)."""
     g, m, kdim = a.shape
     n = bm.shape[2]
     c = np.empty((g, m, n), dtype=np.float32)
@@ -109,7 +118,7 @@ def ordered_matmul(a: np.ndarray, bm: np.ndarray) -> np.ndarray:
     if available() and g and m and n:
         args = (a.ctypes.data, a.strides[1] // 4, a.strides[0] // 4, bm.ctypes.data, bm.strides[1] // 4,
                 bm.strides[0] // 4, c.ctypes.data, n, m * n, m, kdim, n)
-        run_rows(GEMM, args, g, 1, g * m * n * kdim >= PARALLEL_MIN_MACS)
+        run_rows(GEMM["exact" if exact else "fp32"], args, g, 1, g * m * n * kdim >= PARALLEL_MIN_MACS, linger=linger)
         return c
     ordered_matmul_portable(a, bm, c)
     return c

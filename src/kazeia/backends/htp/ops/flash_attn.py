@@ -13,6 +13,7 @@ from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw
 from kazeia.backends.ordered import ordered_matmul
 from kazeia.graph.tensor import GGMLType, Tensor, array
 
+FP16_CACHE = (GGMLType.F16, GGMLType.Q8_0)  # KV cache types whose values HMX reads as fp16 (load_c)
 FA_KV_BLOCK = 128  # KV rows per HMX flash-attention step (fp16 P@V partial results are rounded per step)
 
 
@@ -77,7 +78,9 @@ def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
     v = np.ascontiguousarray(v)                                       # (Hkv, n_kv, Dv)
     scale = np.float32(n.params["scale"])
     q16 = _round16(q)
-    s = _grouped(q16, kt, hkv)                                        # kt: (Hkv, D, n_kv)
+    # HMX's tiles are fp16: with an F16 (or Q8_0, dequantized to fp16) cache every product is exact in float32
+    fp16_k, fp16_v = (use_hmx and t.type in FP16_CACHE for t in (n.src[1], n.src[2]))
+    s = _grouped(q16, kt, hkv, fp16_k, decode)                        # kt: (Hkv, D, n_kv)
     p, l, native = _softmax_parts(s, mask, scale, use_hmx)
     if use_hmx:
         p16 = round_hw(p) if native else _round16(p)  # (native: p = exp(x <= 0) is in [0, 1], never NaN)
@@ -85,11 +88,11 @@ def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
         for j in range(0, p.shape[-1], FA_KV_BLOCK):  # per KV block: fp16 read-out, fp32 accumulation
             pj = p16[..., j:j + FA_KV_BLOCK]
             vj = v[:, j:j + FA_KV_BLOCK]
-            pv = _grouped(pj, vj, hkv)
+            pv = _grouped(pj, vj, hkv, fp16_v, decode)
             if not fast_fa.acc16(o, pv):
                 o += _round16(pv)
     else:
-        o = _grouped(p, v, hkv)
+        o = _grouped(p, v, hkv, linger=decode)
     if not fast_fa.divide(o, l):
         o = o / np.where(l == 0, 1.0, l)
     io.store(n, o.transpose(1, 0, 2)[None])  # (T, H, Dv): dst ne = [Dv, H, T]
@@ -116,10 +119,11 @@ def _softmax_parts(s: np.ndarray, mask: np.ndarray | None, scale: np.float32,
     return p, p.sum(axis=-1, keepdims=True, dtype=np.float32), False
 
 
-def _grouped(a: np.ndarray, b: np.ndarray, hkv: int) -> np.ndarray:
+def _grouped(a: np.ndarray, b: np.ndarray, hkv: int, exact: bool = False, linger: bool = False) -> np.ndarray:
     """(H, T, X) @ (Hkv, X, Y) -> (H, T, Y), head h against matrix h // (H / Hkv): the g = H / Hkv heads of a
     group are one (g*T, X) matrix against their KV matrix, every product in the device model's order
-    (backends/ordered.py: a multiply then an add per x, x ascending; no BLAS)."""
+    (backends/ordered.py: a multiply then an add per x, x ascending; no BLAS). `exact`: both operands hold fp16
+    values (the kernel may fuse each multiply into its add: the same bits); `linger`: a decode step's."""
     h, t = a.shape[0], a.shape[1]
-    y = ordered_matmul(a.reshape(hkv, (h // hkv) * t, a.shape[2]), b)
+    y = ordered_matmul(a.reshape(hkv, (h // hkv) * t, a.shape[2]), b, exact, linger)
     return y.reshape(h, t, b.shape[-1])
