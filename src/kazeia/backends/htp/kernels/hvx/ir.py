@@ -20,7 +20,6 @@ from kazeia.native.irkit import (
     V16I16,
     V32I8,
     Kernel,
-    f32,
     i64,
     lanes,
     ptr,
@@ -203,11 +202,8 @@ def emit_dot(module: ir.Module, kind: str) -> str:
     ntail = b.sub(ngroups, b.mul(nfull, i64(4)))     # 0..4 groups left
     zero8 = ir.Constant(V8F32, [0.0] * 8)
     acc = [k.var(V8F32, zero8, name=f"acc{j}") for j in range(4)]
-    res = k.var(F32, f32(0.0), name="res")
-    with k.loop(a.r0, a.r1, name="row") as n:
+    def row(n: ir.Value, adjacent: bool) -> None:
         rowp = k.gep(a.w, b.mul(n, a.wstride))
-        last = b.and_(b.icmp_signed("==", b.srem(a.ntotal, i64(2)), i64(1)),
-                      b.icmp_signed("==", n, b.sub(a.ntotal, i64(1))))
         with k.loop(0, a.m, name="act") as mi:
             xrow = k.gep(a.x16, b.mul(mi, b.mul(npad, i64(QK))))
             xsrow = k.gep(a.xs, b.mul(mi, npad))
@@ -225,8 +221,7 @@ def emit_dot(module: ir.Module, kind: str) -> str:
                     b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False)), acc[j])
             for j in range(4):
                 # a tail group whose 8 sub-blocks are all in the row (K = 2560: 2 of its 10 groups) takes the plain
-                # path: the masked one clamps and selects per block and made May's dots ~25 % slower there; the
-                # lanes it would mask do not exist, so the bits are the same
+                # path; the lanes the masked one would mask do not exist there, so the bits are the same
                 g = b.add(b.mul(nfull, i64(4)), i64(j))
                 live = b.icmp_signed(">", ntail, i64(j))
                 whole = b.icmp_signed("<=", b.mul(b.add(g, i64(1)), i64(8)), a.nb)
@@ -235,10 +230,18 @@ def emit_dot(module: ir.Module, kind: str) -> str:
                 with k.if_(b.and_(live, b.not_(whole))):
                     b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, True)), acc[j])
             vs = [b.load(x) for x in acc]
-            b.store(_reduce_far(k, vs), res)
-            with k.if_(last):
-                b.store(_reduce_adjacent(k, vs), res)
-            k.store(b.load(res), a.y, b.add(b.mul(mi, a.ystride), n))
+            res = _reduce_adjacent(k, vs) if adjacent else _reduce_far(k, vs)
+            k.store(res, a.y, b.add(b.mul(mi, a.ystride), n))
+
+    # the last row of an odd row count is reduced by the adjacent tree (hvx_matmul's odd tail): that row alone,
+    # after the loop, so the other rows carry no branch for it
+    odd_last = b.select(b.icmp_signed("==", b.srem(a.ntotal, i64(2)), i64(1)), b.sub(a.ntotal, i64(1)), i64(-1))
+    in_range = b.and_(b.icmp_signed(">=", odd_last, a.r0), b.icmp_signed("<", odd_last, a.r1))
+    plain_end = b.select(in_range, odd_last, a.r1)
+    with k.loop(a.r0, plain_end, name="row") as n:
+        row(n, False)
+    with k.if_(in_range):
+        row(odd_last, True)
     k.ret()
     return name
 
