@@ -1,5 +1,5 @@
-"""kazeia's process switches, read once into one frozen object (tinygrad's habit; htp/settings.py does the same for
-the GGML_HEXAGON_* switches of one HTP session).
+"""kazeia's process switches, read once into one frozen object (tinygrad's habit; backends/htp/settings.py does the
+same for the GGML_HEXAGON_* switches of one HTP session).
 
 | variable | meaning | default |
 | --- | --- | --- |

@@ -247,7 +247,7 @@ def prompt_text(args: argparse.Namespace) -> str | None:
 
 def make_trace(args: argparse.Namespace):
     """kazeia's completion-time trace hook if --oplog, --oplog-file or --stop-on-nonfinite asks for it
-    (GGML_HEXAGON_OPLOG is the HTP host's own log, backends/htp/oplog.py)."""
+    (GGML_HEXAGON_OPLOG is the HTP host's own log, backends/htp/host/oplog.py)."""
     from kazeia.debug.trace import TraceHook
 
     want = (getattr(args, "oplog", False) or getattr(args, "oplog_file", None)

@@ -111,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _prefix_run(args: argparse.Namespace, s, ids: list[int]) -> int:
-    """--stop-after: the prompt through one node (debug/prefix.py); a device death ends it as any run."""
+    """--stop-after: the prompt through one node (engine/prefix.py); a device death ends it as any run."""
     from kazeia.debug.stats import values_stats
     from kazeia.engine.prefix import check_prefix_run
 

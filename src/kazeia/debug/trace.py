@@ -1,6 +1,6 @@
 """kazeia's op trace (--oplog, `kazeia trace`): one KZOP line per EXECUTED op, with NaN-aware statistics.
 
-Unlike the original team's enqueue-time OPLOG (GGML_HEXAGON_OPLOG, backends/htp/oplog.py, which the HTP host
+Unlike the original team's enqueue-time OPLOG (GGML_HEXAGON_OPLOG, backends/htp/host/oplog.py, which the HTP host
 prints in enqueue_op from whatever memory holds then), a line is written when the op has completed on its device
 (for the HTP: when the DSP finished it, inside the batch), so the statistics describe the data the op
 really consumed and produced. Inputs are measured at op start (an op working in place would otherwise

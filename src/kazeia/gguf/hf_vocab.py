@@ -1,6 +1,7 @@
 """A Hugging Face byte-level BPE tokenizer written into GGUF the way llama.cpp's convert_hf_to_gguf.py writes it.
 
-The converter's rules (conversion/base.py: get_vocab_base and _set_vocab_gpt2; gguf-py vocab.py: SpecialVocab):
+The converter's rules (llama.cpp's conversion/base.py: get_vocab_base and _set_vocab_gpt2; gguf-py vocab.py:
+SpecialVocab):
 - one token per embedding row: ids the tokenizer does not define become `[PAD<i>]` of type UNUSED, so the token
   list is as long as the embedding matrix (151,936 for Qwen3, whose tokenizer defines 151,669);
 - an added token is CONTROL when it is special or looks special (`<|...|>`), else USER_DEFINED (`<think>`); its

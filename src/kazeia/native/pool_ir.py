@@ -17,7 +17,7 @@ SEQ; a worker runs a job only after its compare-and-swap of STATE from the job n
 succeeded, and the poster's cancel is the compare-and-swap from the job number to 0, so a job runs on a
 worker at most once and only with the arguments posted for it. Kernels are called with MAX_ARGS int64
 arguments whatever their arity: under the System V x86-64 convention the callee reads its own leading
-integer arguments and ignores the rest (every kernel of native.py takes integers and pointers only).
+integer arguments and ignores the rest (every kernel compiled by compile.py takes integers and pointers only).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The `cpu` backend: float32; weight matmuls computed from the quantized bytes (qmatmul.py), the other ops by the
-native kernels bound to nodes (bind.py, kernels/) or the float32 numpy kernels (f32_ops.py, numpy_ops.py).
+native kernels bound to nodes (bind.py, kernels/) or the float32 numpy kernels (f32_ops.py, backends/numpy_ops/).
 `NumpyBackend` is what `cpu` and `ref` share."""
 
 from __future__ import annotations

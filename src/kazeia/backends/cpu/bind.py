@@ -2,7 +2,7 @@
 to the GEMV itself (kernels/gemv.py): the front of those families.
 
 `bind(backend, node)` returns a callable that runs the node with every argument worked out in advance (addresses,
-strides, sizes), or None when the node is outside what the kernels do (the numpy fast paths of fast_ops.py, or
+strides, sizes), or None when the node is outside what the kernels do (the numpy fast paths of f32_ops.py, or
 the plain kernels, run it then: they are also the whole story where the native kernels are off). CpuBackend
 keeps the bound calls per graph and drops them when the graph allocator places the graph anew, so a decode step
 pays one ctypes call per op instead of numpy's dozen calls and temporaries, and with no hook attached the runs of

@@ -2,7 +2,7 @@
 
 A device death is decided by the ops enqueued up to it, so a trial of a death runs the graph only through the end
 of the layer of the last op it asks about (the faulting op, the op it moves, the op the death may move to: a
-prefix run, debug/prefix.py); each trial says what it ran."""
+prefix run, engine/prefix.py); each trial says what it ran."""
 
 from __future__ import annotations
 

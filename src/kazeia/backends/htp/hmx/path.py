@@ -1,5 +1,5 @@
 """The HMX path of MUL_MAT on the emulated DSP (matmul.MatmulUnit's HMX half): the plan's VTCM checks and
-faults, the fp16 tile product (hmx_matmul.py), and the images the kernel leaves in VTCM.
+faults, the fp16 tile product (hmx/tiles.py), and the images the kernel leaves in VTCM.
 
 A mixin of MatmulUnit: it uses the unit's `settings`, `profile` and `weights` (the REPACK store)."""
 

@@ -331,7 +331,7 @@ class RepackedWeight:
 
     def w16_rows(self, r0: int = 0, r1: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """(R, k) float32 of fp16 values: rows r0..r1 of the matrix the HMX path multiplies (what its dequant
-        tasks scatter into weight tiles; see hmx_matmul.py), computed from the ggml blocks (kernels/hmx.py).
+        tasks scatter into weight tiles; see hmx/tiles.py), computed from the ggml blocks (kernels/hmx.py).
         `out`: a C-contiguous float32 scratch of at least R*k elements to write them into (its head is
         returned, shaped (R, k)); the caller's matmul reuses one for all its tiles."""
         rows, dst = w16_destination(self.n, self.k, r0, r1, out)

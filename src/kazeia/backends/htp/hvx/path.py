@@ -1,5 +1,5 @@
 """The HVX path of MUL_MAT on the emulated DSP (matmul.MatmulUnit's HVX half): src1 quantized into VTCM (or
-the per-batch shortcut), the int8 dot (hvx_matmul.py) reading the activations back from VTCM, and the ring and
+the per-batch shortcut), the int8 dot (hvx/dot.py) reading the activations back from VTCM, and the ring and
 dst images each thread leaves.
 
 A mixin of MatmulUnit: it uses the unit's `settings`, `profile` and `weights` (the REPACK store)."""

@@ -1,6 +1,6 @@
 """HVX dynamic quantization of src1 (matmul-ops.c: quantize_f32_q8x4x2, quantize_f32_q8_1x4x2): the byte
 images the HVX matmul writes to VTCM at vtcm_base and reads back, and the fixed-point helpers of the HVX
-quantizer (hvx-inverse.h reciprocal, hvx-base.h rounding int16 conversion). See hvx_matmul.py for the model.
+quantizer (hvx-inverse.h reciprocal, hvx-base.h rounding int16 conversion). See hvx/dot.py for the model.
 """
 
 from __future__ import annotations

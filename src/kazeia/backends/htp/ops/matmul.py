@@ -1,15 +1,15 @@
-"""MUL_MAT on the emulated DSP: op_matmul's dispatch (here), the HMX path (matmul_hmx.py) and the HVX path
-(matmul_hvx.py), and what each leaves in VTCM.
+"""MUL_MAT on the emulated DSP: op_matmul's dispatch (here), the HMX path (hmx/path.py) and the HVX path
+(hvx/path.py), and what each leaves in VTCM.
 
 op_matmul (matmul-ops.c) picks HMX or HVX by its gates and the HMX kernel plans its VTCM layout, returning -1
-when the plan does not fit; both come from plan.plan_for_node, the one plan the cost model, the routing gates
-and the forensic tools also use. What happens after an HMX failure is the profile's: `2026-05` calls op_matmul
-again with the same inputs (each attempt takes a stack frame; the callback thread's stack runs out and the
-DSP process dies), `robust` runs the HVX kernel instead.
+when the plan does not fit; both come from vtcm/matmul/dispatch.py plan_for_node, the one plan the cost model,
+the routing gates and the forensic tools also use. What happens after an HMX failure is the profile's: `2026-05`
+calls op_matmul again with the same inputs (each attempt takes a stack frame; the callback thread's stack runs out
+and the DSP process dies), `robust` runs the HVX kernel instead.
 
 The HVX kernel quantizes src1 into VTCM at vtcm_base unless the per-batch shortcut says the same src1
 descriptor is already there, then reads its activations back FROM VTCM: whatever bytes are there are what
-it multiplies. The numerics are in hvx_matmul.py / hmx_matmul.py.
+it multiplies. The numerics are in hvx/dot.py / hmx/tiles.py.
 """
 
 from __future__ import annotations

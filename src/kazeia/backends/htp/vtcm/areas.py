@@ -1,4 +1,4 @@
-"""VTCM layout arithmetic shared by the layouts (plan.py, scratch_layouts.py, ...): the hex-utils.h helpers, the
+"""VTCM layout arithmetic shared by the layouts (matmul/, op_layouts.py, ...): the hex-utils.h helpers, the
 scratch areas and the bump allocator (vtcm-utils.h) that carve them from vtcm_base. Re-exported by vtcm.py, the
 home of the arena itself."""
 

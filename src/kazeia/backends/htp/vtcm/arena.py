@@ -1,5 +1,5 @@
 """VTCM of the emulated Hexagon NPU: the byte arena (here), its areas and bump allocator and the arithmetic the
-layouts share (vtcm_areas.py, imported from here too).
+layouts share (areas.py, imported from here too).
 
 `Vtcm` is a real byte array that persists across ops and batches and is never cleared (as on the device, where
 correctness relies on each op writing every byte it later reads). How each op carves its scratch out of it is
@@ -184,7 +184,7 @@ class Vtcm:
 
     def write_runs(self, runs: Iterable[tuple[int, np.ndarray]], box: tuple[int, int] | None = None) -> None:
         """`write(offset, data)` for each (offset, data) in order, data already flat uint8 (C-contiguous): the
-        bound op programs of a decode (scratch.py, matmul_hvx.py) write a few thousand small runs a token, so
+        bound op programs of a decode (scratch.py, hvx/path.py) write a few thousand small runs a token, so
         the conversions and calls of `write` are left out; the checks and the bytes are the same. `box`: an
         extent (lo, hi) holding every run, when the caller knows one (no cover needed for the ready writes
         outside it)."""

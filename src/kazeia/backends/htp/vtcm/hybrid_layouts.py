@@ -1,6 +1,6 @@
 """The VTCM scratch of the gated-delta-net layers' ops (SSM_CONV, GATED_DELTA_NET, CONCAT, and the unary ops
 L2_NORM / SIGMOID / SOFTPLUS), as the May 2026 snapshot (ggml-org/ggml bb4dc86a, src/ggml-hexagon/htp/) carves it
-from vtcm_base. The DSP kernels of these ops (hybrid_kernels.py) write the bytes themselves, so their layouts say
+from vtcm_base. The DSP kernels of these ops (ops/hybrid_ops.py) write the bytes themselves, so their layouts say
 `kernel_writes` and the generic row streaming of scratch.py leaves them alone.
 """
 

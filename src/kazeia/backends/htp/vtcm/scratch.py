@@ -1,7 +1,7 @@
 """What the non-matmul ops leave in VTCM, and what they do to the src1 shortcut.
 
 Each HVX op streams its rows through per-thread ping-pong spads carved from vtcm_base (layouts in
-scratch_layouts.py, read from the upstream op files). After the op, those spads hold real bytes of its inputs
+op_layouts.py, read from the upstream op files). After the op, those spads hold real bytes of its inputs
 and outputs, and the next op that trusts VTCM without writing it first reads them. We write, for every area the
 layout says the op touches, the rows of the tensor that area streams (thread t's first block in half 0, its
 second in half 1), so stale bytes are the genuine leftovers of the previous op. The src1 shortcut is then
