@@ -71,7 +71,7 @@ def test_ssm_conv_cost_follows_each_versions_kernel():
     node = gb.ssm_conv(sx, c)  # one token, 2048 channels, kernel 3
     macs = 2048 * 3
     assert ssm_conv_seconds(node, COST) == pytest.approx(macs / COST.dsp_scalar_macs_per_s + COST.op_overhead_s)
-    assert ssm_conv_seconds(node, COST, october=True) == pytest.approx(
+    assert ssm_conv_seconds(node, COST, always_hvx=True) == pytest.approx(
         macs / COST.hvx_f32_macs_per_s + 2 * sx.nbytes / COST.hvx_stream_bytes_per_s + COST.op_overhead_s)
 
 

@@ -18,7 +18,6 @@ from kazeia.backends.htp import (
     PROFILES,
     MatmulPlan,
     bank_crossings,
-    get_profile,
     matmul_node,
     plan_for_node,
 )
@@ -93,7 +92,7 @@ def plan_from_args(args: argparse.Namespace) -> MatmulPlan:
     threads = args.threads if args.threads is not None else s.nhvx
     if not 1 <= threads <= MAX_HVX_THREADS:
         raise KazeiaError(f"--threads must be 1..{MAX_HVX_THREADS}")
-    if args.qtype in K_PLAN_TYPES and not get_profile(s.profile).october:
+    if args.qtype in K_PLAN_TYPES and not s.caps.host_solves_plans:
         raise KazeiaError(f"--type {args.qtype}: {s.profile}'s ggml-hexagon takes no K-quant weights (its supports_op "
                           "leaves such a MUL_MAT to the CPU); October's plans them: --htp-profile 2026-10")
     if args.no_hmx:  # (2026-05: GGML_HEXAGON_USE_HMX=0; 2026-10: GGML_HEXAGON_NHMX=0)

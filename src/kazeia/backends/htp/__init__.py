@@ -25,8 +25,8 @@ import importlib
 _FACE = {
     "kazeia.backends.htp.backend": ("HtpBackend",),
     "kazeia.backends.htp.settings": ("HtpSettings", "DEFAULT_HVX_THREADS", "DEFAULT_VTCM", "MAX_HVX_THREADS"),
-    "kazeia.backends.htp.profiles": ("FAULTS", "LATEST_PROFILE", "PROFILES", "REPORTED", "Profile",
-                                     "check_faults", "get_profile"),
+    "kazeia.backends.htp.profiles": ("FAULTS", "GENERATIONS", "LATEST_PROFILE", "PROFILES", "REPORTED",
+                                     "Capabilities", "Profile", "capabilities", "check_faults", "get_profile"),
     "kazeia.backends.htp.archs": ("KNOWN_ARCHS", "arch_profile", "describe_archs", "host_vmem_budget",
                                   "october_shm_bytes", "parse_arch", "session_refusal"),
     "kazeia.backends.htp.msg": ("STATUS_NAMES", "STATUS_OK", "DeviceState"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kazeia.backends.htp.profiles import capabilities
 from kazeia.errors import KazeiaError
 
 MiB = 1 << 20
@@ -42,7 +43,7 @@ def october_shm_bytes(opbatch: int = 1280, opqueue: int = 32) -> int:
 def host_vmem_budget(vmem_bytes: int, generation: str, opbatch: int = 1280, opqueue: int = 32) -> int:
     """The host's VMEM budget per batch (ggml_hexagon_session::allocate: max_vmem) from opt_vmem: 2026-10
     subtracts its op queue's shared memory (when opt_vmem is larger), 2026-05 does not."""
-    if generation != "2026-10":
+    if not capabilities(generation).queue_shm_in_vmem:
         return vmem_bytes
     shm = october_shm_bytes(opbatch, opqueue)
     return vmem_bytes - shm if vmem_bytes > shm else vmem_bytes
@@ -64,20 +65,19 @@ class ArchProfile:
     @property
     def opens(self) -> bool:
         """Whether a session opens at all on a device of this arch."""
-        return self.skel and (self.generation != "2026-10" or self.arch >= 73)
+        return self.skel and self.arch >= capabilities(self.generation).min_session_arch
 
 
 def arch_profile(arch: int, generation: str) -> ArchProfile:
     """The profile of a device of `arch` under the code generation `generation`."""
     if arch not in KNOWN_ARCHS:
         raise KazeiaError(f"Hexagon arch v{arch} is not modelled (known: {', '.join(f'v{a}' for a in KNOWN_ARCHS)})")
-    if generation not in SKELS:
-        raise KazeiaError(f"no arch table for code generation {generation!r}")
+    caps = capabilities(generation)
     return ArchProfile(
         arch=arch, generation=generation, skel=arch in SKELS[generation], hmx=arch in HMX_SKELS[generation],
         ieee_f32_add=arch >= 79, vmem_bytes=VMEM_DEFAULT if arch >= 75 else VMEM_BELOW_V75,
-        mmap_slots=MMAP_SLOTS[generation], defrag=generation == "2026-10",
-        dma64=generation == "2026-10" and arch > 79, vtcm_bytes=VTCM_ASSUMED)
+        mmap_slots=MMAP_SLOTS[generation], defrag=caps.mapping_defrag, dma64=arch > caps.dma64_above_arch,
+        vtcm_bytes=VTCM_ASSUMED)
 
 
 def parse_arch(raw: str, where: str = "GGML_HEXAGON_ARCH") -> int:

@@ -85,7 +85,7 @@ class HtpBackend(Backend):
         return self._supported.get(node, lambda: (src, supports_op(node, self.settings)), lambda h: h[0] is src)[1]
 
     def begin_graph(self, graph: Graph) -> None:
-        if self.profile.october:
+        if self.profile.caps.async_graph_compute:
             self.host.check_graph_compute()
         super().begin_graph(graph)
         if self.host.fuser is not None:  # the FUSEABLE tags of graph_compute (fusion.py)
@@ -120,7 +120,7 @@ class HtpBackend(Backend):
     def end_graph(self) -> None:
         """2026-05 flushes at graph end; 2026-10's graph_compute returns with the batch still open (it goes out at
         the next synchronize, get-tensor, or when full)."""
-        if not self.profile.october:
+        if not self.profile.caps.async_graph_compute:
             self.synchronize()
         else:  # graph_compute's last check: an error a full queue's flush read while the graph was enqueued
             self.host.check_graph_compute()

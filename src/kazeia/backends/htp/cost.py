@@ -138,13 +138,13 @@ def gated_delta_net_seconds(node: Tensor, c: CostModel = DEFAULT) -> float:
     return macs / c.hvx_f32_macs_per_s + dma + c.op_overhead_s
 
 
-def ssm_conv_seconds(node: Tensor, c: CostModel = DEFAULT, october: bool = False) -> float:
+def ssm_conv_seconds(node: Tensor, c: CostModel = DEFAULT, always_hvx: bool = False) -> float:
     """d_conv MACs per output (node.src[1].ne[0] = d_conv, node.ne = d_inner, n_t, n_s): under May's code the scalar
     loop below 32 tokens (or 32 channels), HVX from there with the transposes into VTCM (about twice the input
-    bytes); October's code runs HVX always (ssm-conv.c: its decode and prefill kernels)."""
+    bytes); `always_hvx`: October's code runs HVX always (ssm-conv.c: its decode and prefill kernels)."""
     d_inner, n_t, n_s = node.ne[0], node.ne[1], node.ne[2]
     macs = d_inner * n_t * n_s * node.src[1].ne[0]
-    if not october and (n_t < 32 or d_inner < 32):
+    if not always_hvx and (n_t < 32 or d_inner < 32):
         return macs / c.dsp_scalar_macs_per_s + c.op_overhead_s
     return macs / c.hvx_f32_macs_per_s + 2 * node.src[0].nbytes / c.hvx_stream_bytes_per_s + c.op_overhead_s
 
@@ -189,7 +189,7 @@ def op_seconds(node: Tensor, settings: HtpSettings, c: CostModel = DEFAULT) -> O
         return OpCost(node.name, node.op, "HTP0/hvx", gated_delta_net_seconds(node, c))
     if node.op == "SSM_CONV":
         return OpCost(node.name, node.op, "HTP0/hvx",
-                      ssm_conv_seconds(node, c, october=settings.profile_generation == "2026-10"))
+                      ssm_conv_seconds(node, c, always_hvx=settings.caps.ssm_conv_always_hvx))
     return OpCost(node.name, node.desc(), "HTP0/hvx", elementwise_seconds(node, c))
 
 
@@ -227,7 +227,7 @@ def _folded(nodes: list[Tensor], settings: HtpSettings) -> set[Tensor]:
     consecutive HTP nodes; the batch table's room is not checked here)."""
     from kazeia.backends.htp.host.fusion import fuseable_nodes, pair_fusion
 
-    if settings.profile_generation != "2026-10" or settings.opfusion <= 0:
+    if not settings.caps.op_fusion or settings.opfusion <= 0:
         return set()
     tags = fuseable_nodes(nodes)
     return {n for prev, n in zip(nodes, nodes[1:])

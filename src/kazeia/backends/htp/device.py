@@ -55,7 +55,7 @@ class Dsp:
         self.race = np.random.default_rng(settings.race_seed)
         self.injector = None  # test deaths (engine/recovery.py: DeathInjector): tick() before each op
         # 2026-10's lazy L2 bookkeeping (l2.py): None under the May profiles
-        self.l2 = L2Recorder(n_threads=settings.nhvx) if profile.october else None
+        self.l2 = L2Recorder(n_threads=settings.nhvx) if profile.caps.lazy_l2 else None
 
     def snapshot(self) -> DeviceState:
         return DeviceState(self.vtcm.mem.copy(), self.hmx_scale, self.dma_stale_pop,

@@ -16,6 +16,54 @@ from kazeia.errors import KazeiaError
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What one upstream code generation of ggml-hexagon does, as the questions the units ask: no unit compares a
+    version's name, each reads the capability it depends on (GENERATIONS has one per snapshot; a test builds a
+    third by changing some). The facts and their upstream sources are in each profile's description and in the
+    units that implement them."""
+    generation: str            # the snapshot's name, shown to users ("2026-05", "2026-10")
+    # the host solves every MUL_MAT plan (kernel params), sizes the other ops' layouts itself, and its supports_op
+    # has no row limits and takes K-quant weights; the DSP only re-checks the host's layouts against its grant
+    host_solves_plans: bool
+    hvx_dot_order: str         # "lanes" (32 lanes, then a tree) or "sequential" (one accumulator, K order)
+    env_selects: bool          # GGML_HEXAGON_NHMX / MM_SELECT / FA_SELECT / GDN_SELECT / OPFUSION (else USE_HMX)
+    op_fusion: bool            # ops fused on the host (RMS_NORM+MUL, MUL_MAT+ADD, MUL_MAT_NX) under OPFUSION
+    async_graph_compute: bool  # graph_compute returns with the batch open (no flush at graph end)
+    lazy_l2: bool              # the DSP tracks dirty L2 ranges and flushes them lazily (hex-l2)
+    host_batch_limits: bool    # the host closes a batch when its op or tensor slots are full
+    op_line_with_plan: bool    # GGML_HEXAGON_VERBOSE's op line carries the host's plan
+    ssm_conv_always_hvx: bool  # SSM_CONV runs its HVX kernel at every size (else small ones are scalar)
+    # the VTCM images of the non-matmul ops are May's layouts (forensic data); with host-solved layouts kazeia
+    # does not restate them, and nothing reads them back
+    op_scratch_images: bool
+    queue_shm_in_vmem: bool    # the op queue's pinned shared memory comes out of the VMEM budget
+    mapping_defrag: bool       # a failed DSP mapping drops every 32-bit mapping and retries once before abort()
+    dma64_above_arch: int      # archs above this map weights through 64-bit "extended" mappings (99: none)
+    min_session_arch: int      # below this arch no session opens (the autodetection caps it to an absent skel)
+
+
+GENERATIONS: dict[str, Capabilities] = {c.generation: c for c in (
+    Capabilities(generation="2026-05", host_solves_plans=False, hvx_dot_order="lanes", env_selects=False,
+                 op_fusion=False, async_graph_compute=False, lazy_l2=False, host_batch_limits=False,
+                 op_line_with_plan=False, ssm_conv_always_hvx=False, op_scratch_images=True,
+                 queue_shm_in_vmem=False, mapping_defrag=False, dma64_above_arch=99, min_session_arch=0),
+    Capabilities(generation="2026-10", host_solves_plans=True, hvx_dot_order="sequential", env_selects=True,
+                 op_fusion=True, async_graph_compute=True, lazy_l2=True, host_batch_limits=True,
+                 op_line_with_plan=True, ssm_conv_always_hvx=True, op_scratch_images=False,
+                 queue_shm_in_vmem=True, mapping_defrag=True, dma64_above_arch=79, min_session_arch=73),
+)}
+
+
+def capabilities(generation: str) -> Capabilities:
+    """The capabilities of an upstream code generation by its name: the one place a version's name is looked up,
+    so an unknown one is refused here, in one line."""
+    c = GENERATIONS.get(generation)
+    if c is None:
+        raise KazeiaError(f"unknown ggml-hexagon code generation {generation!r} (modelled: {', '.join(GENERATIONS)})")
+    return c
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -60,9 +108,19 @@ class Profile:
     default_opbatch: int = 1024
     default_opqueue: int = 16
 
+    # which llama.cpp graph its users build: "2026-05" (May's llama.cpp: an F32 KQ mask and its F16 cast, before
+    # #23764) or "2026-10" (today's); robust is May's backend under today's llama.cpp
+    llama_graph: str = "2026-10"
+    # a test-only profile's own capabilities (else its generation's)
+    capabilities: Capabilities | None = None
+
+    def __post_init__(self) -> None:
+        if self.capabilities is None:
+            object.__setattr__(self, "capabilities", capabilities(self.generation))
+
     @property
-    def october(self) -> bool:
-        return self.generation == "2026-10"
+    def caps(self) -> Capabilities:
+        return self.capabilities
 
 
 PROFILES: dict[str, Profile] = {
@@ -76,6 +134,7 @@ PROFILES: dict[str, Profile] = {
         plan_counts_rounding=False,
         hmx_failure="reenter",
         surface_status=False,
+        llama_graph="2026-05",
     ),
     "robust": Profile(
         name="robust",
@@ -193,6 +252,6 @@ def check_faults(names: tuple[str, ...] | list[str], profile: str | None = None)
     for n in names:
         if n not in FAULTS:
             raise KazeiaError(f"unknown HTP fault '{n}' (have: {', '.join(FAULTS)})")
-        if profile is not None and n in ONLY_IN and get_profile(profile).generation != ONLY_IN[n]:
+        if profile is not None and n in ONLY_IN and get_profile(profile).caps.generation != ONLY_IN[n]:
             raise KazeiaError(f"HTP fault '{n}' models {ONLY_IN[n]} code; the {profile} profile does not have it")
     return tuple(names)

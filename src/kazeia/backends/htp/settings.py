@@ -95,7 +95,7 @@ class HtpSettings:
     @property
     def hmx_enabled(self) -> bool:
         """Does the host let MUL_MAT use HMX at all? 2026-05: USE_HMX; 2026-10: NHMX != 0 and MM_SELECT >= 2."""
-        if self.profile_generation == "2026-10":
+        if self.caps.env_selects:
             return self.nhmx != 0 and self.mm_select >= 2
         return self.use_hmx
 
@@ -103,19 +103,25 @@ class HtpSettings:
     def fa_hmx_enabled(self) -> bool:
         """May be FLASH_ATTN_EXT use HMX? 2026-05: USE_HMX; 2026-10: NHMX != 0 and FA_SELECT >= 2
         (ggml_hexagon_precompute_flash_attn_params' HMX gate)."""
-        if self.profile_generation == "2026-10":
+        if self.caps.env_selects:
             return self.nhmx != 0 and self.fa_select >= 2
         return self.use_hmx
 
     @cached_property  # read per op: kept in the instance's __dict__ (frozen fields are untouched)
-    def profile_generation(self) -> str:
+    def caps(self):
+        """The profile's capabilities (profiles.Capabilities): what its upstream code does."""
         from kazeia.backends.htp.profiles import get_profile
 
-        return get_profile(self.profile).generation
+        return get_profile(self.profile).caps
+
+    @property
+    def profile_generation(self) -> str:
+        """The upstream snapshot's name, for display and the arch tables."""
+        return self.caps.generation
 
     def fusion_enabled(self, name: str) -> bool:
         """ggml_hexagon_is_fusion_enabled for a fusion by its upstream name (FUSION_FLAGS)."""
-        if self.profile_generation != "2026-10" or self.opfusion <= 0:
+        if not self.caps.op_fusion or self.opfusion <= 0:
             return False
         return self.opfusion == 1 or bool(self.opfusion & FUSION_FLAGS[name])
 
@@ -140,7 +146,7 @@ class HtpSettings:
         """The VTCM the DSP works in (main.c: vtcm_alloc's grant); the 2026-10 host plans against `vtcm_bytes`.
         Under 2026-05 the DSP plans every op itself against what it has, so there the grant is simply the session's
         VTCM (--vtcm) and this knob does not apply."""
-        if self.profile_generation != "2026-10":
+        if not self.caps.host_solves_plans:
             return self.vtcm_bytes
         if self.vtcm_grant is not None:
             return self.vtcm_grant
@@ -191,7 +197,7 @@ class HtpSettings:
 
         arch_raw = merged.get("GGML_HEXAGON_ARCH")
         arch = parse_arch(arch_raw) if arch_raw not in (None, "") else DEFAULT_ARCH
-        october = prof.generation == "2026-10"
+        october = prof.caps.env_selects  # (the October env: NHMX, *_SELECT, OPFUSION; USE_HMX gone)
         selects = {k: _int(merged, f"GGML_HEXAGON_{k.upper()}", 2) for k in ("mm_select", "fa_select", "gdn_select")}
         for k, v in selects.items():
             if v not in (0, 1, 2):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kazeia.backends.htp import (
     DEFAULT,
     KNOWN_ARCHS,
+    LATEST_PROFILE,
     PHONE_CPU,
     arch_profile,
     get_profile,
@@ -144,16 +145,16 @@ def safest_settings(r: ConfigResult, report: CheckReport, archs: tuple[int, ...]
         out.append("GGML_HEXAGON_USE_HMX=0 (every MUL_MAT on HVX)")
     if "risk" in outcomes:
         out.append("GGML_HEXAGON_NHMX=0 or GGML_HEXAGON_MM_SELECT=1 (the workarounds of #26123)")
-    if c.generation != "2026-10":
+    if c.profile != LATEST_PROFILE:
         ups = {}
         for a in archs or (c.arch,):
             try:
-                ups[a] = report.result("2026-10", a, c.vtcm, c.ubatch).verdict
+                ups[a] = report.result(LATEST_PROFILE, a, c.vtcm, c.ubatch).verdict
             except KeyError:
                 continue
         fixed = [f"v{a}" for a, v in ups.items() if v not in FAILING]
         if fixed:
             left = [f"v{a}: {v}" for a, v in ups.items() if v in FAILING]
-            out.append(f"upgrade: 2026-10 runs every class on {', '.join(fixed)}"
+            out.append(f"upgrade: {LATEST_PROFILE} runs every class on {', '.join(fixed)}"
                        + (f" (not on {', '.join(left)})" if left else ""))
     return out

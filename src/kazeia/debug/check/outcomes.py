@@ -47,7 +47,12 @@ class Config:
 
     @property
     def generation(self) -> str:
-        return get_profile(self.profile).generation
+        return self.caps.generation
+
+    @property
+    def caps(self):
+        """The profile's capabilities (what its upstream code does)."""
+        return get_profile(self.profile).caps
 
     def key(self) -> str:
         return f"{self.profile} v{self.arch} vtcm={self.vtcm} ub={self.ubatch}" + (
@@ -96,7 +101,7 @@ class Range:
 def _unsupported(c: Config, qtype: str, k: int, n: int, m: int) -> str | None:
     """Why the version's supports_op leaves this MUL_MAT to the CPU, or None (a F32 src1, a weight in the device's
     weight buffer, contiguous)."""
-    if c.generation == "2026-10":
+    if c.caps.host_solves_plans:  # supports_op without row limits; K-quants planned
         if qtype in OCT_QUANT:
             return f"K={k} is not a multiple of {256 if qtype.endswith('_k') else 32}" if k % (
                 256 if qtype.endswith("_k") else 32) else None
@@ -141,7 +146,7 @@ class Planner:
     def _per_sequence(c: Config, hmx_built: bool, w: WeightClass, m: int) -> Step:
         """A MUL_MAT whose src1 is [K, T, n_seqs] (a recurrent layer's ssm_out in llama.cpp's graph, weights.py):
         May's supports_op refuses a quantized one with src1 ne[2] != 1; October plans it batched."""
-        if c.generation != "2026-10":
+        if not c.caps.host_solves_plans:
             if w.qtype not in MAY_QUANT:
                 return Step("cpu", "cpu", 0, None, None, f"{w.qtype} weights are not supported")
             return Step("cpu", "cpu", 0, None, None, f"src1 [K, T, {c.n_seq} sequences]: May's supports_op refuses a "

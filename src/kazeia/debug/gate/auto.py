@@ -109,7 +109,7 @@ def _switches(settings: HtpSettings) -> dict[str, str]:
     memory = {"GGML_HEXAGON_MBUF": str(settings.mbuf_mib)}  # (the VMEM budget a batch maps against)
     if settings.vmem_mib is not None:
         memory["GGML_HEXAGON_VMEM"] = str(settings.vmem_mib)
-    if settings.profile_generation != "2026-10":
+    if not settings.caps.env_selects:
         return {"GGML_HEXAGON_USE_HMX": str(int(settings.use_hmx)), **memory}
     env = {f"GGML_HEXAGON_{k.upper()}": str(getattr(settings, k))
            for k in ("nhmx", "mm_select", "fa_select", "gdn_select", "opfusion")}

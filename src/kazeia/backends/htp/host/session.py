@@ -128,7 +128,7 @@ class HostSession:
         self._replayed = 0
         self._recording: BatchRecord | None = None
         # 2026-10 op fusion (fusion.py): None when the profile or GGML_HEXAGON_OPFUSION has none
-        self.fuser = Fuser(settings, self.max_tensors) if profile.october and settings.opfusion > 0 else None
+        self.fuser = Fuser(settings, self.max_tensors) if profile.caps.op_fusion and settings.opfusion > 0 else None
 
     def _new_batch(self, seq: int) -> OpBatch:
         s = self.settings
@@ -170,7 +170,8 @@ class HostSession:
             return self._enqueued(node, fused=True)
         if not self._batch.fits(node, self.settings.opbatch, self.max_tensors):
             self.flush_batch()
-            if self.profile.october and not self._batch.fits(node, self.settings.opbatch, self.max_tensors):
+            if self.profile.caps.host_batch_limits and not self._batch.fits(node, self.settings.opbatch,
+                                                                             self.max_tensors):
                 needs = self._batch._extra_vmem(op_tensors(node))
                 raise HostAbortError(f"ggml-hex: {self.name} op does not fit into empty batch (vmem/tensor/buffer "
                                      f"limit exceeded): {node.op} {node.name} maps {needs} B, max_vmem "
@@ -206,7 +207,7 @@ class HostSession:
         """What the host does once an op is in the open batch: the VERBOSE line (not for a node merged into the
         last op: upstream logs "fused ..." instead), the team's instrumentation."""
         if self.settings.verbose and not fused:
-            self.log(op_desc_line_2026_10(node, self.name, self.settings) if self.profile.october
+            self.log(op_desc_line_2026_10(node, self.name, self.settings) if self.profile.caps.op_line_with_plan
                      else op_desc_line(node, self.name))
         if self.settings.oplog or self.op_dump is not None:
             # the host clock only decides what a host read sees (advance): without one, its per-op step is not drawn

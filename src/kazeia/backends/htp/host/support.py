@@ -273,7 +273,7 @@ def supports_op(node: Tensor, settings: HtpSettings) -> bool:
     if node.op == "GLU":  # ggml_hexagon_supported_activations: SWIGLU and GEGLU, split or fused
         return node.params["glu_op"] in GLU_OPS and _activation(node)
     checks = _CHECKS
-    if settings.profile_generation == "2026-10":
+    if settings.caps.host_solves_plans:
         if node.op == "MUL_MAT":
             return mul_mat_2026_10(node, settings)
         if (node.op == "FLASH_ATTN_EXT" and settings.fa_select == 0) or (

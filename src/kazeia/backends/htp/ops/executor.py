@@ -126,7 +126,7 @@ class FastOp:
         except (TypeError, RuntimeError):  # a block-typed source (a quantized embedding) or no buffer
             return False
         views = None
-        if sc.writes and not sc.info.get("kernel_writes") and not dsp.profile.october:  # (as ScratchWriter.write)
+        if sc.writes and not sc.info.get("kernel_writes") and dsp.profile.caps.op_scratch_images:  # (ScratchWriter)
             views = b.program.bind(dsp, node)
             if views is None:
                 return False  # padded or strided rows: written run by run
@@ -189,7 +189,7 @@ class Executor:
                             lambda b: b.src is node.src and b.route_path == node.route_path)
         placement = op.placement
         if b.granted_short is None:
-            b.granted_short = self.profile.october and b.sc.used > self.settings.dsp_vtcm_bytes
+            b.granted_short = self.profile.caps.host_solves_plans and b.sc.used > self.settings.dsp_vtcm_bytes
         if b.granted_short:  # 2026-10: the kernel checks its host-sized layout against what the DSP was granted
             dsp.farf("ERROR", f"{node.desc()}: VTCM reservation {self.settings.dsp_vtcm_bytes} is too small, "
                               f"needed {b.sc.used}")

@@ -79,7 +79,8 @@ class MatmulUnit(HmxPath, HvxPath):
     # --- op_matmul ---
     def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
         node, placement = op.node, op.placement
-        if placement is not None and binding() and not self.profile.october:  # (bound: May's HVX kernels)
+        # (bound: the HVX kernels of the DSP-planned code)
+        if placement is not None and binding() and not self.profile.caps.host_solves_plans:
             b = self._bound.get(node, lambda: self._bind(dsp, node, placement),
                                 lambda b: b is None or b.matches(node, dsp, placement))
             if b is not None:
@@ -106,7 +107,7 @@ class MatmulUnit(HmxPath, HvxPath):
         return self._plans.get(key, lambda: plan_for_node(node, self.settings))
 
     def _op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
-        if self.profile.october:
+        if self.profile.caps.host_solves_plans:
             return self._op_matmul_2026_10(dsp, octx, op, plan)
         node = op.node
         w, x = node.src[0], node.src[1]

@@ -92,9 +92,9 @@ def concat_scratch(src0: Tensor, src1: Tensor, dst: Tensor, dim: int, n_threads:
 
 
 def hybrid_scratch(node: Tensor, n_threads: int, vtcm_size: int, padded_ssm_conv: bool,
-                   october: bool = False) -> OpScratch | None:
-    """The layout of one of these ops, or None for the others. `october`: 2026-10's SSM_CONV runs an HVX kernel at
-    every size (ssm-conv.c: its decode and prefill kernels); kazeia lays it out as May's HVX kernel."""
+                   ssm_conv_always_hvx: bool = False) -> OpScratch | None:
+    """The layout of one of these ops, or None for the others. `ssm_conv_always_hvx`: 2026-10's SSM_CONV runs an
+    HVX kernel at every size (ssm-conv.c: its decode and prefill kernels); kazeia lays it out as May's HVX kernel."""
     op = node.op
     if op == "L2_NORM" or (op == "UNARY" and node.params["unary_op"] in UNARY_OPS):
         name = op if op == "L2_NORM" else f"UNARY_{node.params['unary_op']}"
@@ -102,7 +102,7 @@ def hybrid_scratch(node: Tensor, n_threads: int, vtcm_size: int, padded_ssm_conv
     if op == "SSM_CONV":
         sx, c = node.src[0], node.src[1]
         return ssm_conv_scratch(sx.ne[0], sx.ne[1], node.ne[1], c.ne[0], n_threads, vtcm_size, padded_ssm_conv,
-                                always_hvx=october)
+                                always_hvx=ssm_conv_always_hvx)
     if op == "GATED_DELTA_NET":
         v = node.src[2]
         return gdn_scratch(v.ne[0], v.ne[2], n_threads, vtcm_size)

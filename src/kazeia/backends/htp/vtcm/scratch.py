@@ -69,7 +69,7 @@ def op_scratch(node: Tensor, settings: HtpSettings) -> OpScratch:
     # against the session's full size, can meet a smaller grant
     s, nt, vt = settings, settings.nhvx, settings.dsp_vtcm_bytes
     prof = get_profile(settings.profile)
-    hybrid = hybrid_scratch(node, nt, vt, prof.ssm_conv_padded_weight_stride, prof.october)
+    hybrid = hybrid_scratch(node, nt, vt, prof.ssm_conv_padded_weight_stride, prof.caps.ssm_conv_always_hvx)
     if hybrid is not None:
         return hybrid
     op = node.op
@@ -130,7 +130,8 @@ class ScratchWriter:
         """Leave the op's bytes in every area it writes (the gated-delta-net ops' kernels write their own).
         `program`: `self.program(node, sc)`, or a ScratchBinding of it, when the caller keeps one (the executor
         binds one per node)."""
-        if not sc.writes or sc.info.get("kernel_writes") or getattr(self.profile, "october", False):
+        host_sized = self.profile is not None and not self.profile.caps.op_scratch_images
+        if not sc.writes or sc.info.get("kernel_writes") or host_sized:
             # (2026-10: these ops' layouts are host-solved ones kazeia does not restate; their May images would be
             # forensic data of a layout October does not have, and nothing in 2026-10 reads them back: the src1
             # shortcut dies with each op. Their VTCM is left as it was.)

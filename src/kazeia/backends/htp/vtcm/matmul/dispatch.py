@@ -62,7 +62,7 @@ def plan_matmul(m: int, k: int, n: int, qtype: str = "q4_0", *, vtcm_size: int =
     to (with the failed attempt in `hmx_attempt`). Batched F16 HMX is planned per batch (the legacy loop).
     `batch_rows`, `group_size`: a batched MUL_MAT's rows per src1 head and src1 heads per weight head (2026-10's
     solver reads them; plan_for_node passes them from the node)."""
-    if get_profile(check_profile(profile)).october:
+    if get_profile(check_profile(profile)).caps.host_solves_plans:
         return plan_matmul_2026_10(m, k, n, norm_qtype(qtype), vtcm_size=vtcm_size, n_threads=n_threads,
                                    hmx_enabled=hmx_enabled, hmx_built=hmx_built, batched=batched, permuted=permuted,
                                    batch_rows=batch_rows, group_size=group_size, profile=profile)
@@ -120,7 +120,7 @@ def plan_for_node(node: Tensor, settings: HtpSettings, m: int | None = None, src
     if w.type == GGMLType.F16 and x.type in (GGMLType.F32, GGMLType.F16):
         act_stride = x.nb[1] // (4 if x.type == GGMLType.F32 else 2)  # src1 row stride in elements
     hmx_on = settings.hmx_enabled and node.route_path != "hvx"
-    if get_profile(settings.profile).october:
+    if settings.caps.host_solves_plans:
         rows = x.ne[1] if m is None else m
         return plan_matmul_2026_10(rows * x.ne[2] * x.ne[3], w.ne[0], w.ne[1],
                                    norm_qtype(w.type), vtcm_size=settings.vtcm_bytes, n_threads=settings.nhvx,
