@@ -23,7 +23,7 @@ import tempfile
 import time
 
 from kazeia.backends.htp import HtpSettings
-from kazeia.engine.modeled import modeled_prefill_tps
+from kazeia.debug.modeled import modeled_prefill_tps
 from kazeia.engine.session import RunSpec, build_context, prompt_ids
 from kazeia.gguf.writer import preset, write_model
 from kazeia.models.base import ModelArgs

@@ -267,7 +267,7 @@ def test_the_cost_model_prices_october_paths_and_fusion():
     shapes is priced on HMX under 2026-10 (HVX under robust, where HMX starts at 32), and fusion removes the folded
     ops' time; the plans priced are the ones the backend runs (plan_for_node)."""
     from kazeia.backends.htp import graph_seconds
-    from kazeia.engine.modeled import modeled_prefill_tps
+    from kazeia.debug.modeled import modeled_prefill_tps
     from kazeia.graph.tensor import GGMLType
     from kazeia.models.base import ModelArgs
     from kazeia.models.shapes import prefill_graphs

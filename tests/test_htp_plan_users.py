@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from kazeia.backends.base import Hook
+from kazeia.backends.htp import VtcmPlanGate
 from kazeia.backends.htp.cost import op_seconds
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node, src_layout
 from kazeia.debug.investigate.facts import PlanScan
 from kazeia.debug.runner import run
-from kazeia.engine.gates import VtcmPlanGate
 from kazeia.engine.session import RunSpec
 
 M = 40  # prompt tokens: M >= 32 sends eligible matmuls to HMX
@@ -154,10 +154,10 @@ def test_the_gate_keeps_a_dying_run_alive(tiny_qwen3_q4, vtcm_sizes):
 
 
 def test_the_cost_model_prices_graphs_its_callers_build():
-    """kazeia.engine.modeled builds the real Qwen3-4B prefill graph from shapes (kazeia.models.shapes) and the
+    """kazeia.debug.modeled builds the real Qwen3-4B prefill graph from shapes (kazeia.models.shapes) and the
     HTP cost model prices it: the calibration the cost model's docstring states (about 300 t/s with HMX, about
     41 without, for 256 tokens), and HMX off is slower by the same plans the backend runs."""
-    from kazeia.engine.modeled import modeled_prefill_tps
+    from kazeia.debug.modeled import modeled_prefill_tps
     from kazeia.models.base import ModelArgs
 
     qwen3_4b = ModelArgs(arch="qwen3", n_layer=36, n_embd=2560, n_ff=9728, n_head=32, n_head_kv=8, head_dim=128,

@@ -133,5 +133,9 @@ class Backend:
         """Let `injector.tick()` (called before each op the device starts) kill the session; False: no device."""
         return False
 
+    def make_gate(self, name: str):
+        """This device's routing gate called `name` (engine/gates.py DEVICE_GATES), or None when it has none."""
+        return None
+
     def close(self) -> None:
         """Release resources (device sessions)."""

@@ -27,6 +27,8 @@ class Device:
     about: str
     make: Callable[[DeviceOptions, object], list[Backend]]  # (options, REF weight cache) -> backends
     aliases: tuple[str, ...] = ()
+    # the device's own settings read from the options as its backend reads them (HTP: HtpSettings), for the tools
+    settings: Callable[[DeviceOptions], object] | None = None
 
 
 def _cpu(opts: DeviceOptions, cache) -> list[Backend]:
@@ -48,9 +50,16 @@ def _htp(opts: DeviceOptions, cache) -> list[Backend]:
     return [HtpBackend.from_options(opts), CpuBackend()]
 
 
+def _htp_settings(opts: DeviceOptions):
+    from kazeia.backends.htp import HtpSettings
+
+    return HtpSettings.from_options(opts)
+
+
 DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("CPU", "float32: native AVX2 kernels (or numba/numpy), weights read from their quantized bytes", _cpu),
-    Device("HTP0", "the emulated Hexagon NPU (ggml-hexagon); the ops it refuses run on the CPU", _htp, ("HTP",)),
+    Device("HTP0", "the emulated Hexagon NPU (ggml-hexagon); the ops it refuses run on the CPU", _htp, ("HTP",),
+           _htp_settings),
     Device("REF", "float64 oracle", _ref),
 )}
 
@@ -59,6 +68,21 @@ def find_device(name: str) -> Device | None:
     """The device `name` (any case, or an alias) names, or None."""
     key = name.strip().upper()
     return next((d for d in DEVICES.values() if key == d.name or key in d.aliases), None)
+
+
+def device_settings(device: str, opts: DeviceOptions) -> object | None:
+    """The device's own settings under these options (HtpSettings for HTP0), or None for a device without any."""
+    d = find_device(device)
+    return d.settings(opts) if d is not None and d.settings is not None else None
+
+
+def llama_graph(opts: DeviceOptions) -> str:
+    """Which llama.cpp graph a run with these options builds: the one the users of the named HTP profile run
+    (profiles.Profile.llama_graph: "2026-05" for May's, "2026-10" otherwise), whatever the device, so that a
+    reference run (CPU, REF) of an HTP run names its nodes alike."""
+    from kazeia.backends.htp import HtpSettings, get_profile
+
+    return get_profile(HtpSettings.from_options(opts).profile).llama_graph
 
 
 def make_backends(device: str, opts: DeviceOptions | None = None, cache=None) -> list[Backend]:

@@ -229,12 +229,11 @@ def node_ranges(text: str) -> str:
 
 def gate(text: str) -> str:
     """--gate 'vtcm-plan' or 'weight=REGEX,m=LO-HI', parsed now (the HTP settings are applied later)."""
-    from kazeia.backends.htp import HtpSettings
     from kazeia.engine.gates import parse_gate
     from kazeia.errors import KazeiaError
 
     try:
-        parse_gate(text, HtpSettings())
+        parse_gate(text)
     except KazeiaError as e:
         raise _bad(str(e).removeprefix(f"bad --gate {text!r}: ")) from None
     return text

@@ -101,7 +101,7 @@ def _outcome(side: Side, r: RunResult) -> None:
 
 def _rates(args, settings: HtpSettings, n_prompt: int, n_ubatch: int) -> tuple[float, float]:
     """Modeled prefill t/s of the prompt and decode t/s of one token (the cost model; not a measurement)."""
-    from kazeia.engine.modeled import modeled_prefill_tps
+    from kazeia.debug.modeled import modeled_prefill_tps
 
     return modeled_prefill_tps(args, n_prompt, settings, n_ubatch=n_ubatch), modeled_prefill_tps(args, 1, settings)
 

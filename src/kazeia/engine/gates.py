@@ -1,10 +1,10 @@
 """Routing gates: rules that send a node to another backend before placement asks `supports`.
 
 A gate is a callable node -> backend name | None with a `reason` attribute, installed in the scheduler's
-Router. `VtcmPlanGate` is the one `kazeia investigate` recommends for the HMX VTCM-overflow fault: the host
-can compute, before enqueueing a MUL_MAT, the VTCM plan the DSP will make for it (the plan arithmetic is
-deterministic), and keep on the CPU every MUL_MAT whose plan would not fit, so it never reaches the broken
-fallback. `NodeShapeGate` is the narrow form: named weights and an M range.
+Router. `NodeShapeGate` sends named weights at an M range elsewhere. A device may offer gates of its own by name
+(`Backend.make_gate`): the HTP's `vtcm-plan` (backends/htp/gates.py, the one `kazeia investigate` recommends for
+the HMX VTCM-overflow fault) keeps on the CPU every MUL_MAT whose HMX plan would not fit. The engine builds them by
+asking the run's backends, never by importing a device.
 """
 
 from __future__ import annotations
@@ -12,32 +12,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kazeia.backends.htp import HtpSettings, plan_for_node, supports_op
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Tensor
 from kazeia.limits import safe_regex
-
-
-@dataclass
-class VtcmPlanGate:
-    """MUL_MATs the HTP would send to HMX with a plan that does not fit its VTCM, and no fallback, go to `target`.
-    The plan is the backend's own (plan_for_node with the backend's settings), so the gate sees what op_matmul will
-    see: src1's layout, the arch, GGML_HEXAGON_USE_HMX, the profile, the VTCM size and NHVX."""
-
-    settings: HtpSettings
-    target: str = "CPU"
-    reason: str = "gate: HMX VTCM plan would overflow"
-
-    def __call__(self, node: Tensor) -> str | None:
-        if node.op != "MUL_MAT" or not supports_op(node, self.settings):
-            return None  # not the HTP's: placement sends it elsewhere anyway
-        plan = plan_for_node(node, self.settings)
-        # robust falls back to HVX by itself (its plan is then the HVX one): only a failure with no way out routes
-        return self.target if plan.path == "hmx" and not plan.fits else None
-
-    def describe(self) -> str:
-        return (f"route to {self.target} every MUL_MAT whose HMX VTCM plan does not fit "
-                f"{self.settings.vtcm_bytes} B under profile {self.settings.profile}")
 
 
 @dataclass
@@ -65,10 +42,15 @@ class NodeShapeGate:
         return f"route to {self.target} MUL_MATs of /{self.weight_regex}/ with M in {self.m_lo}..{self.m_hi}"
 
 
-def parse_gate(spec: str, settings: HtpSettings):
-    """`--gate vtcm-plan` or `--gate 'weight=REGEX,m=LO-HI'` (target CPU); `settings`: the HTP's."""
-    if spec == "vtcm-plan":
-        return VtcmPlanGate(settings)
+DEVICE_GATES = ("vtcm-plan",)  # gates a device builds (Backend.make_gate), by the name --gate gives
+
+
+def parse_gate(spec: str, backends: list | None = None):
+    """`--gate vtcm-plan` or `--gate 'weight=REGEX,m=LO-HI'` (target CPU). A device's gate (DEVICE_GATES) is built by
+    the first of `backends` that makes it, else None (no backend of this run would take those nodes); without
+    `backends` it is only checked (the command line's parse)."""
+    if spec in DEVICE_GATES:
+        return next((g for b in backends or () if (g := b.make_gate(spec)) is not None), None)
     fields = dict(kv.split("=", 1) for kv in spec.split(",") if "=" in kv)
     try:
         lo, hi = (int(v) for v in fields["m"].split("-"))

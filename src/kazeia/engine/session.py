@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from kazeia.backends.devices import DeviceOptions, make_backends
+from kazeia.backends.devices import DeviceOptions, device_settings, llama_graph, make_backends
 from kazeia.backends.ref import WeightCache
 from kazeia.engine.context import Context, Model
 from kazeia.engine.default_model import default_model_path
@@ -27,6 +27,8 @@ from kazeia.graph.tensor import GGMLType
 
 SYNC_ENV = {"GGML_HEXAGON_OPBATCH": "1", "GGML_HEXAGON_OPQUEUE": "1"}  # --sync: one op per batch, waited on
 KV_TYPES = {"f16": GGMLType.F16, "f32": GGMLType.F32, "q8_0": GGMLType.Q8_0}  # -ctk / -ctv
+LLAMA_GRAPHS = ("2026-05", "2026-10")  # the llama.cpp graphs kazeia builds (RunSpec.graph)
+KQ_MASK_CAST_GRAPHS = ("2026-05",)     # May's llama.cpp: an F32 KQ mask and its F16 cast (before #23764)
 
 
 @dataclass
@@ -68,12 +70,8 @@ class RunSpec:
 
     def htp_settings(self):
         """The HtpSettings an HTP0 run of this spec uses (HtpBackend.from_options on the same options), or None
-        for another device."""
-        if self.device.upper() not in ("HTP0", "HTP"):
-            return None
-        from kazeia.backends.htp import HtpSettings
-
-        return HtpSettings.from_options(self.device_options())
+        for another device (the registry's settings of the device)."""
+        return device_settings(self.device, self.device_options())
 
     def device_options(self) -> DeviceOptions:
         return DeviceOptions(htp_profile=self.htp_profile, vtcm_bytes=self.vtcm, htp_env=dict(self.env),
@@ -229,7 +227,7 @@ def build_context(spec: RunSpec, model: Model | None = None, cache: WeightCache 
     sched = make_scheduler(backends, router, spec.stop_after)
     ctx = Context(model, sched, n_ctx=n_ctx_for(spec, model), n_ubatch=spec.ubatch, flash_attn=spec.flash_attn,
                   type_k=type_k, type_v=type_v, n_seq=spec.n_seq,
-                  kq_mask_cast=graph_generation(spec) == "2026-05")
+                  kq_mask_cast=graph_generation(spec) in KQ_MASK_CAST_GRAPHS)
     if spec.policy:
         from kazeia.engine.policy import Policy
 
@@ -247,12 +245,10 @@ def graph_generation(spec: RunSpec) -> str:
     ("2026-10") for every other profile (robust is May's backend with its defects fixed, not May's llama.cpp),
     whatever the device. A reference run (CPU, REF) of an HTP run pins it, so the two name their nodes alike."""
     if spec.graph is not None:
-        if spec.graph not in ("2026-05", "2026-10"):
-            raise KazeiaError(f"unknown llama.cpp graph {spec.graph!r} (2026-05 or 2026-10)")
+        if spec.graph not in LLAMA_GRAPHS:
+            raise KazeiaError(f"unknown llama.cpp graph {spec.graph!r} ({' or '.join(LLAMA_GRAPHS)})")
         return spec.graph
-    from kazeia.backends.htp import HtpSettings
-
-    return "2026-05" if HtpSettings.from_options(spec.device_options()).profile == "2026-05" else "2026-10"
+    return llama_graph(spec.device_options())
 
 
 def reference_spec(spec: RunSpec, **kw) -> RunSpec:
@@ -270,14 +266,13 @@ def apply_policy(ctx: Context, policy) -> None:
 
 
 def gates_for(names: list[str], backends) -> list:
-    """Gate objects for --gate names, using the HTP backend's VTCM size and profile when there is one."""
+    """Gate objects for --gate names; a device's gate (vtcm-plan) is made by the run's backend that has it, under
+    that backend's own settings, and left out when no backend of the run has it."""
     if not names:
         return []
-    from kazeia.backends.htp import HtpSettings
     from kazeia.engine.gates import parse_gate
 
-    htp = next((b for b in backends if isinstance(getattr(b, "settings", None), HtpSettings)), None)
-    return [parse_gate(g, htp.settings if htp else HtpSettings()) for g in names]
+    return [g for g in (parse_gate(name, backends) for name in names) if g is not None]
 
 
 def close_backends(ctx: Context) -> None:

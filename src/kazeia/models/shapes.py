@@ -1,6 +1,6 @@
 """Models from shapes only: weight tensors with the right shapes and types but no data, and the prefill graphs
 a model with these hyperparameters builds. Nothing here reads a file or runs a graph; the cost model prices
-these graphs (kazeia.engine.modeled) for models too large to run, such as the real 36-layer Qwen3-4B."""
+these graphs (kazeia.debug.modeled) for models too large to run, such as the real 36-layer Qwen3-4B."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ import importlib
 
 _FACE = {
     "kazeia.backends.htp.backend": ("HtpBackend",),
+    "kazeia.backends.htp.gates": ("VtcmPlanGate",),
     "kazeia.backends.htp.settings": ("HtpSettings", "DEFAULT_HVX_THREADS", "DEFAULT_VTCM", "MAX_HVX_THREADS"),
     "kazeia.backends.htp.profiles": ("FAULTS", "GENERATIONS", "LATEST_PROFILE", "PROFILES", "REPORTED",
                                      "Capabilities", "Profile", "capabilities", "check_faults", "get_profile"),

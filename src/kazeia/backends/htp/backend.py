@@ -45,6 +45,15 @@ class HtpBackend(Backend):
     static_supports = True  # supports_op reads the node and the session's fixed settings only
     float_dtype = "float32"
 
+    def make_gate(self, name: str):
+        """`vtcm-plan`: the gate that keeps on the CPU every MUL_MAT whose HMX plan under this session's settings
+        would not fit (gates.py)."""
+        if name != "vtcm-plan":
+            return None
+        from kazeia.backends.htp.gates import VtcmPlanGate
+
+        return VtcmPlanGate(self.settings)
+
     def __init__(self, settings: HtpSettings | None = None, log=None, weight_store: WeightStore | None = None) -> None:
         """`weight_store`: the REPACK buffer to use (default: the one shared by every session of the process)."""
         super().__init__()

@@ -151,7 +151,7 @@ def ssm_conv_seconds(node: Tensor, c: CostModel = DEFAULT, always_hvx: bool = Fa
 
 # ------------------------------------------------------------------------------------------------------------
 # modeled time of a whole graph the caller built (no data needed: placement and paths come from the same
-# decisions the backend makes; kazeia.engine.modeled builds graphs of whole models from shapes)
+# decisions the backend makes; kazeia.debug.modeled builds graphs of whole models from shapes)
 
 
 @dataclass

@@ -4,7 +4,7 @@ candidate only when its exact layout fits (upstream `htp/matmul-ops.h` of llama.
 In May the DSP chose its chunks and, when the rounded layout did not fit, re-entered op_matmul (the seed's
 crash). In October the host solves the plan per node before anything is queued
 (`ggml-hexagon.cpp:ggml_hexagon_precompute_hmx_mm_params`): for act_threads = n_threads, n/2, ..., 1 it takes the
-chunk search's candidate (`htp_mm_hmx_compute_chunks`, the same search as May's, so hmx_2026_05.py's serves),
+chunk search's candidate (`htp_mm_hmx_compute_chunks`, the same search as May's: hmx_chunks.py),
 builds the exact layout (`htp_mm_hmx_vtcm_layout_build`) and keeps it only if it fits the session's VTCM; it
 prefers fewer M blocks, then more act threads. There is no retry with a smaller chunk: when nothing fits, HMX is
 not used (HVX, else the CPU). This module is the 2-D kernel's plan (`HTP_MM_KERNEL_HMX_2D`, every quantized and
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kazeia.backends.htp.vtcm.arena import align_up, ceil_div
-from kazeia.backends.htp.vtcm.matmul.hmx_2026_05 import hmx_compute_chunks
+from kazeia.backends.htp.vtcm.matmul.hmx_chunks import hmx_compute_chunks
 
 TILE = 2048  # HTP_MM_HMX_TILE_SIZE: 32 x 32 fp16
 MIN_ROWS = 4  # HTP_MM_HMX_MIN_NROWS: HMX only when M > 4
