@@ -141,7 +141,13 @@ def run_faults(args: argparse.Namespace) -> int:
         print(line)
     print("\nfault injections (--fault NAME, repeatable; env KAZEIA_HTP_FAULTS=a,b), all off by default:")
     for f in FAULTS.values():
-        print(f"  {f.name:20s} {f.description}")
+        where = [f"in {f.only_in} code" if f.only_in else "both code generations",
+                 "archs " + ", ".join(f"v{a}" for a in f.archs) if f.archs else "every arch"]
+        if f.path:
+            where.append(f"{'quantized ' if f.quantized_only else ''}{f.path.upper()} MUL_MATs")
+        if f.report:
+            where.append(f"stands for {f.report}")
+        print(f"  {f.name:20s} {f.description}\n  {'':20s} [{'; '.join(where)}]")
     return 0
 
 

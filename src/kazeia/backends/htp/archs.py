@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kazeia.backends.htp.profiles import capabilities
+from kazeia.backends.htp.profiles import GENERATIONS, capabilities
 from kazeia.errors import KazeiaError
 
 MiB = 1 << 20
@@ -133,7 +133,7 @@ SOURCES = (
 )
 
 
-def describe_archs(generations: tuple[str, ...] = ("2026-05", "2026-10")) -> list[str]:
+def describe_archs(generations: tuple[str, ...] = tuple(GENERATIONS)) -> list[str]:
     """Lines for `kazeia htp faults`: one per arch and version, then where each rule comes from."""
     lines = []
     for gen in generations:

@@ -183,8 +183,32 @@ LATEST_PROFILE = DEFAULT  # (the name the tools use: "the later code" a fault is
 
 @dataclass(frozen=True)
 class Fault:
+    """One injectable fault: what it is, where it can act, and the one predicate every unit and tool asks
+    (`fires`): the emulator's unit applies it when it fires on the op it runs, `kazeia check` marks the same ops."""
     name: str
     description: str
+    report: str | None = None           # the public report whose symptom it injects (reported, not explained)
+    only_in: str | None = None          # the code generation whose structure it needs (None: both)
+    archs: tuple[int, ...] = ()         # the archs it acts on (empty: every arch)
+    path: str | None = None             # the MUL_MAT path it acts on ("hmx", "hvx"; None: not a MUL_MAT path's)
+    quantized_only: bool = False        # only weights in a block format (F16 and F32 weights are spared)
+
+    def exists_in(self, generation: str) -> bool:
+        """Whether the code of this generation has the structure the fault needs."""
+        return self.only_in is None or self.only_in == generation
+
+    def fires(self, arch: int, path: str | None = None, qtype: str | None = None) -> bool:
+        """Whether the fault acts on an op of this arch, run on `path`, with weights of `qtype` (a ggml type name,
+        lower case: "q4_0", "f16"); None for what the caller's op does not have."""
+        if self.archs and arch not in self.archs:
+            return False
+        if self.path is not None and path is not None and path != self.path:
+            return False
+        return not (self.quantized_only and qtype in ("f16", "f32"))
+
+    def acts(self, settings, path: str | None = None, qtype: str | None = None) -> bool:
+        """Injected in this session (`settings.faults`) and firing on this op (`fires`)."""
+        return self.name in settings.faults and self.fires(settings.arch, path, qtype)
 
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [
@@ -193,40 +217,49 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "not drained before the HMX job reads them, so HMX reads whatever VTCM held there before (the "
           "previous op's bytes). How many tiles is a timing race: it changes run to run unless "
           "KAZEIA_HTP_RACE_SEED is set. Upstream (hmx-matmul-ops.c) drains every scatter region before the HMX "
-          "job."),
+          "job.",
+          path="hmx"),
     Fault("hmx-bias-stale",
           "HMX matmul: the output conversion (bias/scale) block is not reloaded, so the read-out uses the "
           "scale the HMX unit last held (1/sqrt(head_dim) after an HMX flash attention, 0 after reset). "
-          "Upstream reloads the block (hmx-utils.h: hmx_init_column_scales) for every job."),
+          "Upstream reloads the block (hmx-utils.h: hmx_init_column_scales) for every job.",
+          path="hmx"),
     Fault("vtcm-bank-crossing",
           "HMX deep loads whose VTCM run crosses a 4 MiB bank boundary raise a precise bus error (0x2601) "
-          "and kill the DSP process, as the March 2026 hmx-matmul-ops.c warned (weak hypothesis)."),
+          "and kill the DSP process, as the March 2026 hmx-matmul-ops.c warned (weak hypothesis).",
+          path="hmx"),
     Fault("vtcm-grant-short",
           "The DSP is granted less VTCM than the host planned for (main.c: vtcm_alloc takes what "
           "HAP_compute_res_attr_get_vtcm_ptr_v2 returns, the host plans against htp_iface_hwinfo's query): "
           "KAZEIA_HTP_VTCM_GRANT bytes, by default 1 MiB less than the session's size. Under 2026-10 a kernel "
           "whose exact layout no longer fits returns an op status (INTERNAL-ERROR for HMX, VTCM-TOO-SMALL for "
-          "HVX) instead of running; no such report is known (code-derived)."),
+          "HVX) instead of running; no such report is known (code-derived).",
+          only_in="2026-10"),
     Fault("v73-hmx-quant-inf",
           "Reported, not explained (llama.cpp #26123, open): on v73 (8 Gen 2) every quantized MUL_MAT the HMX takes "
           "(n >= 5 under 2026-10) fails test-backend-ops with ERR = inf; F16/F32 and n <= 4 pass; models give "
           "garbage. The fault makes the output of each quantized HMX MUL_MAT +inf on a v73 device (no effect on "
-          "other archs); what the hardware or kernel does wrong is not public."),
+          "other archs); what the hardware or kernel does wrong is not public.",
+          report="llama.cpp #26123", only_in="2026-10", archs=(73,), path="hmx",
+          quantized_only=True),
     Fault("l2-lazy-stale",
           "Reported, not explained (llama.cpp #25876, closed stale): on v81 after the lazy-L2 rework an ADD that "
           "consumes an HMX MUL_MAT's output reads stale data; OPFILTER=ADD fixes it. The fault makes an ADD of the "
           "same batch that is not fused into that MUL_MAT read what the output's memory held before the MUL_MAT "
-          "wrote it, on a v81 device (no effect on other archs); the root cause is not published."),
+          "wrote it, on a v81 device (no effect on other archs); the root cause is not published.",
+          report="llama.cpp #25876", only_in="2026-10", archs=(81,), path="hmx"),
     Fault("reentry-tail-call",
           "A build of the 2026-05 code, not a defect of its own: the compiler turned op_matmul's last statement, "
           "`return op_matmul(octx);` after a failed HMX matmul (htp/matmul-ops.c), into a jump (tail-call "
           "elimination). The re-entry then takes no stack, so instead of the seed's stack overflow the DSP retries "
           "the same failing plan forever and the host waits in dspqueue_read: a hang (llama.cpp #24963's symptom; "
-          "which builds do this is kazeia's hypothesis)."),
+          "which builds do this is kazeia's hypothesis).",
+          only_in="2026-05"),
     Fault("dma-unbalanced",
           "HVX matmul leaves one DMA descriptor outstanding at the end of the op; the next op's first DMA pop "
           "returns that stale completion and its first weight row is read before it arrived. Upstream balances "
-          "its DMA pushes and pops per op (dma-queue.c: dma_queue_push / dma_queue_pop)."),
+          "its DMA pushes and pops per op (dma-queue.c: dma_queue_push / dma_queue_pop).",
+          only_in="2026-05", path="hvx"),
 ]}
 
 
@@ -237,12 +270,18 @@ def get_profile(name: str) -> Profile:
     return p
 
 
-# faults that inject a public report's symptom whose cause is not published: the report they stand for
-REPORTED = {"v73-hmx-quant-inf": "llama.cpp #26123", "l2-lazy-stale": "llama.cpp #25876"}
+# the units' handles on the faults (no unit names one by its string)
+SCATTER_UNRETIRED = FAULTS["scatter-unretired"]
+HMX_BIAS_STALE = FAULTS["hmx-bias-stale"]
+VTCM_BANK_CROSSING = FAULTS["vtcm-bank-crossing"]
+VTCM_GRANT_SHORT = FAULTS["vtcm-grant-short"]
+V73_HMX_QUANT_INF = FAULTS["v73-hmx-quant-inf"]
+L2_LAZY_STALE = FAULTS["l2-lazy-stale"]
+REENTRY_TAIL_CALL = FAULTS["reentry-tail-call"]
+DMA_UNBALANCED = FAULTS["dma-unbalanced"]
 
-# faults whose mechanism is a structure only one code generation has
-ONLY_IN = {"dma-unbalanced": "2026-05", "reentry-tail-call": "2026-05", "vtcm-grant-short": "2026-10",
-           "v73-hmx-quant-inf": "2026-10", "l2-lazy-stale": "2026-10"}
+# faults that inject a public report's symptom whose cause is not published: the report they stand for
+REPORTED = {f.name: f.report for f in FAULTS.values() if f.report}
 
 
 def check_faults(names: tuple[str, ...] | list[str], profile: str | None = None) -> tuple[str, ...]:
@@ -252,6 +291,7 @@ def check_faults(names: tuple[str, ...] | list[str], profile: str | None = None)
     for n in names:
         if n not in FAULTS:
             raise KazeiaError(f"unknown HTP fault '{n}' (have: {', '.join(FAULTS)})")
-        if profile is not None and n in ONLY_IN and get_profile(profile).caps.generation != ONLY_IN[n]:
-            raise KazeiaError(f"HTP fault '{n}' models {ONLY_IN[n]} code; the {profile} profile does not have it")
+        f = FAULTS[n]
+        if profile is not None and not f.exists_in(get_profile(profile).caps.generation):
+            raise KazeiaError(f"HTP fault '{n}' models {f.only_in} code; the {profile} profile does not have it")
     return tuple(names)

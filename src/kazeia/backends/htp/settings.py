@@ -150,7 +150,9 @@ class HtpSettings:
             return self.vtcm_bytes
         if self.vtcm_grant is not None:
             return self.vtcm_grant
-        if "vtcm-grant-short" in self.faults:
+        from kazeia.backends.htp.profiles import VTCM_GRANT_SHORT
+
+        if VTCM_GRANT_SHORT.name in self.faults:
             return max(64 * 1024, self.vtcm_bytes - 1024 * 1024)
         return self.vtcm_bytes
 

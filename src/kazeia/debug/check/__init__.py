@@ -24,13 +24,14 @@ from kazeia.backends.htp import (
     host_vmem_budget,
     hvx_matmul_seconds,
 )
+from kazeia.backends.htp import PROFILES as HTP_PROFILES
 from kazeia.debug.check.outcomes import SEVERITY, Config, Planner, Range
 from kazeia.debug.check.weights import ModelHeader, WeightClass, read_header
 from kazeia.errors import KazeiaError
 from kazeia.gguf.reader import load_gguf
 from kazeia.graph.tensor import GGMLType, row_size
 
-PROFILES = ("2026-05", "robust", "2026-10")
+PROFILES = tuple(HTP_PROFILES)  # every upstream version kazeia models (htp/profiles.py), in its order
 FAILING = ("no-session", "death", "dropped", "risk")
 MiB = 1 << 20
 @dataclass

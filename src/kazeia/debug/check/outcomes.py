@@ -21,6 +21,7 @@ from kazeia.backends.htp import (
     MAX_SRC1_ROWS,
     MAX_WEIGHT_ROWS,
     OCTOBER_QUANT_TYPES,
+    V73_HMX_QUANT_INF,
     arch_profile,
     get_profile,
     plan_matmul,
@@ -136,7 +137,8 @@ class Planner:
         s = self._plans.get(key)
         if s is None:
             s = self._plans[key] = self._plan(c, ap.hmx, w, m)
-        if s.path == "hmx" and c.generation == "2026-10" and c.arch == 73 and w.qtype not in ("f16", "f32"):
+        risk = V73_HMX_QUANT_INF  # the fault object the emulator's HMX path asks too (its one predicate)
+        if risk.exists_in(c.generation) and risk.fires(c.arch, s.path, w.qtype):
             return Step(s.path, "risk", s.used, s.mc, s.nc, "quantized HMX MUL_MAT on v73 (n >= 5): test-backend-ops "
                         "reports ERR = inf and garbage/0x2e on 4B+ models; cause unknown (reported, not explained)",
                         "llama.cpp #26123")

@@ -24,6 +24,13 @@ from kazeia.backends.htp.hmx.tiles import (
 from kazeia.backends.htp.host.repack import RepackedWeight
 from kazeia.backends.htp.kernels.rounding import ROUND_ROW, shuffled_fp16
 from kazeia.backends.htp.msg import STATUS_OK, DspFault, OpDesc, OpRecord
+from kazeia.backends.htp.profiles import (
+    HMX_BIAS_STALE,
+    L2_LAZY_STALE,
+    SCATTER_UNRETIRED,
+    V73_HMX_QUANT_INF,
+    VTCM_BANK_CROSSING,
+)
 from kazeia.backends.htp.vtcm import arena as V
 from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
 from kazeia.graph.tensor import GGMLType, Tensor, array
@@ -43,7 +50,8 @@ class HmxPath:
             else:
                 dsp.farf("ERROR", f"{tag}: no chunking fits VTCM {plan.vtcm} ({plan.reason})")
             return None
-        if "vtcm-bank-crossing" in self.settings.faults:
+        qtype = w.type.name.lower()
+        if VTCM_BANK_CROSSING.acts(self.settings, "hmx", qtype):
             crossing = bank_crossings(plan)
             if crossing:
                 c = crossing[0]
@@ -52,7 +60,7 @@ class HmxPath:
                                             f"0x{c.end - 1:06x} crosses a 4 MiB VTCM bank ({node.name})",
                                {"vtcm_offset": boundary, **c.to_dict()})
         out = array(node)
-        if "l2-lazy-stale" in self.settings.faults and self.settings.arch == 81:
+        if L2_LAZY_STALE.acts(self.settings, "hmx", qtype):
             dsp.stale_reads[node.data_addr] = out.copy()  # what an unfused consumer will read (#25876)
         if batched or not (w.ne[2] == w.ne[3] == 1):
             y = self._hmx_batched_f16(node)
@@ -61,7 +69,7 @@ class HmxPath:
         dsp.hmx_scale = 1.0
         if y is not None:  # (None: computed in dst itself)
             out[...] = y.reshape(out.shape)
-        if "v73-hmx-quant-inf" in self.settings.faults and self.settings.arch == 73 and w.type != GGMLType.F16:
+        if V73_HMX_QUANT_INF.acts(self.settings, "hmx", qtype):
             out[...] = np.inf  # #26123 as reported (ERR = inf), not explained
         return OpRecord("hmx", STATUS_OK, {"mc": plan.mc, "nc": plan.nc, "vtcm_used": plan.used,
                                            "modeled_s": cost.hmx_matmul_seconds(M, K, N, w.type, plan.mc or 32),
@@ -89,9 +97,9 @@ class HmxPath:
             xs = self._src1_rows_assumed_contiguous(x, M, K)
         rw = self.weights.get(w)
         a16 = shuffled_fp16(xs, self.settings.arch)  # below v79 a -inf activation stages as NaN
-        faults = self.settings.faults
-        patch = self._unretired_scatter(dsp, node, plan, K) if "scatter-unretired" in faults else None
-        scale = dsp.hmx_scale if "hmx-bias-stale" in faults else 1.0
+        s = self.settings
+        patch = self._unretired_scatter(dsp, node, plan, K) if SCATTER_UNRETIRED.acts(s, "hmx") else None
+        scale = dsp.hmx_scale if HMX_BIAS_STALE.acts(s, "hmx") else 1.0
         N = w.ne[1]
         dst = None  # dst itself, when the product can be computed there (not over src1: xs is read after)
         if (out.dtype == np.float32 and out.flags.c_contiguous and out.size == M * N

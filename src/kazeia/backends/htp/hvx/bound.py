@@ -21,6 +21,7 @@ from kazeia.backends.htp.kernels.hvx import BoundDot
 from kazeia.backends.htp.kernels.quant import BoundQuant
 from kazeia.backends.htp.kernels.vtcm_copy import CopyRuns
 from kazeia.backends.htp.msg import STATUS_OK, OpContext, OpDesc, OpRecord
+from kazeia.backends.htp.profiles import DMA_UNBALANCED
 from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
 from kazeia.graph.tensor import GGMLType, Tensor, array
 from kazeia.native.buffers import ptr
@@ -105,7 +106,7 @@ def bind_hvx(unit: HvxPath, dsp: Dsp, node: Tensor, plan: MatmulPlan, modeled_s:
              placement: object) -> BoundHvx | None:
     """The binding of an HVX matmul node, or None where the general path keeps running it (see the module)."""
     if (plan.path == "hmx" or plan.hmx_attempt is not None or plan.status != "ok"
-            or "dma-unbalanced" in unit.settings.faults):
+            or DMA_UNBALANCED.acts(unit.settings, "hvx")):
         return None
     ops = _operands(unit, node)
     vt = dsp.vtcm

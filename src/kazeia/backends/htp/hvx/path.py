@@ -22,6 +22,7 @@ from kazeia.backends.htp.hvx.quant import (
     quantize_q8x4x2_into,
 )
 from kazeia.backends.htp.msg import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpContext, OpDesc, OpRecord
+from kazeia.backends.htp.profiles import DMA_UNBALANCED
 from kazeia.backends.htp.vtcm.arena import Area, Vtcm, span_box
 from kazeia.backends.htp.vtcm.matmul.dispatch import src_layout
 from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
@@ -160,7 +161,7 @@ class HvxPath:
         y = hvx_matmul(rw, image, M)
         if dsp.dma_stale_pop:
             y = self._first_row_read_early(dsp, plan, rw, image, M, y)
-        if "dma-unbalanced" in self.settings.faults:
+        if DMA_UNBALANCED.acts(self.settings, "hvx"):
             dsp.dma_stale_pop = True  # this op leaves one descriptor outstanding
         self._leave_hvx_bytes(dsp, plan, rw, y)
         return y, reuse

@@ -29,7 +29,7 @@ from kazeia.backends.htp.msg import (
     OpDesc,
     OpRecord,
 )
-from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.profiles import REENTRY_TAIL_CALL, Profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul.dispatch import plan_for_node, src_layout
 from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
@@ -123,7 +123,7 @@ class MatmulUnit(HmxPath, HvxPath):
             return rec
         if self.profile.hmx_failure == "reenter":
             # upstream: `return op_matmul(octx);` -- same inputs, same plan, same failure, one more frame
-            if "reentry-tail-call" in self.settings.faults:  # compiled as a jump: no frame, the same failure forever
+            if REENTRY_TAIL_CALL.acts(self.settings):  # compiled as a jump: no frame, the same failure forever
                 raise DspFault("hang", f"op_matmul re-enters itself as a jump after every HMX failure on "
                                        f"{node.name} (M={M} K={K} N={N}): the same plan fails the same way each "
                                        f"time, so the op never finishes")
