@@ -65,11 +65,8 @@ class HtpBackend(Backend):
         if refusal is not None:
             raise KazeiaError(refusal)
         self.executor = Executor(self.settings, self.profile, weight_store)
-        self.dsp = Dsp(self.settings, self.profile, self.executor)
+        self.dsp = Dsp(self.settings, self.profile, self.executor, listener=self)  # (self: its DspListener)
         self.host = HostSession(self.name, self.settings, self.profile, self.dsp, log, self._batch_seconds)
-        self.dsp.on_op_done = self._op_done
-        self.dsp.on_op_fault = self._op_fault
-        self.dsp.on_op_start = self._op_start
         self.records: list[tuple[str, OpRecord]] = []  # (node name, record) of the current graph
         self._modeled_cache: IdentityCache[float] = IdentityCache("htp.modeled_graph_seconds", limit=16, bind=True)
         self._graph_runs: dict[Graph, int] = {}  # graphs run since the last fold, with counts
@@ -190,8 +187,8 @@ class HtpBackend(Backend):
             hi += 1
         return lo, hi
 
-    # --- DSP callbacks ---
-    def _op_done(self, op: OpDesc, batch: OpBatch, rec: OpRecord) -> None:
+    # --- the DspListener the DSP reports to ---
+    def op_done(self, op: OpDesc, batch: OpBatch, rec: OpRecord) -> None:
         if op.name is not None:
             rec.detail.setdefault("fused", op.name)  # the op's name in upstream's logs and traces
         self.records.append((op.node.name, rec))
@@ -199,11 +196,11 @@ class HtpBackend(Backend):
             info = self._info(op.node, rec.path, batch.seq, status=rec.status, batch_index=op.index, **rec.detail)
             self.emit_complete(op.node, info)
 
-    def _op_start(self, op: OpDesc, batch: OpBatch) -> None:
+    def op_started(self, op: OpDesc, batch: OpBatch) -> None:
         if self.hooks:
             self.emit_start(op.node, self._info(op.node, "dsp", batch.seq, batch_index=op.index))
 
-    def _op_fault(self, op: OpDesc, batch: OpBatch, fault: DspFault) -> None:
+    def op_faulted(self, op: OpDesc, batch: OpBatch, fault: DspFault) -> None:
         self.emit_fault(op.node, self._info(op.node, "fault", batch.seq, kind=fault.kind, cause=fault.cause,
                                             batch_index=op.index))
 

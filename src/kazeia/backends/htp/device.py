@@ -21,10 +21,13 @@ from kazeia.backends.htp.msg import (
     Death,
     DeviceState,
     DspFault,
+    DspListener,
     OpBatch,
     OpContext,
     OpDesc,
     OpRecord,
+    OpRunner,
+    SilentListener,
 )
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
@@ -32,19 +35,21 @@ from kazeia.graph.tensor import TFlag
 
 
 class Dsp:
-    def __init__(self, settings: HtpSettings, profile: Profile, executor) -> None:
+    """The DSP process (a DspQueue to the host): runs each batch's ops through its OpRunner and tells its
+    DspListener (the host backend) about each op as it starts, completes or kills the process."""
+
+    def __init__(self, settings: HtpSettings, profile: Profile, executor: OpRunner,
+                 listener: DspListener | None = None) -> None:
         from kazeia.backends.htp.vtcm.arena import Vtcm
 
         self.settings = settings
         self.profile = profile
         self.vtcm = Vtcm(settings.dsp_vtcm_bytes)  # what vtcm_alloc was granted (the host plans for vtcm_bytes)
         self.executor = executor  # runs one op: executor.execute(dsp, octx, op, batch) -> OpRecord
+        self.listener: DspListener = listener or SilentListener()
         self.death: Death | None = None
         self.log: list[str] = []  # FARF lines (visible on a device only to root)
         self.octx = OpContext()
-        self.on_op_done: Callable[[OpDesc, OpBatch, OpRecord], None] | None = None
-        self.on_op_fault: Callable[[OpDesc, OpBatch, DspFault], None] | None = None
-        self.on_op_start: Callable[[OpDesc, OpBatch], None] | None = None
         self.on_batch_start: list[Callable[[Dsp, OpBatch], None]] = []
         self.hmx_scale = 0.0  # the HMX output-conversion scale last loaded (reset value 0)
         self.dma_stale_pop = False  # a DMA descriptor left outstanding by the previous op (fault injection)
@@ -91,18 +96,16 @@ class Dsp:
         (a later node may overwrite an earlier one's buffer: MUL_MAT+ADD in place). Returns the op's record with
         its status: the first non-OK status of its nodes."""
         status = rec.status
-        if self.on_op_done:
-            self.on_op_done(op, batch, rec)
+        listener = self.listener
+        listener.op_done(op, batch, rec)
         self.in_fused = True
         try:
             for sub in op.fused:
-                if self.on_op_start:
-                    self.on_op_start(sub, batch)
+                listener.op_started(sub, batch)
                 srec = self.executor.execute(self, self.octx, sub, batch)
                 if status == STATUS_OK:
                     status = srec.status
-                if self.on_op_done:
-                    self.on_op_done(sub, batch, srec)
+                listener.op_done(sub, batch, srec)
         finally:
             self.in_fused = False
         return OpRecord(rec.path, status, rec.detail)
@@ -118,6 +121,7 @@ class Dsp:
         if self.l2 is not None:
             self.l2.batch_start()
         statuses: list[int] = []
+        listener = self.listener
         for op in batch.ops:
             if self.l2 is not None:  # prep_op_bufs: flush the dirty inputs, then record the outputs dirty
                 spans = op.l2_spans
@@ -126,8 +130,7 @@ class Dsp:
                         _spans(batch, [i for d in (op, *op.fused) for i in d.src if i is not None]),
                         _spans(batch, [d.dst for d in (op, *op.fused)]))
                 self.l2.op(*spans)
-            if self.on_op_start:
-                self.on_op_start(op, batch)
+            listener.op_started(op, batch)
             try:
                 injected = self.injector.tick(op.node.name) if self.injector is not None else None
                 if injected:
@@ -144,15 +147,14 @@ class Dsp:
                                       f"op #{op.index} {op.node.desc()})")
                 else:
                     self.farf("ERROR", f"process exception: {f.kind}: {f.cause} (op #{op.index} {op.node.desc()})")
-                if self.on_op_fault:
-                    self.on_op_fault(op, batch, f)
+                listener.op_faulted(op, batch, f)
                 break
             statuses.append(rec.status)
             if self.profile.shortcut_scope == "op":  # 2026-10 proc_op_req: every spad src pointer cleared
                 self.octx.src1_spad_src = None
                 self.octx.src1_spad_kind = None
-            if self.on_op_done and not op.fused:
-                self.on_op_done(op, batch, rec)
+            if not op.fused:
+                listener.op_done(op, batch, rec)
         if self.l2 is not None and self.death is None:
             self.l2.batch_end()
         return statuses

@@ -7,6 +7,7 @@ survives between batches. Both sides, and every unit of the model, import these 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -242,3 +243,44 @@ class OpRecord:
     path: str
     status: int = STATUS_OK
     detail: dict = field(default_factory=dict)
+
+
+# --- the seam between the host, the DSP and the op executor ------------------------------------------------------
+
+class OpRunner(Protocol):
+    """What runs one op on the DSP (ops/executor.py Executor): its record, or a DspFault raised."""
+
+    def execute(self, dsp: Any, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord: ...
+
+
+class DspListener(Protocol):
+    """What the DSP tells the host side while it runs a batch (backend.py HtpBackend): each op as it starts, as it
+    is done (a fused op's nodes one by one), and the fault that kills the process."""
+
+    def op_started(self, op: OpDesc, batch: OpBatch) -> None: ...
+
+    def op_done(self, op: OpDesc, batch: OpBatch, rec: OpRecord) -> None: ...
+
+    def op_faulted(self, op: OpDesc, batch: OpBatch, fault: DspFault) -> None: ...
+
+
+class DspQueue(Protocol):
+    """The DSP as the host's queue sees it (device.py Dsp): a batch in, its op statuses out (dspqueue_write /
+    dspqueue_read); after a death, the death."""
+
+    death: Death | None
+
+    def process_batch(self, batch: OpBatch) -> list[int]: ...
+
+
+class SilentListener:
+    """A DspListener that listens to nothing (a DSP run by tests or tools without a host backend)."""
+
+    def op_started(self, op: OpDesc, batch: OpBatch) -> None:
+        pass
+
+    def op_done(self, op: OpDesc, batch: OpBatch, rec: OpRecord) -> None:
+        pass
+
+    def op_faulted(self, op: OpDesc, batch: OpBatch, fault: DspFault) -> None:
+        pass

@@ -33,6 +33,7 @@ from kazeia.backends.htp.msg import (
     MAX_INPUTS,
     STATUS_NAMES,
     STATUS_OK,
+    DspQueue,
     OpBatch,
     OpDesc,
     op_tensors,
@@ -99,7 +100,7 @@ class Response:
 class HostSession:
     """One HTP session (HTP0): the op batch, the op queue and the DSP behind them."""
 
-    def __init__(self, name: str, settings: HtpSettings, profile: Profile, dsp,
+    def __init__(self, name: str, settings: HtpSettings, profile: Profile, dsp: DspQueue,
                  log: Callable[[str], None] | None = None,
                  batch_seconds: Callable[[OpBatch], float] | None = None):
         """`batch_seconds`: the modeled DSP time of a batch (the cost model; default: nothing but a round trip)."""

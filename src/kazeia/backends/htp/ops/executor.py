@@ -169,6 +169,8 @@ def _stale_add(dsp: Dsp, node: Tensor) -> OpRecord | None:
 
 
 class Executor:
+    """The DSP's OpRunner (msg.py): one op through the MUL_MAT unit, the bound fast path or the general kernels."""
+
     def __init__(self, settings: HtpSettings, profile: Profile, weights: WeightStore | None = None) -> None:
         self.settings = settings
         self.profile = profile
