@@ -45,7 +45,7 @@ class Dsp:
         self.settings = settings
         self.profile = profile
         self.vtcm = Vtcm(settings.dsp_vtcm_bytes)  # what vtcm_alloc was granted (the host plans for vtcm_bytes)
-        self.executor = executor  # runs one op: executor.execute(dsp, octx, op, batch) -> OpRecord
+        self.executor: OpRunner = executor  # runs one op: executor.execute(dsp, octx, op, batch) -> OpRecord
         self.listener: DspListener = listener or SilentListener()
         self.death: Death | None = None
         self.log: list[str] = []  # FARF lines (visible on a device only to root)

@@ -107,7 +107,7 @@ class HostSession:
         self.name = name
         self.settings = settings
         self.profile = profile
-        self.dsp = dsp
+        self.dsp: DspQueue = dsp
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.max_tensors = settings.opbatch * (1 + MAX_INPUTS)
         self._seq = 1
