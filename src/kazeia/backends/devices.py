@@ -85,6 +85,13 @@ def llama_graph(opts: DeviceOptions) -> str:
     return get_profile(HtpSettings.from_options(opts).profile).llama_graph
 
 
+def device_name(name: str) -> str:
+    """The registry's name of the device `name` names ("htp" -> "HTP0"), or `name` upper-cased when it names none
+    (the caller's own refusal then quotes it)."""
+    d = find_device(name)
+    return d.name if d is not None else name.strip().upper()
+
+
 def make_backends(device: str, opts: DeviceOptions | None = None, cache=None) -> list[Backend]:
     d = find_device(device)
     if d is None:

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 
+from kazeia.backends.devices import device_name
 from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, device_options, model_path
 from kazeia.cli.routing import gate_summary, progress_bar
@@ -40,7 +41,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _settings(args: argparse.Namespace):
     from kazeia.backends.htp import HtpSettings
 
-    if args.device.upper() not in ("HTP0", "HTP"):
+    if device_name(args.device) != "HTP0":
         raise KazeiaError(f"kazeia gate validates the HTP model (-dev HTP0), not {args.device}")
     return HtpSettings.from_options(device_options(args))
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from kazeia.backends.devices import device_name
 from kazeia.debug.bisect.judges import FAIL, OTHER, PASS, Outcome, classify, could_be_numeric, first_line
 from kazeia.debug.bisect.state import SearchState, step_line, table
 from kazeia.debug.judge import judge
@@ -199,8 +200,7 @@ def dump_rows_replay(dump, device: str | None = None, htp_profile: str | None = 
                           f"{dump.sources[1].meta['ne']})")
     if dump.node["ne"][1] != vals.shape[2]:
         raise KazeiaError(f"{dump.id}: the output does not have one row per src1 row: rows cannot be reduced")
-    dev = (device or dump.backend).upper()
-    dev = "HTP0" if dev == "HTP" else dev
+    dev = device_name(device or dump.backend)
     settings = R.htp_settings_for(dump, htp_profile, vtcm, faults, env) if dev == "HTP0" else None
     regex = safe_regex(fail_regex, "--fail-regex") if fail_regex else None
     needs_ref = could_be_numeric(regex, dump.op)

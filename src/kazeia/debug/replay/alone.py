@@ -10,6 +10,7 @@ import numpy as np
 
 from kazeia.backends.base import Backend, Hook, OpInfo
 from kazeia.backends.cpu import CpuBackend
+from kazeia.backends.devices import device_name
 from kazeia.backends.ref import RefBackend
 from kazeia.debug.allowance import conversion_allowance, conversion_floor
 from kazeia.debug.dump import Dump
@@ -52,12 +53,12 @@ def _output_of(backend: Backend, node: Tensor) -> np.ndarray:
 
 
 def make_backend(device: str, settings: Any) -> Backend:
-    dev = device.upper()
+    dev = device_name(device)
     if dev == "CPU":
         return CpuBackend()
     if dev == "REF":
         return RefBackend()
-    if dev in ("HTP0", "HTP"):
+    if dev == "HTP0":
         from kazeia.backends.htp import HtpBackend
 
         return HtpBackend(settings)

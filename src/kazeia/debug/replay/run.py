@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from kazeia.backends.devices import device_name
 from kazeia.debug.dump import Dump, load_dump
 from kazeia.debug.judge import judge, op_threshold
 from kazeia.debug.replay.alone import reference_run, run_alone
@@ -110,9 +111,7 @@ def replay(dump: Dump | str | os.PathLike, device: str | None = None, htp_profil
         vtcm = vtcm or spec.vtcm
         faults = faults if faults is not None else (list(spec.faults) if spec.faults else None)
         env = env or (dict(spec.env) if spec.env else None)
-    dev = (device or dump.backend).upper()
-    if dev == "HTP":
-        dev = "HTP0"
+    dev = device_name(device or dump.backend)
     settings = htp_settings_for(dump, htp_profile, vtcm, faults, env) if dev == "HTP0" else None
     if with_context and dev != "HTP0":
         raise KazeiaError("--with-context reruns the op's HTP batch: it needs -dev HTP0")
