@@ -18,9 +18,11 @@ The units, from the bottom up (each imports only those below it; tests/test_laye
 - backend.py: the Backend the scheduler sees.
 """
 
+# ruff: noqa: F401  (the TYPE_CHECKING block re-exports every name of the face for readers; __all__ is built below)
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 _FACE = {
     "kazeia.backends.htp.backend": ("HtpBackend",),
@@ -48,6 +50,62 @@ _FACE = {
     "kazeia.backends.htp.ops.matmul": ("WeightStore",),
     "kazeia.backends.htp.vtcm.scratch": ("op_scratch",),
 }
+
+if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly (never at run time)
+    from kazeia.backends.htp.archs import (
+        KNOWN_ARCHS,
+        arch_profile,
+        describe_archs,
+        host_vmem_budget,
+        october_shm_bytes,
+        parse_arch,
+        session_refusal,
+    )
+    from kazeia.backends.htp.backend import HtpBackend
+    from kazeia.backends.htp.cost import (
+        DEFAULT,
+        PHONE_CPU,
+        CostModel,
+        graph_seconds,
+        hmx_matmul_seconds,
+        hvx_matmul_seconds,
+        op_seconds,
+    )
+    from kazeia.backends.htp.gates import VtcmPlanGate
+    from kazeia.backends.htp.hmx.deep_loads import BANK_BYTES, DeepLoad, bank_crossings, hmx_deep_loads
+    from kazeia.backends.htp.hmx.tiles import hmx_matmul_weight, weight_from_tiles
+    from kazeia.backends.htp.host.crash_record import VTCM_VA, ParsedCrash, crash_record, parse_crash
+    from kazeia.backends.htp.host.repack import RepackedWeight
+    from kazeia.backends.htp.host.support import (
+        K_QUANTS,
+        MAX_SRC1_ROWS,
+        MAX_WEIGHT_ROWS,
+        OCTOBER_QUANT_TYPES,
+        supports_op,
+    )
+    from kazeia.backends.htp.kernels.rounding import shuffled_fp16
+    from kazeia.backends.htp.msg import STATUS_NAMES, STATUS_OK, DeviceState
+    from kazeia.backends.htp.ops.matmul import WeightStore
+    from kazeia.backends.htp.profiles import (
+        FAULTS,
+        GENERATIONS,
+        LATEST_PROFILE,
+        PROFILES,
+        REPORTED,
+        V73_HMX_QUANT_INF,
+        Capabilities,
+        Fault,
+        Profile,
+        capabilities,
+        check_faults,
+        get_profile,
+    )
+    from kazeia.backends.htp.settings import DEFAULT_HVX_THREADS, DEFAULT_VTCM, MAX_HVX_THREADS, HtpSettings
+    from kazeia.backends.htp.vtcm.arena import HMX_SCALES_BYTES, HMX_TILE_BYTES, Vtcm, VtcmAccessError, span_box
+    from kazeia.backends.htp.vtcm.matmul.dispatch import matmul_node, plan_for_node, plan_matmul, src_layout
+    from kazeia.backends.htp.vtcm.matmul.record import QTYPES, MatmulPlan
+    from kazeia.backends.htp.vtcm.scratch import op_scratch
+
 _WHERE = {name: mod for mod, names in _FACE.items() for name in names}
 __all__ = sorted(_WHERE)
 
