@@ -21,7 +21,7 @@ from kazeia.backends.htp.hmx.tiles import (
     weight_from_tiles,
     weight_to_tiles,
 )
-from kazeia.backends.htp.host.repack import RepackedWeight
+from kazeia.backends.htp.host.repack import RepackedWeight, WeightSource
 from kazeia.backends.htp.kernels.rounding import ROUND_ROW, shuffled_fp16
 from kazeia.backends.htp.msg import STATUS_OK, DspFault, OpDesc, OpRecord
 from kazeia.backends.htp.profiles import (
@@ -30,16 +30,24 @@ from kazeia.backends.htp.profiles import (
     SCATTER_UNRETIRED,
     V73_HMX_QUANT_INF,
     VTCM_BANK_CROSSING,
+    Profile,
 )
+from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm import arena as V
 from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
 from kazeia.graph.tensor import GGMLType, Tensor, array
 
 
 class HmxPath:
-    """MatmulUnit's HMX half."""
+    """The HMX path of MUL_MAT (MatmulUnit holds one): built with the session's settings, profile and REPACK
+    buffer; `run` multiplies one op on HMX under its plan, or returns None when the plan does not fit."""
 
-    def _hmx(self, dsp: Dsp, op: OpDesc, batched: bool, plan: MatmulPlan) -> OpRecord | None:
+    def __init__(self, settings: HtpSettings, profile: Profile, weights: WeightSource) -> None:
+        self.settings = settings
+        self.profile = profile
+        self.weights = weights
+
+    def run(self, dsp: Dsp, op: OpDesc, batched: bool, plan: MatmulPlan) -> OpRecord | None:
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]

@@ -17,12 +17,15 @@ Row layout (k elements, nsub = k/32 ggml blocks, super-block = 8 blocks = 256 el
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kazeia.backends.htp.fp16 import from_fp16_bits
 from kazeia.backends.htp.kernels.hmx import hmx_weight_rows
 from kazeia.gguf.quants import QK  # elements per ggml block / per HVX lane ("sub-block")
+from kazeia.graph.tensor import Tensor
 from kazeia.native.idioms import IQ4_NL_VALUES  # ggml's IQ4_NL code book (kvalues_iq4nl), as int8
 
 GGMLType = GGMLQuantizationType
@@ -217,6 +220,12 @@ def w16_destination(n: int, k: int, r0: int, r1: int | None, out: np.ndarray | N
     elif out.dtype != np.float32 or not out.flags.c_contiguous or out.size < rows * k:
         raise ValueError(f"w16_rows needs a C-contiguous float32 scratch of {rows * k} elements")
     return rows, out.reshape(-1)[: rows * k].reshape(rows, k)
+
+
+class WeightSource(Protocol):
+    """The REPACK buffer as the MUL_MAT paths read it (ops/matmul.py WeightStore): a weight's repacked form."""
+
+    def get(self, w: Tensor) -> RepackedWeight: ...
 
 
 class RepackedWeight:

@@ -135,16 +135,6 @@ def bind_hvx(unit: HvxPath, dsp: Dsp, node: Tensor, plan: MatmulPlan, modeled_s:
     return b
 
 
-def dot_scratch(cache: dict, shape: tuple[int, int, int], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The (x16, xs) scratch of `BoundDot` for `shape` (BoundDot.scratch_shape) and K, shared by the
-    bindings of one unit (one DSP runs one op at a time): x16 stays zero past what its callers write."""
-    hit = cache.get((shape, k))
-    if hit is None:
-        m, n16, npad = shape
-        hit = cache[(shape, k)] = (np.zeros((m, n16), dtype=np.int16), np.zeros((m, npad), dtype=np.int32))
-    return hit
-
-
 def _bound_runs(vt, runs: list[tuple[int, np.ndarray]], box: tuple[int, int]) -> tuple:
     """`write_views` arguments making `write_runs(runs, box)` of fixed runs (one output row: views of dst's
     bytes, in range: bind_hvx checked the dst areas)."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from kazeia.backends.htp import cost
 from kazeia.backends.htp.device import Dsp
-from kazeia.backends.htp.host.repack import RepackedWeight
+from kazeia.backends.htp.host.repack import RepackedWeight, WeightSource
 from kazeia.backends.htp.hvx.dot import hvx_matmul, hvx_matmul_f16_ddr
 from kazeia.backends.htp.hvx.quant import (
     activation_row_size,
@@ -22,11 +22,13 @@ from kazeia.backends.htp.hvx.quant import (
     quantize_q8x4x2_into,
 )
 from kazeia.backends.htp.msg import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpContext, OpDesc, OpRecord
-from kazeia.backends.htp.profiles import DMA_UNBALANCED
+from kazeia.backends.htp.profiles import DMA_UNBALANCED, Profile
+from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.arena import Area, Vtcm, span_box
 from kazeia.backends.htp.vtcm.matmul.dispatch import src_layout
 from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
 from kazeia.graph.tensor import GGMLType, Tensor, array, type_name
+from kazeia.identity import IdentityCache
 
 _KIND = {GGMLType.Q4_1: "q8_1x4x2", GGMLType.F16: "f16"}
 
@@ -90,10 +92,32 @@ class LeaveProgram:
                    span_box((off, size) for off, _, _, size in dsts))
 
 
-class HvxPath:
-    """MatmulUnit's HVX half."""
+def dot_scratch(cache: dict, shape: tuple[int, int, int], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (x16, xs) scratch of `BoundDot` for `shape` (BoundDot.scratch_shape) and K, shared by the
+    bindings of one path (one DSP runs one op at a time): x16 stays zero past what its callers write."""
+    hit = cache.get((shape, k))
+    if hit is None:
+        m, n16, npad = shape
+        hit = cache[(shape, k)] = (np.zeros((m, n16), dtype=np.int16), np.zeros((m, npad), dtype=np.int32))
+    return hit
 
-    def _hvx(self, dsp: Dsp, octx: OpContext, op: OpDesc, reason: str, plan: MatmulPlan) -> OpRecord:
+
+class HvxPath:
+    """The HVX path of MUL_MAT (MatmulUnit holds one): built with the session's settings, profile and REPACK
+    buffer; `run` is the DSP-planned kernel (May's), `run_host_plan` October's kernel under the host's plan. The
+    bound decode matmuls (bound.py) get this path, its leave programs and its dot scratch."""
+
+    def __init__(self, settings: HtpSettings, profile: Profile, weights: WeightSource) -> None:
+        self.settings = settings
+        self.profile = profile
+        self.weights = weights
+        self._leave_programs: IdentityCache[LeaveProgram] = IdentityCache("htp.leave_programs", bind=True)  # by plan
+        self._dot_scratch: dict = {}
+
+    def dot_scratch(self, shape: tuple[int, int, int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        return dot_scratch(self._dot_scratch, shape, k)
+
+    def run(self, dsp: Dsp, octx: OpContext, op: OpDesc, reason: str, plan: MatmulPlan) -> OpRecord:
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
@@ -112,7 +136,7 @@ class HvxPath:
         return OpRecord("hvx", STATUS_OK, {"reason": reason, "src1_reused": reused, "vtcm_used": plan.used,
                                            "modeled_s": modeled_seconds(M, K, N, w.type)})
 
-    def _hvx_2026_10(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
+    def run_host_plan(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
         """2026-10's HVX MUL_MAT (hvx_mm_matmul with the host's plan): quantized weights by the October numerics
         (dot_2026_10.py), F16 weights by the F16 kernel. The VTCM image October's kernels leave is not modelled:
         under 2026-10 nothing reads it back (the src1 shortcut dies with the op)."""

@@ -18,8 +18,8 @@ from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.hmx.path import HmxPath
 from kazeia.backends.htp.host.kquants import K_QUANT_TYPES, KQuantWeight
 from kazeia.backends.htp.host.repack import RepackedWeight
-from kazeia.backends.htp.hvx.bound import BoundHvx, BoundHvx2026_10, bind_hvx, bind_hvx_2026_10, dot_scratch
-from kazeia.backends.htp.hvx.path import HvxPath, LeaveProgram, modeled_seconds
+from kazeia.backends.htp.hvx.bound import BoundHvx, BoundHvx2026_10, bind_hvx, bind_hvx_2026_10
+from kazeia.backends.htp.hvx.path import HvxPath, modeled_seconds
 from kazeia.backends.htp.msg import (
     STATUS_INTERNAL_ERR,
     STATUS_VTCM_TOO_SMALL,
@@ -66,15 +66,18 @@ def shared_store() -> WeightStore:
     return _SHARED
 
 
-class MatmulUnit(HmxPath, HvxPath):
+class MatmulUnit:
+    """op_matmul on the DSP: the plan (the host's or the DSP's), then its HMX or HVX path; what happens after an
+    HMX failure is the profile's. Holds one `hmx` and one `hvx` path over the same REPACK buffer."""
+
     def __init__(self, settings: HtpSettings, profile: Profile, weights: WeightStore | None = None) -> None:
         self.settings = settings
         self.profile = profile
         self.weights = weights if weights is not None else shared_store()
+        self.hmx = HmxPath(settings, profile, self.weights)
+        self.hvx = HvxPath(settings, profile, self.weights)
         self._plans: IdentityCache[MatmulPlan] = IdentityCache("htp.matmul_plans", bind=True, by_value=True)
-        self._leave_programs: IdentityCache[LeaveProgram] = IdentityCache("htp.leave_programs", bind=True)  # by plan
         self._bound: IdentityCache[BoundHvx | None] = IdentityCache("htp.bound_matmuls", limit=16384, bind=True)
-        self._dot_scratch: dict = {}
 
     # --- op_matmul ---
     def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
@@ -84,7 +87,7 @@ class MatmulUnit(HmxPath, HvxPath):
             b = self._bound.get(node, lambda: self._bind(dsp, node, placement),
                                 lambda b: b is None or b.matches(node, dsp, placement))
             if b is not None:
-                rec = b.run(self, dsp, octx, op)
+                rec = b.run(self.hvx, dsp, octx, op)
                 if rec is not None:
                     return rec
         return self._op_matmul(dsp, octx, op, self._plan(node))
@@ -93,11 +96,8 @@ class MatmulUnit(HmxPath, HvxPath):
         """hvx/bound.py bind_hvx of the node under this placement of its graph, kept by node (None: the general path
         runs it, until the node is another one)."""
         w, x = node.src[0], node.src[1]
-        return bind_hvx(self, dsp, node, self._plan(node), modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type),
+        return bind_hvx(self.hvx, dsp, node, self._plan(node), modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type),
                         placement)
-
-    def dot_scratch(self, shape: tuple[int, int, int], k: int) -> tuple:
-        return dot_scratch(self._dot_scratch, shape, k)
 
     def _plan(self, node: Tensor) -> MatmulPlan:
         """plan_for_node with this unit's settings, kept by what it reads of the node (type, ne and nb of both
@@ -115,10 +115,10 @@ class MatmulUnit(HmxPath, HvxPath):
         batched, _ = src_layout(w, x)
         hmx = plan if plan.path == "hmx" else plan.hmx_attempt  # None: the dispatch chose HVX
         if hmx is None:
-            return self._hvx(dsp, octx, op, plan.reason, plan)
+            return self.hvx.run(dsp, octx, op, plan.reason, plan)
         octx.src1_spad_src = None  # "always re-quantize src1 since HMX kernel overwrites vtcm"
         octx.src1_spad_kind = None
-        rec = self._hmx(dsp, op, batched, hmx)
+        rec = self.hmx.run(dsp, op, batched, hmx)
         if rec is not None:
             return rec
         if self.profile.hmx_failure == "reenter":
@@ -134,7 +134,7 @@ class MatmulUnit(HmxPath, HvxPath):
                                f"stack overflow after {attempts} op_matmul -> hmx_matmul_q_f32 re-entries on "
                                f"{node.name} (M={M} K={K} N={N})")
             return self._op_matmul(dsp, octx, op, plan)
-        rec = self._hvx(dsp, octx, op, "HMX failed, fell back to HVX", plan)
+        rec = self.hvx.run(dsp, octx, op, "HMX failed, fell back to HVX", plan)
         rec.detail["hmx_fallback"] = True
         return rec
 
@@ -157,7 +157,7 @@ class MatmulUnit(HmxPath, HvxPath):
                 return OpRecord("hmx", STATUS_INTERNAL_ERR, {"vtcm_used": plan.used, "vtcm_granted": granted,
                                                               "mc": plan.mc, "nc": plan.nc})
             batched, _ = src_layout(w, node.src[1])
-            rec = self._hmx(dsp, op, batched, plan)
+            rec = self.hmx.run(dsp, op, batched, plan)
             return rec
         if plan.used > granted:
             dsp.farf("ERROR", f"matmul-{plan.qtype} : current VTCM reservation {granted} is too small, "
@@ -170,8 +170,8 @@ class MatmulUnit(HmxPath, HvxPath):
             rec = b.run() if b is not None else None
             if rec is not None:
                 return rec
-        return self._hvx_2026_10(dsp, octx, op, plan)
+        return self.hvx.run_host_plan(dsp, octx, op, plan)
 
     def _bind_2026_10(self, node: Tensor, plan: MatmulPlan, placement: object) -> BoundHvx2026_10 | None:
         w, x = node.src[0], node.src[1]
-        return bind_hvx_2026_10(self, node, plan, modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type), placement)
+        return bind_hvx_2026_10(self.hvx, node, plan, modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type), placement)
