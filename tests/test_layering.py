@@ -142,7 +142,7 @@ def test_no_import_runs_up_the_house():
 HTP = "kazeia.backends.htp"
 # the HTP model's units from the bottom up (htp/__init__.py): a unit imports only units below it (and itself)
 HTP_UNITS = ["profiles", "archs", "settings", "fp16", "msg", "l2", "kernels", "vtcm", "host", "cost", "gates", "device",
-             "hvx", "hmx", "ops", "backend"]
+             "hvx", "hmx", "ops", "backend", "forensics"]
 
 
 def _unit(mod: str) -> str | None:
@@ -174,17 +174,29 @@ def test_the_engine_imports_nothing_of_the_htp():
     assert not bad, bad
 
 
+FORENSICS = HTP + ".forensics"  # the second face: the internals the forensic tools read
+
+
 def test_nothing_outside_htp_imports_past_its_face():
     bad = sorted((m, d) for m, deps in GRAPH.items() if not m.startswith(HTP) for d in deps
-                 if d.startswith(HTP + "."))
+                 if d.startswith(HTP + ".") and d != FORENSICS)
     assert not bad, bad
 
 
-def test_the_htp_face_names_what_it_promises():
-    import kazeia.backends.htp as face
+def test_only_the_forensic_tools_use_the_forensic_face():
+    bad = sorted(m for m, deps in GRAPH.items() if FORENSICS in deps and not m.startswith(HTP)
+                 and not m.startswith(("kazeia.debug", "kazeia.cli")))
+    assert not bad, bad
 
-    for name in face.__all__:
-        assert getattr(face, name) is not None, name
+
+def test_the_htp_faces_name_what_they_promise():
+    import kazeia.backends.htp as face
+    import kazeia.backends.htp.forensics as forensics
+
+    for f in (face, forensics):
+        for name in f.__all__:
+            assert getattr(f, name) is not None, name
+    assert not set(face.__all__) & set(forensics.__all__)
 
 
 def test_debug_tools_use_the_htp_backends_public_methods():

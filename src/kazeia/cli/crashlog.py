@@ -81,7 +81,8 @@ def plans_for(model: str, n_prompt: int, ubatch: int, settings) -> list:
 
 
 def main(args: argparse.Namespace) -> int:
-    from kazeia.backends.htp import VTCM_VA, HtpSettings, parse_crash
+    from kazeia.backends.htp import HtpSettings
+    from kazeia.backends.htp.forensics import VTCM_VA, parse_crash
     from kazeia.debug.crashmap import crash_map
 
     crash = parse_crash(read_log(args.file))

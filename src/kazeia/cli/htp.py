@@ -17,10 +17,10 @@ from kazeia.backends.htp import (
     MAX_HVX_THREADS,
     PROFILES,
     MatmulPlan,
-    bank_crossings,
     matmul_node,
     plan_for_node,
 )
+from kazeia.backends.htp.forensics import bank_crossings
 from kazeia.cli import validate
 from kazeia.cli.common import add_common
 from kazeia.debug.plan_view import plan_svg, plan_text

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kazeia.backends.htp import BANK_BYTES, VTCM_VA, MatmulPlan, ParsedCrash, hmx_deep_loads
+from kazeia.backends.htp import MatmulPlan
+from kazeia.backends.htp.forensics import BANK_BYTES, VTCM_VA, ParsedCrash, hmx_deep_loads
 
 
 @dataclass

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
-from kazeia.backends.htp import BANK_BYTES, DeepLoad, MatmulPlan
+from kazeia.backends.htp import MatmulPlan
+from kazeia.backends.htp.forensics import BANK_BYTES, DeepLoad
 
 
 def _hex(v: int) -> str:

@@ -109,7 +109,7 @@ def _stale_solve(x: np.ndarray, rw, stale: np.ndarray, y: np.ndarray, clean: np.
                  col_tile: int) -> tuple[list[int], bool]:
     """Which K tiles of column tile `col_tile` HMX took from `stale` (the weight the VTCM area held): least
     squares on the output difference, then the product recomputed with those tiles, compared bit for bit."""
-    from kazeia.backends.htp import shuffled_fp16
+    from kazeia.backends.htp.forensics import shuffled_fp16
 
     a16 = shuffled_fp16(np.asarray(x, dtype=np.float32), arch)
     c0, c1 = col_tile * 32, col_tile * 32 + 32
@@ -132,7 +132,7 @@ def _stale_solve(x: np.ndarray, rw, stale: np.ndarray, y: np.ndarray, clean: np.
 
 def _recompute(x: np.ndarray, rw, stale: np.ndarray, late: list[int], y: np.ndarray, arch, col_tile: int) -> bool:
     """Does the HMX product with K tiles `late` of column tile `col_tile` taken from `stale` give `y` exactly?"""
-    from kazeia.backends.htp import hmx_matmul_weight, shuffled_fp16
+    from kazeia.backends.htp.forensics import hmx_matmul_weight, shuffled_fp16
 
     a16 = shuffled_fp16(np.asarray(x, dtype=np.float32), arch)
     c0, c1 = col_tile * 32, col_tile * 32 + 32
@@ -170,7 +170,7 @@ def _probe(dump, settings, h: VtcmWriters, area, nbytes: int) -> np.ndarray | No
 
 def _localise_stale(rep: RaceReport, done: list, views: list, plan, rw, clean, settings, col_tile: int,
                     dump) -> None:
-    from kazeia.backends.htp import weight_from_tiles
+    from kazeia.backends.htp.forensics import weight_from_tiles
 
     area = plan.area("wt0" if any(a.name == "wt0" for a in plan.areas) else "weight")
     nbytes = plan.nc * rw.k * 2
@@ -205,7 +205,8 @@ def localise_race(spec: RunSpec, target: str, n_runs: int = 2, dump=None) -> Rac
     """Run `spec` `n_runs` times (under different timing seeds, see determinism.timing_seeded) and localise how
     the target op's outputs differ; `dump`: the target's dump (lets a probe replay see through non-finite stale
     bytes)."""
-    from kazeia.backends.htp import hmx_matmul_weight, plan_for_node, shuffled_fp16
+    from kazeia.backends.htp import plan_for_node
+    from kazeia.backends.htp.forensics import hmx_matmul_weight, shuffled_fp16
     from kazeia.debug.determinism import timing_seeded
 
     hooks = []

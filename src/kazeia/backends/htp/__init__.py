@@ -1,6 +1,7 @@
 """The emulated Hexagon NPU (-dev HTP0): llama.cpp's ggml-hexagon backend in software, per upstream version
 (profiles.py) and per arch (archs.py). This face is what the rest of kazeia (engine, debug, cli, bench) uses;
-nothing outside htp/ imports past it. Names load lazily: `from kazeia.backends.htp import HtpSettings` reads
+nothing outside htp/ imports past it (or past forensics.py, the
+face of the internals the forensic tools read). Names load lazily: `from kazeia.backends.htp import HtpSettings` reads
 settings.py only, not the whole device model.
 
 The units, from the bottom up (each imports only those below it; tests/test_layering.py):
@@ -33,22 +34,15 @@ _FACE = {
                                      "check_faults", "get_profile"),
     "kazeia.backends.htp.archs": ("KNOWN_ARCHS", "arch_profile", "describe_archs", "host_vmem_budget",
                                   "october_shm_bytes", "parse_arch", "session_refusal"),
-    "kazeia.backends.htp.msg": ("STATUS_NAMES", "STATUS_OK", "DeviceState"),
+    "kazeia.backends.htp.msg": ("STATUS_NAMES", "STATUS_OK"),
     "kazeia.backends.htp.host.support": ("K_QUANTS", "MAX_SRC1_ROWS", "MAX_WEIGHT_ROWS", "OCTOBER_QUANT_TYPES",
                                          "supports_op"),
-    "kazeia.backends.htp.host.crash_record": ("VTCM_VA", "ParsedCrash", "crash_record", "parse_crash"),
     "kazeia.backends.htp.host.repack": ("RepackedWeight",),
     "kazeia.backends.htp.vtcm.matmul.record": ("MatmulPlan", "QTYPES"),
     "kazeia.backends.htp.vtcm.matmul.dispatch": ("matmul_node", "plan_for_node", "plan_matmul", "src_layout"),
-    "kazeia.backends.htp.vtcm.arena": ("HMX_SCALES_BYTES", "HMX_TILE_BYTES", "Vtcm",
-                                       "VtcmAccessError", "span_box"),
     "kazeia.backends.htp.cost": ("DEFAULT", "PHONE_CPU", "CostModel", "graph_seconds", "hmx_matmul_seconds",
                                  "hvx_matmul_seconds", "op_seconds"),
-    "kazeia.backends.htp.hmx.deep_loads": ("BANK_BYTES", "DeepLoad", "bank_crossings", "hmx_deep_loads"),
-    "kazeia.backends.htp.hmx.tiles": ("hmx_matmul_weight", "weight_from_tiles"),
-    "kazeia.backends.htp.kernels.rounding": ("shuffled_fp16",),
     "kazeia.backends.htp.ops.matmul": ("WeightStore",),
-    "kazeia.backends.htp.vtcm.scratch": ("op_scratch",),
 }
 
 if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly (never at run time)
@@ -72,9 +66,6 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
         op_seconds,
     )
     from kazeia.backends.htp.gates import VtcmPlanGate
-    from kazeia.backends.htp.hmx.deep_loads import BANK_BYTES, DeepLoad, bank_crossings, hmx_deep_loads
-    from kazeia.backends.htp.hmx.tiles import hmx_matmul_weight, weight_from_tiles
-    from kazeia.backends.htp.host.crash_record import VTCM_VA, ParsedCrash, crash_record, parse_crash
     from kazeia.backends.htp.host.repack import RepackedWeight
     from kazeia.backends.htp.host.support import (
         K_QUANTS,
@@ -83,8 +74,7 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
         OCTOBER_QUANT_TYPES,
         supports_op,
     )
-    from kazeia.backends.htp.kernels.rounding import shuffled_fp16
-    from kazeia.backends.htp.msg import STATUS_NAMES, STATUS_OK, DeviceState
+    from kazeia.backends.htp.msg import STATUS_NAMES, STATUS_OK
     from kazeia.backends.htp.ops.matmul import WeightStore
     from kazeia.backends.htp.profiles import (
         FAULTS,
@@ -101,10 +91,8 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
         get_profile,
     )
     from kazeia.backends.htp.settings import DEFAULT_HVX_THREADS, DEFAULT_VTCM, MAX_HVX_THREADS, HtpSettings
-    from kazeia.backends.htp.vtcm.arena import HMX_SCALES_BYTES, HMX_TILE_BYTES, Vtcm, VtcmAccessError, span_box
     from kazeia.backends.htp.vtcm.matmul.dispatch import matmul_node, plan_for_node, plan_matmul, src_layout
     from kazeia.backends.htp.vtcm.matmul.record import QTYPES, MatmulPlan
-    from kazeia.backends.htp.vtcm.scratch import op_scratch
 
 _WHERE = {name: mod for mod, names in _FACE.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kazeia.backends.htp import HtpSettings, op_scratch, plan_for_node, supports_op
+from kazeia.backends.htp import HtpSettings, plan_for_node, supports_op
+from kazeia.backends.htp.forensics import op_scratch
 from kazeia.engine.context import Model
 from kazeia.graph import builder as gb
 from kazeia.graph.tensor import GGMLType, Tensor, make_tensor, type_name

@@ -12,7 +12,7 @@ HVX_ENV = {"GGML_HEXAGON_USE_HMX": "0"}
 
 
 def crash_step(cx: Context) -> tuple[str, str]:
-    from kazeia.backends.htp import parse_crash
+    from kazeia.backends.htp.forensics import parse_crash
     from kazeia.debug.crashmap import place_bad_va
 
     f = cx.findings

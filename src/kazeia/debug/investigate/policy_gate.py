@@ -40,7 +40,7 @@ def hmx_class_rule(cx: Context, cls: str, what: str | None) -> Rule:
 def bank_rules(cx: Context) -> list[Rule]:
     """One rule per MUL_MAT class (weight type, K, N) whose HMX plan at this run's M has a deep load across a
     VTCM bank: to HVX at that M only."""
-    from kazeia.backends.htp import bank_crossings
+    from kazeia.backends.htp.forensics import bank_crossings
     from kazeia.graph.tensor import type_name
 
     rules: dict[tuple, Rule] = {}

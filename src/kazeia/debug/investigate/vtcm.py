@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from kazeia.backends.htp import HMX_SCALES_BYTES, HMX_TILE_BYTES, MAX_SRC1_ROWS, MatmulPlan, get_profile, plan_for_node
+from kazeia.backends.htp import MAX_SRC1_ROWS, MatmulPlan, get_profile, plan_for_node
+from kazeia.backends.htp.forensics import HMX_SCALES_BYTES, HMX_TILE_BYTES
 from kazeia.debug.investigate.common import prefix_spec, ran, through
 from kazeia.debug.investigate.facts import OpPlan, dies
 from kazeia.debug.investigate.figures import plot_plan_vs_m

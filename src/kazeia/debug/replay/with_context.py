@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from kazeia.backends.htp import DeviceState
+from kazeia.backends.htp.forensics import DeviceState
 from kazeia.debug.dump import Dump
 from kazeia.debug.replay.alone import run_watched
 from kazeia.debug.replay.materialize import context_tensors
