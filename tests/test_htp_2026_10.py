@@ -131,14 +131,14 @@ def test_october_hvx_numerics_against_a_sequential_oracle():
     from gguf import quantize
 
     from kazeia.backends.htp.host.repack import RepackedWeight
-    from kazeia.backends.htp.hvx.dot_2026_10 import hvx_matmul_2026_10, quantize_activations_2026_10
+    from kazeia.backends.htp.hvx.dot_sequential import hvx_matmul_sequential, quantize_activations_2026_10
 
     rng = np.random.default_rng(3)
     K, N, M = 320, 9, 3
     for qt in (T.Q4_0, T.Q8_0):
         raw = quantize(rng.standard_normal((N, K)).astype(np.float32), qt).reshape(N, -1)
         x = (rng.standard_normal((M, K)) * 3).astype(np.float32)
-        y = hvx_matmul_2026_10(RepackedWeight.from_ggml(raw, qt, K), x)
+        y = hvx_matmul_sequential(RepackedWeight.from_ggml(raw, qt, K), x)
         q, d = quantize_activations_2026_10(x)
         ts = raw.shape[1] // (K // 32)
         blk = raw.reshape(N, K // 32, ts)

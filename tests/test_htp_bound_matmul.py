@@ -47,7 +47,7 @@ def _place(tensors, pad=0) -> Placement:
 
 
 class _Device:
-    """One emulated DSP running MUL_MAT ops: bound (op_matmul) or general (every call through _op_matmul)."""
+    """One emulated DSP running MUL_MAT ops: bound (op_matmul) or general (every call through _run_dsp_plan)."""
 
     def __init__(self, bound: bool, seed: int):
         self.ex = Executor(SETTINGS, get_profile("robust"), WeightStore())
@@ -62,7 +62,7 @@ class _Device:
         if self.bound:
             rec = unit.op_matmul(self.dsp, self.octx, op, OpBatch())
         else:
-            rec = unit._op_matmul(self.dsp, self.octx, op, unit._plan(node))
+            rec = unit._run_dsp_plan(self.dsp, self.octx, op, unit._plan(node))
         return rec, np.array(array(node)), (self.octx.src1_spad_src, self.octx.src1_spad_kind)
 
 

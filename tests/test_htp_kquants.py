@@ -20,7 +20,7 @@ from gguf import quants as gq
 from cli_utils import kazeia_clean as _kazeia
 from kazeia.backends.htp.host.kquants import KQuantWeight
 from kazeia.backends.htp.host.repack import RepackedWeight
-from kazeia.backends.htp.hvx.dot_2026_10 import hvx_matmul_2026_10, quantize_activations_2026_10
+from kazeia.backends.htp.hvx.dot_sequential import hvx_matmul_sequential, quantize_activations_2026_10
 from kazeia.gguf.kquantize import quantize_q4_k, quantize_q6_k
 
 F32 = np.float32
@@ -108,7 +108,7 @@ def test_hvx_dot_in_octobers_order(qtype):
     else:
         raw, w = _weights(qtype, n, k, seed=5)
     x = _activations(m, k, seed=6)
-    y = hvx_matmul_2026_10(w, x)
+    y = hvx_matmul_sequential(w, x)
     q, d = quantize_activations_2026_10(x)  # the q8_0 quantizer's quants and d_a (checked in test_htp_2026_10.py)
     for mi in range(m):
         for ni in range(n):
@@ -179,7 +179,7 @@ def test_q8_1_block_sums_are_octobers():
     """s_a from the fp32 amax times f32(1/127) (October), over 64k groups: kazeia's image holds exactly that; a sum
     made from the fp16 d_a instead would give other bits for some of them (the test tells the two apart; May's
     amax / 127 gives October's bits on all of these)."""
-    from kazeia.backends.htp.hvx.dot_2026_10 import quantize_q8_1_2026_10
+    from kazeia.backends.htp.hvx.dot_sequential import quantize_q8_1_2026_10
     from kazeia.backends.htp.hvx.quant import parse_q8_1x4x2
 
     x = _activations(64, 32 * 1024, seed=7)

@@ -52,7 +52,7 @@ def test_cpu_quantizer_is_ggml_cpus_x86_quantize_row_q8_0():
 
 
 def test_dsp_quantizer_writes_ggml_q8_0_blocks_of_the_activation_quantizer():
-    from kazeia.backends.htp.hvx.dot_2026_10 import quantize_activations_2026_10, quantize_q8_0_rows
+    from kazeia.backends.htp.hvx.dot_sequential import quantize_activations_2026_10, quantize_q8_0_rows
 
     x = (np.random.default_rng(2).standard_normal((4, 128)) * 3).astype(np.float32)
     raw = quantize_q8_0_rows(x)

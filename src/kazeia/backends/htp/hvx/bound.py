@@ -143,11 +143,11 @@ def _bound_runs(vt, runs: list[tuple[int, np.ndarray]], box: tuple[int, int]) ->
     return spans, pairs, box, CopyRuns.of(pairs)
 
 
-class BoundHvx2026_10:
-    """2026-10's HVX MUL_MAT of one node bound once (`HvxPath._hvx_2026_10`'s steps with their arguments worked out):
-    the October quantizer (32-element groups) into the binding's own image, the sequential dot straight into dst.
-    Its VTCM leaves nothing here either (see `_hvx_2026_10`). `run` returns None where the general path must run
-    this call (activations the native quantizer does not take: it has then written nothing)."""
+class BoundHvxHostPlan:
+    """2026-10's HVX MUL_MAT of one node bound once (`HvxPath.run_host_plan`'s steps with their arguments worked
+    out): the October quantizer (32-element groups) into the binding's own image, the sequential dot straight into
+    dst. Its VTCM leaves nothing here either (see `HvxPath.run_host_plan`). `run` returns None where the general path
+    must run this call (activations the native quantizer does not take: it has then written nothing)."""
 
     __slots__ = ("src", "route_path", "placement", "quant", "dot", "img", "pimg", "stride", "pdst", "record")
 
@@ -162,8 +162,8 @@ class BoundHvx2026_10:
         return OpRecord("hvx", STATUS_OK, {"reason": reason, "vtcm_used": used, "kernel": kernel, "modeled_s": modeled})
 
 
-def bind_hvx_2026_10(unit: HvxPath, node: Tensor, plan: MatmulPlan, modeled_s: float,
-                     placement: object) -> BoundHvx2026_10 | None:
+def bind_hvx_host_plan(unit: HvxPath, node: Tensor, plan: MatmulPlan, modeled_s: float,
+                     placement: object) -> BoundHvxHostPlan | None:
     """The binding of a 2026-10 HVX matmul node, or None where the general path keeps running it (weights other
     than Q4_0/Q8_0/IQ4_NL, batched or non-contiguous operands, F16 src1)."""
     ops = _operands(unit, node) if plan.path == "hvx" and plan.status == "ok" else None
@@ -171,9 +171,9 @@ def bind_hvx_2026_10(unit: HvxPath, node: Tensor, plan: MatmulPlan, modeled_s: f
         return None
     w = node.src[0]
     m, k, kp, stride, xs, dst, rw, b8 = ops
-    b = BoundHvx2026_10()
+    b = BoundHvxHostPlan()
     b.src, b.route_path, b.placement = node.src, node.route_path, placement
-    b.img = np.zeros((m, stride), dtype=np.uint8)  # as hvx_matmul_2026_10's fresh image: bytes never written stay 0
+    b.img = np.zeros((m, stride), dtype=np.uint8)  # as hvx_matmul_sequential's fresh image: bytes never written stay 0
     b.pimg, b.stride = ptr(b.img), stride
     b.quant = BoundQuant(xs, kp, 32, fp16_table("inverse"), fp16_table("int8"), b.img)
     b.dot = BoundDot(b8, w.type, m, k, unit.dot_scratch(BoundDot.scratch_shape(w.type, rw.nsub, m), k),

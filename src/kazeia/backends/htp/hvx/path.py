@@ -138,9 +138,9 @@ class HvxPath:
 
     def run_host_plan(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
         """2026-10's HVX MUL_MAT (hvx_mm_matmul with the host's plan): quantized weights by the October numerics
-        (dot_2026_10.py), F16 weights by the F16 kernel. The VTCM image October's kernels leave is not modelled:
+        (dot_sequential.py), F16 weights by the F16 kernel. The VTCM image October's kernels leave is not modelled:
         under 2026-10 nothing reads it back (the src1 shortcut dies with the op)."""
-        from kazeia.backends.htp.hvx.dot_2026_10 import hvx_matmul_2026_10
+        from kazeia.backends.htp.hvx.dot_sequential import hvx_matmul_sequential
 
         node = op.node
         w, x = node.src[0], node.src[1]
@@ -148,7 +148,7 @@ class HvxPath:
         if w.type == GGMLType.F16:
             y = self._hvx_f16_ddr(node)
         else:
-            y = hvx_matmul_2026_10(self.weights.get(w), np.asarray(array(x), dtype=np.float32).reshape(-1, K))
+            y = hvx_matmul_sequential(self.weights.get(w), np.asarray(array(x), dtype=np.float32).reshape(-1, K))
         out = array(node)
         out[...] = y.reshape(out.shape)
         return OpRecord("hvx", STATUS_OK, {"reason": plan.reason, "vtcm_used": plan.used,

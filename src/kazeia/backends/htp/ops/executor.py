@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kazeia.backends.htp.device import Dsp
-from kazeia.backends.htp.hvx.dot_2026_10 import quantize_q8_0_rows
+from kazeia.backends.htp.hvx.dot_sequential import quantize_q8_0_rows
 from kazeia.backends.htp.kernels.expf import exp_f32
 from kazeia.backends.htp.kernels.rounding import f16_to_f32, round_hw
 from kazeia.backends.htp.msg import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpContext, OpDesc, OpRecord

@@ -18,7 +18,7 @@ from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.hmx.path import HmxPath
 from kazeia.backends.htp.host.kquants import K_QUANT_TYPES, KQuantWeight
 from kazeia.backends.htp.host.repack import RepackedWeight
-from kazeia.backends.htp.hvx.bound import BoundHvx, BoundHvx2026_10, bind_hvx, bind_hvx_2026_10
+from kazeia.backends.htp.hvx.bound import BoundHvx, BoundHvxHostPlan, bind_hvx, bind_hvx_host_plan
 from kazeia.backends.htp.hvx.path import HvxPath, modeled_seconds
 from kazeia.backends.htp.msg import (
     STATUS_INTERNAL_ERR,
@@ -78,19 +78,20 @@ class MatmulUnit:
         self.hvx = HvxPath(settings, profile, self.weights)
         self._plans: IdentityCache[MatmulPlan] = IdentityCache("htp.matmul_plans", bind=True, by_value=True)
         self._bound: IdentityCache[BoundHvx | None] = IdentityCache("htp.bound_matmuls", limit=16384, bind=True)
+        # the version's op_matmul, chosen once: the host's plan in kernel params (2026-10), or the DSP's own
+        self.op_matmul = self._op_matmul_host_plan if profile.caps.host_solves_plans else self._op_matmul_dsp_plan
 
-    # --- op_matmul ---
-    def op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
+    # --- op_matmul of the DSP-planned code (May's; robust) ---
+    def _op_matmul_dsp_plan(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
         node, placement = op.node, op.placement
-        # (bound: the HVX kernels of the DSP-planned code)
-        if placement is not None and binding() and not self.profile.caps.host_solves_plans:
+        if placement is not None and binding():  # a decode runs the same nodes every token: bound once
             b = self._bound.get(node, lambda: self._bind(dsp, node, placement),
                                 lambda b: b is None or b.matches(node, dsp, placement))
             if b is not None:
                 rec = b.run(self.hvx, dsp, octx, op)
                 if rec is not None:
                     return rec
-        return self._op_matmul(dsp, octx, op, self._plan(node))
+        return self._run_dsp_plan(dsp, octx, op, self._plan(node))
 
     def _bind(self, dsp: Dsp, node: Tensor, placement: object) -> BoundHvx | None:
         """hvx/bound.py bind_hvx of the node under this placement of its graph, kept by node (None: the general path
@@ -106,9 +107,8 @@ class MatmulUnit:
         key = (w.type, w.ne, w.nb, x.type, x.ne, x.nb, node.route_path)
         return self._plans.get(key, lambda: plan_for_node(node, self.settings))
 
-    def _op_matmul(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
-        if self.profile.caps.host_solves_plans:
-            return self._op_matmul_2026_10(dsp, octx, op, plan)
+    def _run_dsp_plan(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
+        """The general path: HMX when the DSP's dispatch chose it, and the profile's answer to its failure."""
         node = op.node
         w, x = node.src[0], node.src[1]
         M, K, N = x.ne[1], w.ne[0], w.ne[1]
@@ -133,18 +133,20 @@ class MatmulUnit:
                 raise DspFault("stack-overflow",
                                f"stack overflow after {attempts} op_matmul -> hmx_matmul_q_f32 re-entries on "
                                f"{node.name} (M={M} K={K} N={N})")
-            return self._op_matmul(dsp, octx, op, plan)
+            return self._run_dsp_plan(dsp, octx, op, plan)
         rec = self.hvx.run(dsp, octx, op, "HMX failed, fell back to HVX", plan)
         rec.detail["hmx_fallback"] = True
         return rec
 
-    def _op_matmul_2026_10(self, dsp: Dsp, octx: OpContext, op: OpDesc, plan: MatmulPlan) -> OpRecord:
+    # --- op_matmul of the host-planned code (2026-10) ---
+    def _op_matmul_host_plan(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
         """op_matmul of 2026-10 (matmul-ops.c): the host's kernel params say HMX or HVX; the kernel rebuilds the
         plan's layout and checks it against the VTCM the DSP was granted (`ctx->vtcm_size`, main.c: vtcm_alloc)
         before touching anything. A misfit is an op status (hmx_mm_2d_f32 returns -1 -> INTERNAL-ERROR; the HVX
         kernels return VTCM-TOO-SMALL); dst keeps what it held; the batch goes on."""
         node = op.node
         w = node.src[0]
+        plan = self._plan(node)
         granted = self.settings.dsp_vtcm_bytes
         if plan.path == "hmx":
             octx.src1_spad_src = None  # the HMX kernel overwrites VTCM
@@ -165,13 +167,13 @@ class MatmulUnit:
             return OpRecord("hvx", STATUS_VTCM_TOO_SMALL, {"vtcm_used": plan.used, "vtcm_granted": granted})
         placement = op.placement
         if placement is not None and binding():  # a decode runs the same nodes every token: bound once
-            b = self._bound.get(node, lambda: self._bind_2026_10(node, plan, placement),
+            b = self._bound.get(node, lambda: self._bind_host_plan(node, plan, placement),
                                 lambda b: b is None or b.matches(node, placement))
             rec = b.run() if b is not None else None
             if rec is not None:
                 return rec
         return self.hvx.run_host_plan(dsp, octx, op, plan)
 
-    def _bind_2026_10(self, node: Tensor, plan: MatmulPlan, placement: object) -> BoundHvx2026_10 | None:
+    def _bind_host_plan(self, node: Tensor, plan: MatmulPlan, placement: object) -> BoundHvxHostPlan | None:
         w, x = node.src[0], node.src[1]
-        return bind_hvx_2026_10(self.hvx, node, plan, modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type), placement)
+        return bind_hvx_host_plan(self.hvx, node, plan, modeled_seconds(x.ne[1], w.ne[0], w.ne[1], w.type), placement)

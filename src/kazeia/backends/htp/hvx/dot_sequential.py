@@ -78,7 +78,7 @@ def quantize_q8_1_2026_10(xs: np.ndarray) -> np.ndarray:
     return _write_rows(_image(m, q8_1x4x2_row_size(k), None), q, sbytes, k)
 
 
-def hvx_matmul_2026_10(w: RepackedWeight | KQuantWeight, xs: np.ndarray) -> np.ndarray:
+def hvx_matmul_sequential(w: RepackedWeight | KQuantWeight, xs: np.ndarray) -> np.ndarray:
     """y (M, N) float32: the October HVX MUL_MAT of quantized weight `w` with float32 activations `xs` (M, K). The
     activations go through May's image format with one scale per 32-element group (the same quantizer; q8_1 for
     the offset types), the products through the HVX dot kernels in October's summation order (kernels/hvx:
