@@ -349,3 +349,15 @@ def test_env_default_is_validated_too(monkeypatch):
     kazeia_settings.reload()  # (switches are read once per process)
     ns, err = parse(["run", "-p", "hi"])
     assert ns is None and "--cpu-node-range" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cpu_mask_is_bounded_as_llama_cpp_bounds_it():
+    """--cpu-mask (issue 36): llama.cpp's parse_cpu_mask takes a lowercase 0x and at most 128 hex digits
+    (GGML_MAX_N_THREADS = 512 bits); a mask of no CPU this machine has is refused rather than run unpinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    assert V.hex_mask("0x3") == "0x3" and V.hex_mask("f" * 128) == "f" * 128
+    beyond = format(1 << (cpus[-1] + 1), "x")  # only the CPU after this machine's last
+    for bad, why in [("0X3", "lowercase 0x"), ("f" * 129, "GGML_MAX_N_THREADS"), ("0x0", "none of this machine"),
+                     (beyond, "none of this machine"), ("0x", "not a hex CPU mask")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            V.hex_mask(bad)

@@ -162,11 +162,36 @@ def vtcm_bytes(text: str) -> int:
 
 
 def hex_mask(text: str) -> str:
-    """llama.cpp's --cpu-mask: an arbitrarily long hex number (0x optional)."""
+    """llama.cpp's --cpu-mask (common.cpp parse_cpu_mask): hex digits after an optional lowercase "0x", one bit per
+    CPU, at most GGML_MAX_N_THREADS bits (llama.cpp reads the first 128 digits and drops the rest unread; kazeia
+    refuses them). A mask that names none of this machine's CPUs is refused too (llama.cpp only warns that it
+    could not set the affinity, and runs unpinned)."""
     t = text.strip()
-    if not re.fullmatch(r"(0[xX])?[0-9a-fA-F]+", t):
-        raise _bad(f"{_show(text)} is not a hex CPU mask (e.g. 0x3)")
+    digits = t[2:] if t.startswith("0x") else t
+    if not re.fullmatch(r"[0-9a-fA-F]+", digits):
+        raise _bad(f"{_show(text)} is not a hex CPU mask (e.g. 0x3; llama.cpp takes a lowercase 0x only)")
+    if len(digits) > MAX_THREADS // 4:
+        raise _bad(f"a CPU mask of {len(digits)} hex digits names CPUs past ggml's {MAX_THREADS} "
+                   f"(GGML_MAX_N_THREADS: {MAX_THREADS // 4} digits at most)")
+    mask = int(digits, 16)
+    cpus = _machine_cpus()
+    if not any(mask >> c & 1 for c in cpus):
+        raise _bad(f"CPU mask {_show(text)} names none of this machine's CPUs ({_cpu_list(cpus)})")
     return t
+
+
+def _machine_cpus() -> list[int]:
+    """The CPUs this process may run on (sched_getaffinity where the OS has it, else 0 .. cpu_count-1)."""
+    import os
+
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    return f"{cpus[0]}-{cpus[-1]}" if cpus == list(range(cpus[0], cpus[-1] + 1)) else ",".join(map(str, cpus))
 
 
 def regex(text: str) -> str:
