@@ -290,3 +290,54 @@ def test_no_template_exceeds_the_budget(tok, template):
     assert out is None or len(out) <= BUDGET.max_chars
     assert peak < 64 << 20, f"peak {peak >> 20} MiB"
     assert elapsed < BUDGET.seconds + 5, f"{elapsed:.1f} s"  # the budget plus the check interval's slack
+
+
+# ---------------------------------------------------------------------------------------------------
+# issue 36: every filter and method that builds a sequence or a string weighs it from its inputs first
+
+BUILT_BEFORE_WEIGHED = [
+    ("{{ ('ab' * 30000)|join('-' * 50000) }}", "the result of the join filter"),          # join over a str
+    ("{{ range(50000)|join('=' * 40000) }}", "the result of the join filter"),            # over a range
+    ("{{ range(5000000)|map('string')|join }}", "the items of the join filter"),           # over a lazy map
+    ("{{ 'z'.join(range(5000000)|map('string')) }}", "the items of str.join()"),
+    ("{{ ['a']|batch(200000000, 'f')|list|length }}", "the batch filter's linecount"),
+    ("{{ [0, 1]|slice(40000000)|list|length }}", "the slice filter's count"),
+    ("{{ range(5000000)|select|list|length }}", "the items of a filter"),
+    ("{{ range(5000000)|map('int')|unique|list|length }}", "the items of a filter"),
+    ("{{ range(4000000)|sum(start=[]) }}", "the items of the sum filter"),
+]
+
+
+@pytest.mark.parametrize("template,what", BUILT_BEFORE_WEIGHED)
+def test_results_are_weighed_before_they_are_built(tok, template, what):
+    tracemalloc.start()
+    try:
+        t0 = time.perf_counter()
+        msg = _refusal(template, tok, n_ctx=4096)
+        seconds = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert what in msg and "over the budget" in msg, msg
+    assert peak < 64 << 20, f"{template}: {peak >> 20} MiB allocated before the refusal"
+    assert seconds < 5, seconds
+
+
+def test_bounded_filters_keep_their_results(tok):
+    """The checks change no result the budget allows (compared with an unbudgeted sandbox)."""
+    env = ImmutableSandboxedEnvironment()
+    for t in ("{{ range(10)|batch(3, 'x')|list }}", "{{ range(10)|slice(3)|list }}", "{{ 'abc'|join('-') }}",
+              "{{ range(5)|map('string')|join(',') }}", "{{ [[1], [2, 3]]|sum(start=[]) }}",
+              "{{ {'b': 1, 'a': 2}|dictsort }}", "{{ [3, 1, 3]|unique|list }}", "{{ range(4)|reverse|list }}",
+              "{{ (range(6)|map('int'))|first }}", "{{ messages|map(attribute='content')|join('|') }}"):
+        assert render_chat(t, MSG, tok, n_ctx=4096) == env.from_string(t).render(messages=MSG), t
+
+
+def test_a_filter_the_sandbox_does_not_know_is_refused(tok):
+    from kazeia.engine.template_sandbox import BudgetedEnvironment, Meter
+
+    meter = Meter(Budget.for_context(4096), "t")
+    env = BudgetedEnvironment(meter)
+    env.filters["explode"] = env.metered_filter("explode", lambda s: s * 10)
+    with pytest.raises(TemplateBudgetError, match="the explode filter is not one the template sandbox knows"):
+        env.from_string("{{ 'a'|explode }}").render()

@@ -50,23 +50,47 @@ def at(path: str, line_no: int | None = None) -> str:
     return f"{name}:{line_no}" if line_no is not None else name
 
 
+def open_regular(path: str | os.PathLike, what: str, max_bytes: int | None = None):
+    """The file opened for binary reading, once it is known to be a regular file: opened without blocking
+    (O_NONBLOCK: a FIFO with no writer, a socket or a device would block open() itself, or never end), then
+    checked with fstat on that descriptor (what is read is what was checked), then set back to blocking. With
+    `max_bytes`, a larger file is refused before any read. The one way kazeia opens a file it reads."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise InputLimitError(f"{at(path)}: cannot read: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO, socket or device"
+            raise InputLimitError(f"{at(path)}: not a regular file ({kind}; a {what} is read from a file)")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise InputLimitError(f"{at(path)}: {st.st_size} bytes, more than a {what} may hold ({max_bytes} bytes)")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str | os.PathLike, what: str, max_bytes: int) -> bytes:
+    """The file's bytes (open_regular), refused when it holds more than max_bytes, even if it grows while read."""
+    with open_regular(path, what, max_bytes) as f:
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as e:
+            raise InputLimitError(f"{at(os.fspath(path))}: cannot read: {e.strerror or e}") from None
+    if len(data) > max_bytes:  # grew while we read it
+        raise InputLimitError(f"{at(os.fspath(path))}: more than a {what} may hold ({max_bytes} bytes)")
+    return data
+
+
 def read_text(path: str, limits: TextLimits) -> str:
     """The file's text, refused before reading when it is larger than limits.max_bytes; bytes that are not UTF-8
     become U+FFFD (a device log is what the device wrote, not kazeia's to reject for its encoding)."""
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputLimitError(f"{at(path)}: not a regular file (a {limits.what} is read from a file)")
-        if st.st_size > limits.max_bytes:
-            raise InputLimitError(f"{at(path)}: {st.st_size} bytes, more than a {limits.what} may hold "
-                                  f"({limits.max_bytes} bytes)")
-        with open(path, "rb") as f:
-            data = f.read(limits.max_bytes + 1)
-    except OSError as e:
-        raise InputLimitError(f"{at(path)}: cannot read: {e.strerror or e}") from None
-    if len(data) > limits.max_bytes:  # grew while we read it
-        raise InputLimitError(f"{at(path)}: more than a {limits.what} may hold ({limits.max_bytes} bytes)")
-    return data.decode("utf-8", "replace")
+    return read_bytes(path, limits.what, limits.max_bytes).decode("utf-8", "replace")
 
 
 def numbered_lines(text: str, path: str, limits: TextLimits) -> Iterator[tuple[int, str]]:

@@ -12,12 +12,12 @@ import numpy as np
 from kazeia.debug.runner import run
 from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
+from kazeia.limits import read_json_object
 from kazeia.native.threads import apply_threads
 
 
 def main(argv: list[str]) -> int:
-    with open(argv[0]) as f:
-        job = json.load(f)
+    job = read_json_object(argv[0], "child job")
     apply_threads(job)
     spec = RunSpec(**job["spec"])
     try:

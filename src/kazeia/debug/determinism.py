@@ -24,10 +24,12 @@ import numpy as np
 from kazeia.backends.base import Hook, OpInfo
 from kazeia.backends.ref import WeightCache
 from kazeia.debug.runner import RunResult, run
+from kazeia.debug.runner import load_array as _load_array
 from kazeia.debug.stats import tensor_hash
 from kazeia.engine.session import RunSpec, build_context, close_backends, shared_cache
 from kazeia.errors import KazeiaError
 from kazeia.graph.tensor import Tensor
+from kazeia.limits import read_json_object
 from kazeia.native.threads import apply_threads, child_threads
 
 
@@ -88,15 +90,13 @@ def hashed_run_child(spec: RunSpec, timeout: float = 600.0) -> HashedRun:
         if not os.path.exists(out):
             tail = " | ".join((proc.stderr or "").strip().splitlines()[-3:])
             return HashedRun(False, f"child exited with status {proc.returncode}: {tail}", [])
-        with open(out) as f:
-            d = json.load(f)
-        logits = np.load(d["logits"]) if d.get("logits") else None
+        d = read_json_object(out, "child result", max_bytes=256 << 20)
+        logits = _load_array(d["logits"]) if d.get("logits") else None
         return HashedRun(d["ok"], d["signature"], d["records"], logits)
 
 
 def _child_main(argv: list[str]) -> int:
-    with open(argv[0]) as f:
-        job = json.load(f)
+    job = read_json_object(argv[0], "child job")
     apply_threads(job)
     r = hashed_run(RunSpec(**job["spec"]))
     logits_path = None

@@ -23,6 +23,7 @@ from kazeia.engine.context import Context
 from kazeia.engine.prefix import PrefixScheduler, check_prefix_run
 from kazeia.engine.session import RunSpec, build_context, check_generation, prompt_ids
 from kazeia.errors import DeviceDeathError, DeviceOpError
+from kazeia.limits import open_regular, read_json_object
 from kazeia.native.threads import child_threads
 
 
@@ -129,7 +130,13 @@ def run_child(spec: RunSpec, timeout: float = 600.0, all_logits: bool = False) -
             return RunResult(ok=False, seconds=time.perf_counter() - t0, killed=external_kill(proc.returncode,
                                                                                               proc.stderr or ""),
                              error=f"child exited with status {proc.returncode}: {' | '.join(tail)}")
-        with open(out_path) as f:
-            d = json.load(f)
-        arrays = {k: np.load(path) if (path := d.pop(f"{k}_path", None)) else None for k in ("logits", "stop_output")}
+        d = read_json_object(out_path, "child result", max_bytes=256 << 20)
+        arrays = {k: load_array(path) if (path := d.pop(f"{k}_path", None)) else None
+                  for k in ("logits", "stop_output")}
         return RunResult(**arrays, **d)
+
+
+def load_array(path: str) -> np.ndarray:
+    """A .npy array a child process wrote (opened as a regular file, no pickles)."""
+    with open_regular(path, "child array", 16 << 30) as f:
+        return np.load(f, allow_pickle=False)

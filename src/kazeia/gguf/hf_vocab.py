@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from tokenizers import Tokenizer
 
 from kazeia.errors import KazeiaError
+from kazeia.limits import read_bytes
 
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
 SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
@@ -83,10 +84,9 @@ class HFVocab:
 
 def _json(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise KazeiaError(f"cannot read the tokenizer file {path}: {e}") from None
+        return json.loads(read_bytes(path, "tokenizer file", 256 << 20).decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise KazeiaError(f"cannot read the tokenizer file {path}: {str(e)[:120]}") from None
 
 
 def _tokens(path: str, base: dict[str, int], added: list[dict], tc: dict, n_vocab: int) -> tuple[list[str], list[int]]:

@@ -12,7 +12,6 @@ Every problem becomes a `GGUFError` that names the file and the problem.
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kazeia.errors import GGUFError
+from kazeia.limits import InputLimitError, open_regular
 
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4
@@ -357,17 +357,19 @@ def load_gguf(path: str | os.PathLike, header_only: bool = False) -> GGUFFile:
         raise GGUFError(path, "no such file")
     if os.path.isdir(path):
         raise GGUFError(path, "is a directory, not a GGUF file")
-    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or never end
-        raise GGUFError(path, "is not a regular file (a FIFO, socket or device), not a GGUF file")
     try:
-        size = os.path.getsize(path)
-        if size < 24:
-            with open(path, "rb") as f:
+        f = open_regular(path, "GGUF file")  # a FIFO or a device would block or never end
+    except InputLimitError:
+        raise GGUFError(path, "is not a regular file (a FIFO, socket or device), not a GGUF file") from None
+    try:
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 24:
                 head = f.read(4)
-            if head != GGUF_MAGIC:
-                raise GGUFError(path, f"bad magic {head!r} (expected b'GGUF'): not a GGUF file")
-            raise GGUFError(path, f"truncated header: file has only {size} bytes")
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
+                if head != GGUF_MAGIC:
+                    raise GGUFError(path, f"bad magic {head!r} (expected b'GGUF'): not a GGUF file")
+                raise GGUFError(path, f"truncated header: file has only {size} bytes")
+            mm = np.memmap(f, dtype=np.uint8, mode="r")  # the descriptor fstat checked (the map outlives it)
     except OSError as e:
         raise GGUFError(path, f"cannot read the file ({e.strerror or e})") from None
     version, metadata, tensors, alignment = _scan_header(path, memoryview(mm), header_only)

@@ -13,23 +13,38 @@ from pathlib import Path
 
 import numpy as np
 
-from kazeia.errors import DumpFileError
+from kazeia.errors import DumpFileError, KazeiaError
+from kazeia.limits import InputLimitError, open_regular
+from kazeia.memory import check_fits
 from kazeia.outputs import OutputError
 
 MAX_BLOB_BYTES = 1 << 32  # the dump schema's largest tensor (debug/dump/schema.py MAX_TENSOR_BYTES)
 
 
-def _check_npz_header(path: Path, dtype: np.dtype, shape: tuple[int, ...], where: str) -> None:
-    """The array header inside a compressed blob must be the one the manifest names (a small file could
-    otherwise decompress into any size)."""
-    with zipfile.ZipFile(path) as z, z.open("a.npy") as f:
-        version = np.lib.format.read_magic(f)
-        hdr = np.lib.format.read_array_header_1_0(f) if version == (1, 0) else \
-            np.lib.format.read_array_header_2_0(f)
+def _check_npz_header(f, name: str, dtype: np.dtype, shape: tuple[int, ...], where: str) -> None:
+    """A compressed blob (the open file `f`) is sized before anything is expanded: the zip's directory says how
+    large `a.npy` expands to (header + data), the array header inside must be the one the manifest names, and the
+    expansion must fit this machine's memory (memory.check_fits) -- a small file could otherwise decompress into
+    any size."""
+    nbytes = dtype.itemsize * math.prod(shape)
+    with zipfile.ZipFile(f) as z:
+        try:
+            info = z.getinfo("a.npy")
+        except KeyError:
+            raise DumpFileError(f"{where}: blob {name} holds no array a.npy") from None
+        if info.file_size > nbytes + (1 << 16):  # a .npy header is at most 64 KiB
+            raise DumpFileError(f"{where}: blob {name} expands to {info.file_size} bytes, the manifest's "
+                                f"{dtype}{list(shape)} is {nbytes}")
+        with z.open(info) as a:
+            version = np.lib.format.read_magic(a)
+            hdr = np.lib.format.read_array_header_1_0(a) if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0(a)
+    check_fits(f"{where}: blob {name}", nbytes)
     got_shape, fortran, got_dtype = hdr
     if tuple(got_shape) != tuple(shape) or got_dtype != dtype or fortran:
-        raise DumpFileError(f"{where}: blob {path.name} holds {got_dtype}{list(got_shape)}, the manifest says "
+        raise DumpFileError(f"{where}: blob {name} holds {got_dtype}{list(got_shape)}, the manifest says "
                             f"{dtype}{list(shape)}")
+    f.seek(0)
 
 
 def array_digest(a: np.ndarray) -> str:
@@ -91,19 +106,22 @@ class BlobStore:
         if dtype.hasobject or not re.fullmatch(r"blobs/[0-9a-f]{64}\.(npy|npz)", rel) or not rel[6:70] == digest:
             raise DumpFileError(f"{where}: blob reference {rel!r} is not a kazeia blob")
         path = self.root / rel
-        if not path.is_file():
+        if not path.exists():
             raise DumpFileError(f"{where}: missing blob {path}")
         if dtype.hasobject or dtype.itemsize * math.prod(shape) > MAX_BLOB_BYTES:
             raise DumpFileError(f"{where}: blob {path.name} would hold {dtype}{list(shape)}, over the limit of "
                                 f"{MAX_BLOB_BYTES} bytes")
         try:
-            if rel.endswith(".npz"):
-                _check_npz_header(path, dtype, shape, where)  # before decompressing anything
-                with np.load(path, allow_pickle=False) as z:
-                    a = z["a"]
-            else:  # memory-mapped: a dump of many weights need not sit in RAM
-                a = np.load(path, mmap_mode="r", allow_pickle=False)
-        except DumpFileError:
+            with open_regular(path, "dump blob") as f:  # (a FIFO or a device in blobs/ is one line)
+                if rel.endswith(".npz"):
+                    _check_npz_header(f, path.name, dtype, shape, where)  # before decompressing anything
+                    with np.load(f, allow_pickle=False) as z:
+                        a = z["a"]
+                else:  # memory-mapped: a dump of many weights need not sit in RAM
+                    a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except InputLimitError as e:
+            raise DumpFileError(f"{where}: {e}") from None
+        except KazeiaError:  # (DumpFileError, and check_fits: the expansion would not fit)
             raise
         except Exception as e:  # numpy raises ValueError/OSError/EOFError/zipfile errors on bad files
             raise DumpFileError(f"{where}: blob {path.name} is corrupt or truncated ({type(e).__name__})") from None

@@ -17,6 +17,7 @@ from kazeia.debug.dump.blobs import BlobStore
 from kazeia.debug.dump.format import CAPTURES, FORMAT, VERSION, manifest_digest
 from kazeia.errors import DumpFileError, KazeiaError
 from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType
+from kazeia.limits import InputLimitError, read_bytes
 
 MAX_JSON_BYTES = 16 << 20  # an index or manifest (a 36-layer run's index of every op is ~2 MiB)
 
@@ -153,13 +154,9 @@ class Dump:
 
 def _read_json(path: Path, what: str) -> dict:
     try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise DumpFileError(f"{path}: the {what} is {size} bytes, more than a dump's JSON may be "
-                                f"({MAX_JSON_BYTES})")
-        raw = path.read_bytes()
-    except OSError as e:
-        raise DumpFileError(f"{path}: cannot read the {what}: {e.strerror}") from None
+        raw = read_bytes(path, what, MAX_JSON_BYTES)
+    except InputLimitError as e:
+        raise DumpFileError(str(e)) from None
     try:
         obj = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

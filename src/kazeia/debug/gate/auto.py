@@ -45,7 +45,7 @@ from kazeia.engine.session import load_model
 from kazeia.errors import KazeiaError
 from kazeia.graph.rowsplit import row_pieces, split_path
 from kazeia.graph.tensor import GGMLType
-from kazeia.limits import read_json_object
+from kazeia.limits import open_regular, read_json_object
 from kazeia.models.shapes import shape_caches, ubatch_graph
 from kazeia.native.threads import child_threads
 from kazeia.outputs import ensure_folder, write_text
@@ -77,7 +77,7 @@ def model_hash(path: str) -> str:
     if key in known:
         return known[key]
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "model file") as f:
         for chunk in iter(lambda: f.read(1 << 24), b""):
             h.update(chunk)
     known[key] = h.hexdigest()

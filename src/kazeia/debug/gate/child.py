@@ -24,6 +24,7 @@ from kazeia.errors import DeviceDeathError, DeviceOpError, KazeiaError
 from kazeia.graph import builder as gb
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import Buffer, GGMLType, Tensor, array, make_tensor
+from kazeia.limits import read_json_object
 from kazeia.native.threads import apply_threads
 
 
@@ -111,8 +112,7 @@ def _case(cases: Cases, m: int, path: str, settings: HtpSettings) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    with open(argv[0]) as f:
-        job = json.load(f)
+    job = read_json_object(argv[0], "child job")
     apply_threads(job)
     try:
         model = Model.load(job["model"])

@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from kazeia.limits import read_bytes
 from kazeia.outputs import claim_folder, write_text
 
 
@@ -128,8 +129,7 @@ def render_html(inv: Investigation) -> str:
                          f"<td class='{cls}'>{e(h.status)}</td><td><ul>{ev}</ul></td></tr>")
         parts.append("</table>")
     for title, path in inv.images.items():
-        with open(path, "rb") as f:
-            data = base64.b64encode(f.read()).decode()
+        data = base64.b64encode(read_bytes(path, "report image", 64 << 20)).decode()
         parts.append(f"<h3>{e(title)}</h3><img alt='{e(title)}' style='max-width:100%' "
                      f"src='data:image/png;base64,{data}'>")
     for title, svg in inv.svgs.items():

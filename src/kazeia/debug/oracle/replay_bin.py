@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,7 @@ from kazeia.debug.oracle.mul_mat import mul_mat_case
 from kazeia.debug.oracle.run import run_case
 from kazeia.debug.oracle.verdicts import CaseResult
 from kazeia.errors import KazeiaError
+from kazeia.limits import InputLimitError, TextLimits, open_regular, read_text
 from kazeia.memory import check_fits
 
 _DUMPED = re.compile(r"dumped: \S+ (\w+)\[(\d{1,12}),(\d{1,12}),(\d{1,12}),(\d{1,12})\]")
@@ -49,26 +49,21 @@ MAX_CAPTURE_BYTES = 256 << 20  # one dumped activation (Qwen3-4B's largest, 9728
 
 def load_capture(path: str) -> Capture:
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise KazeiaError(f"--replay {path}: not a regular file (a dumped activation is a file of float32)")
-        if st.st_size > MAX_CAPTURE_BYTES:
-            raise KazeiaError(f"--replay {path}: {st.st_size} bytes, more than one dumped activation may hold "
-                              f"({MAX_CAPTURE_BYTES} bytes)")
-        check_fits(f"--replay {path}", st.st_size * 4)  # the values, and the case's float64 reference of them
-        raw = np.fromfile(path, dtype=np.uint8, count=st.st_size)
+        with open_regular(path, "dumped activation (a file of float32)", MAX_CAPTURE_BYTES) as f:
+            size = os.fstat(f.fileno()).st_size
+            check_fits(f"--replay {path}", size * 4)  # the values, and the case's float64 reference of them
+            raw = np.fromfile(f, dtype=np.uint8, count=size)
+    except InputLimitError as e:
+        raise KazeiaError(f"--replay {e}") from None
     except OSError as e:
         raise KazeiaError(f"--replay {path}: {e.strerror}") from None
     if raw.size == 0 or raw.size % 4:
         raise KazeiaError(f"--replay {path}: {raw.size} bytes is not a whole number of float32 values")
     desc, ne, weight = None, None, None
     side = os.path.splitext(path)[0] + ".txt"
-    if os.path.exists(side):
-        try:
-            with open(side, encoding="utf-8", errors="replace") as f:
-                desc = f.readline(4096).strip()
-        except OSError:
-            desc = None
+    if os.path.exists(side):  # (a FIFO or a device there is one line, not a read that never returns)
+        text = read_text(side, TextLimits("dump description", max_bytes=1 << 20, max_line=4096))
+        desc = text.splitlines()[0].strip() if text.strip() else None
     if desc:
         m = _DUMPED.search(desc)
         if m and m.group(1) == "f32" and int(m.group(4)) == int(m.group(5)) == 1:

@@ -24,6 +24,7 @@ from kazeia.debug.oracle.cases import Case
 from kazeia.debug.oracle.report import SweepResult
 from kazeia.debug.oracle.run import case_flops, case_threshold, run_case
 from kazeia.debug.oracle.verdicts import CRASH, TIMEOUT, CaseResult
+from kazeia.limits import InputLimitError, TextLimits, read_text
 
 DEFAULT_TIMEOUT = 300.0  # seconds per case; the largest default case takes a few seconds
 
@@ -207,9 +208,9 @@ def _exit_text(code: int | None) -> str:
 
 def _log_tail(path: str, n: int = 2) -> str:
     try:
-        with open(path, errors="replace") as f:
-            lines = [x.rstrip() for x in f.read().splitlines() if x.strip()]
-    except OSError:
+        lines = [x.rstrip() for x in read_text(path, TextLimits("child log", max_line=1 << 20)).splitlines()
+                 if x.strip()]
+    except InputLimitError:
         return ""
     return (": " + " | ".join(lines[-n:])) if lines else ""
 

@@ -1,10 +1,15 @@
 """The size checks that run before an operator, method or filter that could allocate without bound: printf and
-format widths, the string methods and filters whose result size comes from an argument, and the source's own size."""
+format widths, the string methods and filters whose result size comes from an argument or from an iterable of any
+length, and the source's own size. Every filter check weighs the result from its inputs and refuses before the
+filter builds anything; an iterable whose length is not known (a map, a select, a generator) is drawn into a list
+of at most the budget's size first, and refused past it. The filters are a whitelist: SAFE_FILTERS (results no
+larger than a small multiple of their inputs) and _FILTER_CHECKS; any other filter is refused."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 from kazeia.engine.template_sandbox.budget import MAX_SOURCE_CHARS, Meter, _is_int, _sized
@@ -35,11 +40,6 @@ def _spec_widths(meter: Meter, spec: str) -> None:
 _WIDTH_METHODS = frozenset({"ljust", "rjust", "center", "zfill", "expandtabs"})
 
 
-def _filter_args(f: Callable, args: tuple) -> tuple:
-    """The filter's own arguments (value first), without the context/environment jinja passes before them."""
-    return args[1:] if getattr(f, "jinja_pass_arg", None) is not None else args
-
-
 def _replaced_len(s: str, old: str, new: str, count: int = -1) -> int:
     n = len(s) + 1 if old == "" else s.count(old)
     if count is not None and _is_int(count) and count >= 0:
@@ -50,6 +50,33 @@ def _replaced_len(s: str, old: str, new: str, count: int = -1) -> int:
 def _joined_len(sep: Any, items: Any) -> int:
     items = list(items)
     return sum(len(x) if isinstance(x, str) else len(str(x)) for x in items) + len(str(sep)) * max(len(items) - 1, 0)
+
+
+def bounded_items(m: Meter, value: Any, what: str) -> Any:
+    """`value` as something whose size is known: a str, list, tuple, dict, set or range as it is (refused when it
+    holds more items than the budget), any other iterable drawn into a list of at most budget + 1 items (a step
+    each) and refused past the budget -- so `range(n)|map(...)` is never materialised beyond what the render may
+    output."""
+    if isinstance(value, (str, list, tuple, dict, set, frozenset, range)):
+        m.check_size(len(value), what)
+        return value
+    try:
+        it = iter(value)
+    except TypeError:
+        return value  # not iterable: the filter raises its own error
+    limit = m.budget.max_chars
+    items = []
+    for x in islice(it, limit + 1):
+        m.step()
+        items.append(x)
+    m.check_size(len(items), what)
+    return items
+
+
+def _item_len(x: Any, attribute: Any = None) -> int:
+    if attribute is not None:
+        x = x.get(attribute, "") if isinstance(x, dict) else getattr(x, str(attribute), "")
+    return len(x) if isinstance(x, str) else len(str(x)) if isinstance(x, (int, float)) else _sized(x) or 8
 
 
 def _check_replace(m: Meter, args: tuple, kwargs: dict) -> None:
@@ -79,15 +106,65 @@ def _check_format(m: Meter, args: tuple, kwargs: dict) -> None:
         _printf_widths(m, args[0], args[1:])
 
 
-def _check_join(m: Meter, args: tuple, kwargs: dict) -> None:
-    if args and isinstance(args[0], (list, tuple)):
-        m.check_size(_joined_len(kwargs.get("d", args[1] if len(args) > 1 else ""), args[0]),
-                     "the result of the join filter")
+def _check_join(m: Meter, args: tuple, kwargs: dict) -> tuple:
+    """join(value, d='', attribute=None): the items' lengths plus one separator between each two."""
+    if not args:
+        return args
+    items = bounded_items(m, args[0], "the items of the join filter")
+    sep = str(kwargs.get("d", args[1] if len(args) > 1 else ""))
+    attribute = kwargs.get("attribute", args[2] if len(args) > 2 else None)
+    m.check_size(sum(_item_len(x, attribute) for x in items) + len(sep) * max(len(items) - 1, 0),
+                 "the result of the join filter")
+    return (items, *args[1:])
 
 
-def _check_sum(m: Meter, args: tuple, kwargs: dict) -> None:
-    if args and isinstance(args[0], (list, tuple)):
-        m.check_size(sum(_sized(x) or 0 for x in args[0]), "the result of the sum filter")
+def _check_sum(m: Meter, args: tuple, kwargs: dict) -> tuple:
+    """sum(iterable, attribute=None, start=0): a sum of lists is their concatenation."""
+    if not args:
+        return args
+    items = bounded_items(m, args[0], "the items of the sum filter")
+    start = kwargs.get("start", args[2] if len(args) > 2 else 0)
+    m.check_size(sum(_sized(x) or 0 for x in items) + (_sized(start) or 0), "the result of the sum filter")
+    return (items, *args[1:])
+
+
+def _fill(args: tuple, kwargs: dict) -> bool:
+    return kwargs.get("fill_with", args[2] if len(args) > 2 else None) is not None
+
+
+def _check_batch(m: Meter, args: tuple, kwargs: dict) -> tuple:
+    """batch(value, linecount, fill_with=None): lists of `linecount` items; with fill_with the last one is padded
+    to linecount, so [1]|batch(n, 0) is n items."""
+    if not args:
+        return args
+    items = bounded_items(m, args[0], "the items of the batch filter")
+    count = kwargs.get("linecount", args[1] if len(args) > 1 else None)
+    if _is_int(count):
+        m.check_int(count, "the batch filter's linecount")
+        groups = -(-len(items) // max(count, 1))
+        m.check_size(groups * max(count, 1) if _fill(args, kwargs) else len(items) + groups,
+                     "the result of the batch filter")
+    return (items, *args[1:])
+
+
+def _check_slice(m: Meter, args: tuple, kwargs: dict) -> tuple:
+    """slice(value, slices, fill_with=None): `slices` lists (each padded by one fill item at most)."""
+    if not args:
+        return args
+    items = bounded_items(m, args[0], "the items of the slice filter")
+    slices = kwargs.get("slices", args[1] if len(args) > 1 else None)
+    if _is_int(slices):
+        m.check_int(slices, "the slice filter's count")
+        m.check_size(len(items) + 2 * max(slices, 0), "the result of the slice filter")
+    return (items, *args[1:])
+
+
+def _check_collect(m: Meter, args: tuple, kwargs: dict) -> tuple:
+    """list, sort, unique, dictsort, groupby, reverse, min, max, first, last: results no larger than their input,
+    which is bounded (drawn into a list when its length is not known) before the filter walks it."""
+    if not args:
+        return args
+    return (bounded_items(m, args[0], "the items of a filter"), *args[1:])
 
 
 def _check_wordwrap(m: Meter, args: tuple, kwargs: dict) -> None:
@@ -115,10 +192,22 @@ def _check_tojson(m: Meter, args: tuple, kwargs: dict) -> None:
     m.check_size(6 * size + size * per_item, "the result of the tojson filter")
 
 
-_FILTER_CHECKS: dict[str, Callable[[Meter, tuple, dict], None]] = {
+# a check returns None (arguments unchanged) or the filter's arguments with its value bounded (bounded_items)
+_FILTER_CHECKS: dict[str, Callable[[Meter, tuple, dict], tuple | None]] = {
     "center": _check_width, "indent": _check_indent, "wordwrap": _check_wordwrap, "tojson": _check_tojson,
     "replace": _check_replace, "format": _check_format, "join": _check_join, "sum": _check_sum,
+    "batch": _check_batch, "slice": _check_slice,
+    **{name: _check_collect for name in ("list", "sort", "unique", "dictsort", "groupby", "reverse", "min", "max",
+                                        "first", "last", "length", "count")},
 }
+
+# filters whose result is no larger than a small multiple of their input (or lazy: map, select, ...), checked
+# afterwards by the result's size; with _FILTER_CHECKS, the whitelist (any other filter is refused)
+SAFE_FILTERS = frozenset({
+    "abs", "attr", "capitalize", "d", "default", "e", "escape", "filesizeformat", "float", "forceescape", "int",
+    "items", "lower", "map", "pprint", "random", "reject", "rejectattr", "round", "safe", "select", "selectattr",
+    "string", "striptags", "title", "trim", "truncate", "upper", "urlencode", "urlize", "wordcount", "xmlattr",
+})
 
 
 def source_check(meter: Meter, source: str) -> None:

@@ -18,11 +18,12 @@ from kazeia.engine.template_sandbox.budget import MAX_INT_BITS, Meter, _is_int, 
 from kazeia.engine.template_sandbox.checks import (
     _FILTER_CHECKS,
     _WIDTH_METHODS,
-    _filter_args,
+    SAFE_FILTERS,
     _joined_len,
     _printf_widths,
     _replaced_len,
     _spec_widths,
+    bounded_items,
 )
 
 
@@ -217,7 +218,7 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
                 m.check_size(_replaced_len(owner, args[0], args[1], args[2] if len(args) > 2 else -1),
                              "the result of str.replace()")
             elif name == "join" and args:
-                items = list(args[0]) if not isinstance(args[0], (list, tuple)) else args[0]
+                items = bounded_items(m, args[0], "the items of str.join()")
                 m.check_size(_joined_len(owner, items), "the result of str.join()")
                 args = (items, *args[1:])
         elif obj is generate_lorem_ipsum:
@@ -227,14 +228,22 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
         return args
 
     def metered_filter(self, name: str, f: Callable) -> Callable:
-        """`f` as a filter of this environment: a step, the size checks of its kind, its result's size."""
+        """`f` as a filter of this environment: a step, the size checks of its kind (which may bound its value,
+        checks.bounded_items), its result's size. A filter outside the whitelist (checks.SAFE_FILTERS and
+        _FILTER_CHECKS) is refused when called."""
         check = _FILTER_CHECKS.get(name)
+        known = check is not None or name in SAFE_FILTERS
+        skip = 1 if getattr(f, "jinja_pass_arg", None) is not None else 0  # the context/environment jinja passes
 
         @wraps(f)  # keeps jinja's pass_context / pass_eval_context / pass_environment marker
         def metered(*args: Any, **kwargs: Any) -> Any:
             self.meter.step()
+            if not known:
+                raise self.meter.refuse(f"the {name} filter is not one the template sandbox knows the size of")
             if check is not None:
-                check(self.meter, _filter_args(f, args), kwargs)
+                checked = check(self.meter, args[skip:], kwargs)
+                if checked is not None:
+                    args = (*args[:skip], *checked)
             return self._checked_result(f(*args, **kwargs), f"the result of the {name} filter")
 
         return metered
