@@ -198,3 +198,146 @@ def gen_gguf(rng: random.Random, n: int) -> list[Case]:
         cases.append(Case("gguf", f"dims-{split}-{i}", ["run", "-m", "{dir}/w.gguf", "-p", "hi", "-n", "1"],
                           {"w.gguf": _reshaped(TINY, rng.choice(names), split)}, bad=split == 2))
     return cases
+
+
+# --- issue 36: results weighed before they are built; special files as every input; compressed expansions ---
+
+_SIZES = [0, 1, 7, 1000, 60_000, 10**6, 3 * 10**7, 3 * 10**8]
+
+
+def _source(rng: random.Random) -> str:
+    n = rng.choice(_SIZES)
+    return rng.choice([f"range({n})", f"('ab' * {n})", "[1]", "messages", f"range({n})|map('string')",
+                       f"range({n})|select", f"([[0]] * {min(n, 10**6)})"])
+
+
+def _filter_chain(rng: random.Random) -> str:
+    k, m = rng.choice(_SIZES), rng.choice([0, 1, 100, 60_000])
+    return rng.choice([f"join('y' * {m})", f"batch({k}, 0)|list|length", f"slice({k})|list|length",
+                       f"slice({k}, 'f')|list|length", "list|length", "sum(start=[])|length", "unique|list|length",
+                       "sort|first", "reverse|list|length", "map('string')|join", "first", "max",
+                       f"batch({k})|map('length')|sum", "groupby('x')|list|length"])
+
+
+def gen_template_results(rng: random.Random, n: int) -> list[Case]:
+    """Templates whose filters and methods would build a sequence or a string from inputs of any size: each
+    must be refused (or rendered) from sizes known before anything large is built."""
+    cases = []
+    for i in range(n):
+        src = _source(rng)
+        if rng.random() < 0.2:
+            text = f"{{{{ ('y' * {rng.choice([0, 1, 60000])}).join({src}) }}}}"
+        else:
+            text = "{{ " + src + "|" + "|".join(_filter_chain(rng) for _ in range(rng.randint(1, 2))) + " }}"
+        cases.append(Case("template-results", f"tres-{i}",
+                          ["run", "-m", "{dir}/t.gguf", "-sys", "s", "-p", "hi", "-n", "1", "-st"],
+                          {"t.gguf": _template(text)}))
+    return cases
+
+
+def _special(kind: str) -> Callable[[str], None]:
+    def make(path: str) -> None:
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "dir":
+            os.makedirs(path, exist_ok=True)
+        elif kind == "socket":
+            import socket
+
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.bind(path)
+            finally:
+                s.close()
+        else:  # a symbolic link to a device
+            os.symlink({"devzero": "/dev/zero", "devnull": "/dev/null", "tty": "/dev/tty"}[kind], path)
+    return make
+
+
+# (argv with {X} where the special file goes, extra files the command needs beside it)
+_SPECIAL_INPUTS = [
+    (["run", "-m", "{X}", "-p", "hi", "-n", "1"], {}),
+    (["run", "-m", "{tiny}", "-f", "{X}", "-n", "1"], {}),
+    (["run", "-m", "{tiny}", "-p", "hi", "-n", "1", "--gates", "{X}"], {}),
+    (["oracle", "--replay", "{X}"], {}),
+    (["oracle", "--replay", "{dir}/a.bin", "--seed", "1"], {"a.bin": np.arange(64, dtype=np.float32).tobytes()}),
+    (["crashlog", "{X}"], {}),
+    (["replay", "{X}"], {}),
+    (["replay", "{dir}/d"], {"d/0001-x/manifest.json": b"{}"}),
+    (["replay", "--op-stream", "{X}", "-m", "{tiny}"], {}),
+    (["compare", "-m", "{tiny}", "-p", "hi", "--against", "{X}"], {}),
+    (["check", "-m", "{X}"], {}),
+]
+
+
+def gen_special_files(rng: random.Random, n: int) -> list[Case]:
+    """Every file input given a FIFO (no writer), a socket, a directory or a device: one line each, never a
+    read that blocks or never ends."""
+    cases = []
+    kinds = ["fifo", "dir", "socket", "devzero", "devnull"]
+    for i in range(n):
+        argv, extra = _SPECIAL_INPUTS[i % len(_SPECIAL_INPUTS)]
+        kind = kinds[(i // len(_SPECIAL_INPUTS)) % len(kinds)] if i < len(_SPECIAL_INPUTS) * len(kinds) \
+            else rng.choice(kinds)
+        files = dict(extra)
+        if "{dir}/a.bin" in argv:  # the description beside the replayed activation is the special file
+            files["a.txt"] = _special(kind)
+        elif "{dir}/d" in argv:  # the dump's index
+            files["d/index.json"] = _special(kind)
+        else:
+            files["X"] = _special(kind)
+        argv = [a.replace("{X}", "{dir}/X") for a in argv]
+        cases.append(Case("special-files", f"special-{kind}-{i}", argv, files, bad=True))
+    return cases
+
+
+def _base_dump() -> str:
+    """A real dump of one op (ffn_out-0 of the tiny Qwen3), made once per fuzz run by kazeia itself."""
+    import subprocess
+    import sys
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="kazeia-fuzz-dump-")
+    model = os.path.join(base, "m.gguf")
+    write_model(TINY, model)
+    subprocess.run([sys.executable, "-m", "kazeia", "run", "-m", model, "-p", "hi", "-n", "1", "--dump-no-context",
+                    "--dump", "ffn_out-0", os.path.join(base, "dump")], check=True, capture_output=True)
+    return os.path.join(base, "dump")
+
+
+def _npz_bomb(base: str, n_elems: int, role: str) -> Callable[[str], None]:
+    """The base dump with one blob of its op (its output or a source) replaced by a compressed blob of `n_elems`
+    zeros, under the manifest's own (small) shape: a zip that expands far past what the manifest names. The
+    manifest stays consistent (its digest recomputed): only the blob lies."""
+    def write(d: str) -> None:
+        import glob
+        import pathlib
+        import shutil
+
+        from kazeia.debug.dump.blobs import BlobStore
+        from kazeia.debug.dump.format import manifest_digest
+
+        shutil.copytree(base, d)
+        path = glob.glob(os.path.join(d, "*", "manifest.json"))[0]
+        with open(path) as f:
+            m = json.load(f)
+        target = m["output"] if role == "output" or not m.get("sources") else m["sources"][0]
+        ref = BlobStore(pathlib.Path(d)).put(np.zeros(n_elems, dtype=np.float32), compress=True)
+        target["values"] = dict(ref, shape=target["values"]["shape"], bytes=target["values"]["bytes"])
+        m["digest"] = manifest_digest(m)
+        with open(path, "w") as f:
+            json.dump(m, f)
+    return write
+
+
+def gen_expansion(rng: random.Random, n: int) -> list[Case]:
+    """Compressed dump blobs sized against their manifests (and the machine) before they are expanded: a small
+    zip of zeros that expands past the array its manifest names, for replay and replay --json."""
+    base = _base_dump()
+    cases = []
+    for i in range(n):
+        n_elems = rng.choice([1000, 10**6, 4 * 10**6, 3 * 10**7])
+        role = rng.choice(["output", "source"])
+        cases.append(Case("expansion", f"npz-{role}-{n_elems}-{i}", ["replay", "{dir}/d"]
+                          + rng.choice([[], ["--json"]]), {"d": _npz_bomb(base, n_elems, role)}, bad=True))
+    return cases

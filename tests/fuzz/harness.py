@@ -15,6 +15,7 @@ Outcomes, judged from the exit status, stderr, wall time and the child's peak RS
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -29,6 +30,8 @@ RSS_LIMIT = 2 << 30  # the issue's 2 GB
 AS_LIMIT = 12 << 30  # a hard cap so a runaway allocation cannot take the machine down with it
 FAILURES = ("traceback", "last-resort", "hang", "memory", "multi-line", "silent")
 LAST_RESORT = "kazeia: internal error:"
+ERROR_LINE = re.compile(r"(kazeia(?: [\w-]+)?: )?error:")  # ours, and argparse's "kazeia run: error: ..."
+REFUSAL_RSS_LIMIT = 512 << 20  # issue 36: no refusal may take more than this
 
 
 @dataclass
@@ -124,10 +127,12 @@ def classify(case: Case, code: int | None, seconds: float, rss: int, stderr: str
     if code < 0:  # killed by a signal: SIGPIPE on a broken pipe is how `cmd | head -1` ends quietly
         return "ok" if case.stdout == "broken" and -code == signal.SIGPIPE else "traceback"
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    errors = [i for i, ln in enumerate(lines) if ln.startswith(("error:", "kazeia: error:"))]
+    errors = [i for i, ln in enumerate(lines) if ERROR_LINE.match(ln)]
     if not errors:  # a finding (1: the tool found a fault; 3: the device died), reported on stdout
         return "finding"
-    return "refused" if errors == [len(lines) - 1] else "multi-line"
+    if errors != [len(lines) - 1]:
+        return "multi-line"
+    return "memory" if rss > REFUSAL_RSS_LIMIT else "refused"
 
 
 def _limit_child() -> None:

@@ -31,7 +31,9 @@ from harness import FAILURES, Result, run_case  # noqa: E402
 CLASSES = {"evalcb": (G.gen_evalcb, 200), "op-stream": (G.gen_op_stream, 600), "crashlog": (G.gen_crashlog, 400),
            "policy": (G.gen_policy, 500), "outputs": (G.gen_outputs, 200), "streams": (G.gen_streams, 30),
            "env": (G.gen_env, 250), "prompts": (G.gen_prompts, 100), "templates": (GF.gen_templates, 200),
-           "sizes": (GF.gen_sizes, 150), "dumps": (GF.gen_dumps, 400), "gguf": (GF.gen_gguf, 30)}  # 3,060 cases
+           "sizes": (GF.gen_sizes, 150), "dumps": (GF.gen_dumps, 400), "gguf": (GF.gen_gguf, 30),
+           "template-results": (GF.gen_template_results, 120), "special-files": (GF.gen_special_files, 60),
+           "expansion": (GF.gen_expansion, 24)}  # 3,264 cases
 
 
 def build_cases(classes: list[str], seed: int, scale: float) -> list:
