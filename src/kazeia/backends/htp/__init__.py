@@ -23,6 +23,7 @@ The units, from the bottom up (each imports only those below it; tests/test_laye
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 _FACE = {
@@ -94,18 +95,21 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
     from kazeia.backends.htp.vtcm.matmul.dispatch import matmul_node, plan_for_node, plan_matmul, src_layout
     from kazeia.backends.htp.vtcm.matmul.record import QTYPES, MatmulPlan
 
-_WHERE = {name: mod for mod, names in _FACE.items() for name in names}
-__all__ = sorted(_WHERE)
+def lazy_face(module: str, face: dict[str, tuple[str, ...]], namespace: dict) -> tuple[list[str], Callable, Callable]:
+    """(__all__, __getattr__, __dir__) of a face module that loads each name's module on first use and keeps the
+    value in `namespace` (the face's globals): importing the face costs nothing until a name is read."""
+    where = {name: mod for mod, names in face.items() for name in names}
+
+    def getattr_(name: str):
+        mod = where.get(name)
+        if mod is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(mod), name)
+        namespace[name] = value
+        return value
+
+    names = sorted(where)
+    return names, getattr_, lambda: names
 
 
-def __getattr__(name: str):
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'kazeia.backends.htp' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())

@@ -5,8 +5,9 @@ face the engine and the commands use (htp/__init__.py). Names load lazily, as th
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from kazeia.backends.htp import lazy_face
 
 _FACE = {
     "kazeia.backends.htp.msg": ("DeviceState",),
@@ -27,18 +28,4 @@ if TYPE_CHECKING:  # what readers and IDEs see (never imported at run time)
     from kazeia.backends.htp.vtcm.arena import HMX_SCALES_BYTES, HMX_TILE_BYTES, Vtcm, VtcmAccessError, span_box
     from kazeia.backends.htp.vtcm.scratch import op_scratch
 
-_WHERE = {name: mod for mod, names in _FACE.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'kazeia.backends.htp.forensics' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_face(__name__, _FACE, globals())
