@@ -423,3 +423,18 @@ def test_upgrade_counts_wrong_numbers_as_a_fault(tmp_path):
     assert u.before.outcome == "wrong numbers" and u.before.logits_nmse > WHOLE_MODEL_NMSE, u.before
     assert u.after.outcome == "completes" and u.after.logits_nmse < WHOLE_MODEL_NMSE
     assert u.verdict == "fixed" and u.exit_status == 0
+
+
+def test_upgrade_never_calls_nan_logits_completes(tmp_path):
+    """NaN is never "completes" (issue 37, row 1): the tiny Gemma 3 under 2026-05 gives 1,024 NaN logits (its NMSE
+    against REF is NaN, which no bound comparison catches); the upgrade says wrong numbers -> completes: fixed."""
+    from kazeia.debug.upgrade import upgrade
+    from kazeia.engine.session import RunSpec
+    from kazeia.gguf.writer import preset, write_model
+
+    path = str(tmp_path / "g3.gguf")
+    write_model(preset("tiny", arch="gemma3", wtype="q4_0"), path)
+    u = upgrade(RunSpec(model=path, prompt="The capital of France is", device="HTP0"), "2026-05", "2026-10")
+    assert u.before.outcome == "wrong numbers" and "logits are not finite" in u.before.mechanism, u.before
+    assert u.after.outcome == "completes"
+    assert u.verdict == "fixed"

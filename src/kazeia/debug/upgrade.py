@@ -131,11 +131,16 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
         if r.logits is not None and reference.logits is not None:
             side.logits_nmse = float(nmse(np.asarray(r.logits[-1:], np.float64),
                                           np.asarray(reference.logits[-1:], np.float64)))
-            if side.ok and side.logits_nmse > WHOLE_MODEL_NMSE:  # it ran, but computed the wrong thing
+            # it ran, but computed the wrong thing: past the bound, or not a number at all (NaN never "completes")
+            if side.ok and not side.logits_nmse <= WHOLE_MODEL_NMSE:
                 side.outcome = "wrong numbers"
-                side.mechanism = (f"logits NMSE {side.logits_nmse:.3g} against REF, past the whole-model bound "
-                                  f"{WHOLE_MODEL_NMSE:g} (not identified here: kazeia compare --mode both says "
-                                  f"whether one op or an accumulated drift does it)")
+                last = np.asarray(r.logits[-1:])
+                bad = int(np.size(last) - np.isfinite(last).sum())
+                what = (f"{bad} of {np.size(last)} logits are not finite" if bad else
+                        f"logits NMSE {side.logits_nmse:.3g} against REF, past the whole-model bound "
+                        f"{WHOLE_MODEL_NMSE:g}")
+                side.mechanism = (f"{what} (not identified here: kazeia compare --mode both says whether one op or "
+                                  f"an accumulated drift does it)")
         side.prefill_tps, side.decode_tps = _rates(args, settings[p], r.n_prompt, spec.ubatch or 512)
         side.plans = plans[p]
         if moved:
