@@ -160,8 +160,9 @@ def _check_slice(m: Meter, args: tuple, kwargs: dict) -> tuple:
 
 
 def _check_collect(m: Meter, args: tuple, kwargs: dict) -> tuple:
-    """list, sort, unique, dictsort, groupby, reverse, min, max, first, last: results no larger than their input,
-    which is bounded (drawn into a list when its length is not known) before the filter walks it."""
+    """list, sort, unique, dictsort, groupby, reverse: they build a result as large as their input, which is bounded
+    (drawn into a list when its length is not known) before the filter builds it. (first, last, min, max, length
+    build nothing: they keep jinja's own behaviour, errors included.)"""
     if not args:
         return args
     return (bounded_items(m, args[0], "the items of a filter"), *args[1:])
@@ -197,8 +198,7 @@ _FILTER_CHECKS: dict[str, Callable[[Meter, tuple, dict], tuple | None]] = {
     "center": _check_width, "indent": _check_indent, "wordwrap": _check_wordwrap, "tojson": _check_tojson,
     "replace": _check_replace, "format": _check_format, "join": _check_join, "sum": _check_sum,
     "batch": _check_batch, "slice": _check_slice,
-    **{name: _check_collect for name in ("list", "sort", "unique", "dictsort", "groupby", "reverse", "min", "max",
-                                        "first", "last", "length", "count")},
+    **{name: _check_collect for name in ("list", "sort", "unique", "dictsort", "groupby", "reverse")},
 }
 
 # filters whose result is no larger than a small multiple of their input (or lazy: map, select, ...), checked
@@ -207,6 +207,7 @@ SAFE_FILTERS = frozenset({
     "abs", "attr", "capitalize", "d", "default", "e", "escape", "filesizeformat", "float", "forceescape", "int",
     "items", "lower", "map", "pprint", "random", "reject", "rejectattr", "round", "safe", "select", "selectattr",
     "string", "striptags", "title", "trim", "truncate", "upper", "urlencode", "urlize", "wordcount", "xmlattr",
+    "first", "last", "min", "max", "length", "count",
 })
 
 
