@@ -250,3 +250,17 @@ def test_a_hang_is_named_as_a_hang_not_a_death():
     assert text.startswith(f"HMX VTCM plan overflow by {over.overflow} B")
     assert "compiled as a jump" in text and "hang" in text and "0x" not in text and "DSP death" not in text
     assert "kazeia's hypothesis" in text
+
+
+def test_a_gate_past_the_node_list_limit_is_a_class_rule(tmp_path):
+    """Issue 37, row 3: tiny Gemma 3 under 2026-05 (NaN logits; its MUL_MATs on HVX are the first bad op class) had
+    no gate: the list of its 43 MUL_MAT nodes was a --cpu-nodes regex past kazeia's own 256-character limit, and the
+    step failed. The gate is then the class rule, validated by a rerun."""
+    from kazeia.gguf.writer import preset, write_model
+
+    path = str(tmp_path / "g3.gguf")
+    write_model(preset("tiny", arch="gemma3", wtype="q4_0"), path)
+    spec = RunSpec(model=path, prompt="The capital of France is", device="HTP0", htp_profile="2026-05")
+    inv = investigate(spec, str(tmp_path / "out"), progress=Calls())
+    assert inv.gate.get("validated") and "--cpu-ops MUL_MAT" in inv.gate.get("flags", ""), inv.gate
+    assert not any("step failed" in s.summary for s in inv.steps), [s.summary for s in inv.steps]
