@@ -1,6 +1,6 @@
-"""The fuzz run of issue 20 (tests/fuzz/run.py): every input class, 3,060 generated cases. No case may end in a
-traceback, the last-resort line, a hang past 60 s, more than 2 GB of RSS, a refusal of more than one line or
-exit 0 on an input marked bad. The harness's own judgement is tested first, so that a fuzz run cannot pass by
+"""The fuzz run of issues 20 and 36 (tests/fuzz/run.py): every input class, 3,264 generated cases. No case may end
+in a traceback, the last-resort line, a hang past 60 s, more than 2 GB of RSS (a refusal: 512 MB), a refusal of
+more than one line or exit 0 on an input marked bad. The harness's own judgement is tested first, so that a fuzz run cannot pass by
 mis-reading its cases."""
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def test_the_harness_judges_outcomes(code, stderr, outcome):
 def test_the_harness_flags_exit_0_on_bad_input_and_too_much_memory():
     assert classify(Case("x", "x", [], bad=True), 0, 1.0, 1 << 20, "") == "silent"
     assert classify(Case("x", "x", []), 0, 1.0, 3 << 30, "") == "memory"
+    assert classify(Case("x", "x", []), 2, 1.0, 600 << 20, "kazeia run: error: no") == "memory"  # a heavy refusal
+    assert classify(Case("x", "x", []), 2, 1.0, 100 << 20, "kazeia run: error: no") == "refused"
 
 
 @pytest.mark.slow
