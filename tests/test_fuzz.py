@@ -1,7 +1,7 @@
 """The fuzz run of issues 20 and 36 (tests/fuzz/run.py): every input class, 3,264 generated cases. No case may end
 in a traceback, the last-resort line, a hang past 60 s, more than 2 GB of RSS (a refusal: 512 MB), a refusal of
-more than one line or exit 0 on an input marked bad. The harness's own judgement is tested first, so that a fuzz run cannot pass by
-mis-reading its cases."""
+more than one line or exit 0 on an input marked bad. The harness's own judgement is tested first, so that a fuzz
+run cannot pass by mis-reading its cases."""
 
 from __future__ import annotations
 
