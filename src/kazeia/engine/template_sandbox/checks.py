@@ -79,10 +79,15 @@ def _item_len(x: Any, attribute: Any = None) -> int:
     return len(x) if isinstance(x, str) else len(str(x)) if isinstance(x, (int, float)) else _sized(x) or 8
 
 
+def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
+    """A filter's argument by keyword, else by position `i` (the value is position 0), else `default`."""
+    return kwargs.get(name, args[i] if len(args) > i else default)
+
+
 def _check_replace(m: Meter, args: tuple, kwargs: dict) -> None:
     if len(args) >= 3:
         s, old, new = (str(a) for a in args[:3])
-        m.check_size(_replaced_len(s, old, new, kwargs.get("count", args[3] if len(args) > 3 else -1)),
+        m.check_size(_replaced_len(s, old, new, _arg(args, kwargs, 3, "count", -1)),
                      "the result of the replace filter")
 
 
@@ -95,7 +100,7 @@ def _check_width(m: Meter, args: tuple, kwargs: dict) -> None:
 def _check_indent(m: Meter, args: tuple, kwargs: dict) -> None:
     if not args:
         return
-    width = kwargs.get("width", args[1] if len(args) > 1 else 4)
+    width = _arg(args, kwargs, 1, "width", 4)
     pad = len(width) if isinstance(width, str) else width if _is_int(width) else 0
     text = str(args[0])
     m.check_size(len(text) + pad * (text.count("\n") + 1), "the result of the indent filter")
@@ -106,66 +111,61 @@ def _check_format(m: Meter, args: tuple, kwargs: dict) -> None:
         _printf_widths(m, args[0], args[1:])
 
 
-def _check_join(m: Meter, args: tuple, kwargs: dict) -> tuple:
+def _bounding(what: str) -> Callable:
+    """A check of a filter that walks its value: the value bounded first (bounded_items, its size named `what`),
+    then `check(m, items, args, kwargs)` weighs the result; the filter then gets the bounded items."""
+    def deco(check: Callable[[Meter, Any, tuple, dict], None]) -> Callable[[Meter, tuple, dict], tuple]:
+        def run(m: Meter, args: tuple, kwargs: dict) -> tuple:
+            if not args:
+                return args
+            items = bounded_items(m, args[0], what)
+            check(m, items, args, kwargs)
+            return (items, *args[1:])
+        return run
+    return deco
+
+
+@_bounding("the items of the join filter")
+def _check_join(m: Meter, items: Any, args: tuple, kwargs: dict) -> None:
     """join(value, d='', attribute=None): the items' lengths plus one separator between each two."""
-    if not args:
-        return args
-    items = bounded_items(m, args[0], "the items of the join filter")
-    sep = str(kwargs.get("d", args[1] if len(args) > 1 else ""))
-    attribute = kwargs.get("attribute", args[2] if len(args) > 2 else None)
+    sep, attribute = str(_arg(args, kwargs, 1, "d", "")), _arg(args, kwargs, 2, "attribute")
     m.check_size(sum(_item_len(x, attribute) for x in items) + len(sep) * max(len(items) - 1, 0),
                  "the result of the join filter")
-    return (items, *args[1:])
 
 
-def _check_sum(m: Meter, args: tuple, kwargs: dict) -> tuple:
+@_bounding("the items of the sum filter")
+def _check_sum(m: Meter, items: Any, args: tuple, kwargs: dict) -> None:
     """sum(iterable, attribute=None, start=0): a sum of lists is their concatenation."""
-    if not args:
-        return args
-    items = bounded_items(m, args[0], "the items of the sum filter")
-    start = kwargs.get("start", args[2] if len(args) > 2 else 0)
+    start = _arg(args, kwargs, 2, "start", 0)
     m.check_size(sum(_sized(x) or 0 for x in items) + (_sized(start) or 0), "the result of the sum filter")
-    return (items, *args[1:])
 
 
-def _fill(args: tuple, kwargs: dict) -> bool:
-    return kwargs.get("fill_with", args[2] if len(args) > 2 else None) is not None
-
-
-def _check_batch(m: Meter, args: tuple, kwargs: dict) -> tuple:
+@_bounding("the items of the batch filter")
+def _check_batch(m: Meter, items: Any, args: tuple, kwargs: dict) -> None:
     """batch(value, linecount, fill_with=None): lists of `linecount` items; with fill_with the last one is padded
     to linecount, so [1]|batch(n, 0) is n items."""
-    if not args:
-        return args
-    items = bounded_items(m, args[0], "the items of the batch filter")
-    count = kwargs.get("linecount", args[1] if len(args) > 1 else None)
+    count = _arg(args, kwargs, 1, "linecount")
     if _is_int(count):
         m.check_int(count, "the batch filter's linecount")
         groups = -(-len(items) // max(count, 1))
-        m.check_size(groups * max(count, 1) if _fill(args, kwargs) else len(items) + groups,
-                     "the result of the batch filter")
-    return (items, *args[1:])
+        filled = _arg(args, kwargs, 2, "fill_with") is not None
+        m.check_size(groups * max(count, 1) if filled else len(items) + groups, "the result of the batch filter")
 
 
-def _check_slice(m: Meter, args: tuple, kwargs: dict) -> tuple:
+@_bounding("the items of the slice filter")
+def _check_slice(m: Meter, items: Any, args: tuple, kwargs: dict) -> None:
     """slice(value, slices, fill_with=None): `slices` lists (each padded by one fill item at most)."""
-    if not args:
-        return args
-    items = bounded_items(m, args[0], "the items of the slice filter")
-    slices = kwargs.get("slices", args[1] if len(args) > 1 else None)
+    slices = _arg(args, kwargs, 1, "slices")
     if _is_int(slices):
         m.check_int(slices, "the slice filter's count")
         m.check_size(len(items) + 2 * max(slices, 0), "the result of the slice filter")
-    return (items, *args[1:])
 
 
-def _check_collect(m: Meter, args: tuple, kwargs: dict) -> tuple:
+@_bounding("the items of a filter")
+def _check_collect(m: Meter, items: Any, args: tuple, kwargs: dict) -> None:
     """list, sort, unique, dictsort, groupby, reverse: they build a result as large as their input, which is bounded
-    (drawn into a list when its length is not known) before the filter builds it. (first, last, min, max, length
-    build nothing: they keep jinja's own behaviour, errors included.)"""
-    if not args:
-        return args
-    return (bounded_items(m, args[0], "the items of a filter"), *args[1:])
+    (drawn into a list when its length is not known) before the filter builds it; nothing more to weigh. (first,
+    last, min, max, length build nothing: they keep jinja's own behaviour, errors included.)"""
 
 
 def _check_wordwrap(m: Meter, args: tuple, kwargs: dict) -> None:
@@ -174,8 +174,8 @@ def _check_wordwrap(m: Meter, args: tuple, kwargs: dict) -> None:
     if not args:
         return
     text = str(args[0])
-    width = kwargs.get("width", args[1] if len(args) > 1 else 79)
-    wrap = kwargs.get("wrapstring", args[3] if len(args) > 3 else None)
+    width = _arg(args, kwargs, 1, "width", 79)
+    wrap = _arg(args, kwargs, 3, "wrapstring")
     if _is_int(width):
         pieces = len(text) // max(width, 1) + text.count(" ") + 1
         m.check_size(len(text) + pieces * len(str(wrap or "\n")), "the result of the wordwrap filter")
@@ -187,7 +187,7 @@ def _check_tojson(m: Meter, args: tuple, kwargs: dict) -> None:
     if not args:
         return
     size, depth = m._weight(args[0], 0, "the tojson filter's value")
-    indent = kwargs.get("indent", args[1] if len(args) > 1 else None)
+    indent = _arg(args, kwargs, 1, "indent")
     per_item = 4 + (indent * (depth + 1) if _is_int(indent) and indent > 0 else len(indent) * (depth + 1)
                     if isinstance(indent, str) else 0)
     m.check_size(6 * size + size * per_item, "the result of the tojson filter")
