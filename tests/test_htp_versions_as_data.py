@@ -26,7 +26,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "kazeia"
 def third_profile(monkeypatch):
     caps = dataclasses.replace(P.GENERATIONS["2026-10"], op_fusion=False, lazy_l2=False)
     prof = dataclasses.replace(P.PROFILES["2026-10"], name="test-oct", description="October, no fusion, no lazy L2",
-                               capabilities=caps)
+                               caps=caps)
     monkeypatch.setitem(P.PROFILES, "test-oct", prof)
     return prof
 
@@ -61,7 +61,7 @@ def test_an_unknown_generation_is_refused_in_one_line():
     with pytest.raises(KazeiaError, match=r"unknown ggml-hexagon code generation '2027-01' \(modelled: 2026-05, "):
         P.capabilities("2027-01")
     with pytest.raises(KazeiaError, match="2027-01"):
-        dataclasses.replace(P.PROFILES["2026-10"], name="next", generation="2027-01", capabilities=None)
+        dataclasses.replace(P.PROFILES["2026-10"], name="next", generation="2027-01", caps=None)
 
 
 def test_no_module_outside_the_fault_table_names_a_fault():

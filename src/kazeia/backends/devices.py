@@ -80,9 +80,9 @@ def llama_graph(opts: DeviceOptions) -> str:
     """Which llama.cpp graph a run with these options builds: the one the users of the named HTP profile run
     (profiles.Profile.llama_graph: "2026-05" for May's, "2026-10" otherwise), whatever the device, so that a
     reference run (CPU, REF) of an HTP run names its nodes alike."""
-    from kazeia.backends.htp import HtpSettings, get_profile
+    from kazeia.backends.htp import get_profile
 
-    return get_profile(HtpSettings.from_options(opts).profile).llama_graph
+    return get_profile(_htp_settings(opts).profile).llama_graph
 
 
 def device_name(name: str) -> str:

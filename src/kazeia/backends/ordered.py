@@ -25,18 +25,13 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from kazeia.native.compile import Library, available, host_has
+from kazeia.native.compile import Library, available, f32_lanes
 from kazeia.native.irkit import F32, I64, Kernel, i64, ptr, splat, vec
 from kazeia.native.pool import run_rows
 from kazeia.native.portable import jit, prange
 
 MR = 4                       # rows of A a register tile
 PARALLEL_MIN_MACS = 1 << 19  # products below this run on one thread (a decode's S = Q K^T at n_kv = 256: 1 << 20)
-
-
-def _lanes() -> int:
-    """float32 lanes of one vector on this host (16 with AVX-512, else 8): only which outputs run side by side."""
-    return 16 if host_has("avx512f") else 8
 
 
 def _ordered_gemm(module: ir.Module, kind: str) -> None:
@@ -47,7 +42,7 @@ def _ordered_gemm(module: ir.Module, kind: str) -> None:
     fused multiply-add, for operands whose products are exact in float32 (fp16 values: 11 + 11 significant bits),
     where it rounds once as the multiply-then-add does (the multiply does not round): the same bits, half the
     instructions."""
-    vl = _lanes()
+    vl = f32_lanes()
     names = ("a", "lda", "ahs", "bm", "ldb", "bhs", "c", "ldc", "chs", "m", "k", "n", "h0", "h1")
     k = Kernel(module, f"ordered_gemm_{kind}", [(nm, ptr(F32) if nm in ("a", "bm", "c") else I64) for nm in names])
     b, a = k.b, k.a

@@ -136,7 +136,8 @@ def run_child(spec: RunSpec, timeout: float = 600.0, all_logits: bool = False) -
         return RunResult(**arrays, **d)
 
 
-def load_array(path: str) -> np.ndarray:
-    """A .npy array a child process wrote (opened as a regular file, no pickles)."""
-    with open_regular(path, "child array", 16 << 30) as f:
+def load_array(path: str, what: str = "child array", max_bytes: int = 16 << 30) -> np.ndarray:
+    """A .npy array kazeia wrote earlier (a child's result, a cached reference): opened as a regular file, no
+    pickles."""
+    with open_regular(path, what, max_bytes) as f:
         return np.load(f, allow_pickle=False)

@@ -73,6 +73,12 @@ def host_has(feature: str) -> bool:
     return _host_features().get(feature, False)
 
 
+def f32_lanes() -> int:
+    """float32 lanes of the widest vector the kernels emit on this host: 16 (zmm, AVX-512) or 8 (ymm). Which
+    outputs run side by side, never a summation order."""
+    return 16 if host_has("avx512f") else 8
+
+
 def available() -> bool:
     """True when the native kernels run here (else every front takes its portable twin)."""
     return not _portable and settings.get().simd and host_ok()

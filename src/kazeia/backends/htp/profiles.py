@@ -111,16 +111,13 @@ class Profile:
     # which llama.cpp graph its users build: "2026-05" (May's llama.cpp: an F32 KQ mask and its F16 cast, before
     # #23764) or "2026-10" (today's); robust is May's backend under today's llama.cpp
     llama_graph: str = "2026-10"
-    # a test-only profile's own capabilities (else its generation's)
-    capabilities: Capabilities | None = None
+    # what its code does: its generation's capabilities (filled in from `generation` when not given; a test-only
+    # profile gives its own)
+    caps: Capabilities | None = None
 
     def __post_init__(self) -> None:
-        if self.capabilities is None:
-            object.__setattr__(self, "capabilities", capabilities(self.generation))
-
-    @property
-    def caps(self) -> Capabilities:
-        return self.capabilities
+        if self.caps is None:
+            object.__setattr__(self, "caps", capabilities(self.generation))
 
 
 PROFILES: dict[str, Profile] = {

@@ -28,10 +28,10 @@ import numpy as np
 
 from kazeia.backends.ref import WeightCache
 from kazeia.debug.judge import WHOLE_MODEL_NMSE, judge
-from kazeia.debug.runner import RunResult, external_kill, run, run_child
+from kazeia.debug.runner import RunResult, external_kill, load_array, run, run_child
 from kazeia.engine.session import RunSpec, build_context
 from kazeia.errors import KazeiaError
-from kazeia.limits import open_regular, safe_regex
+from kazeia.limits import safe_regex
 
 PASS, FAIL, OTHER, INCONCLUSIVE = "pass", "fail", "other", "inconclusive"
 
@@ -162,8 +162,7 @@ class OracleJudge:
             return self._refs[key]
         path = os.path.join(self.cache_dir, f"ref-{key}.npy") if self.cache_dir else None
         if path and os.path.exists(path):
-            with open_regular(path, "cached reference logits", 1 << 30) as f:
-                self._refs[key] = np.load(f, allow_pickle=False)
+            self._refs[key] = load_array(path, "cached reference logits", 1 << 30)
             return self._refs[key]
         self.reference_runs += 1
         res = self._run(rspec)

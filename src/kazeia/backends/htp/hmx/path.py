@@ -35,7 +35,7 @@ from kazeia.backends.htp.profiles import (
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm import arena as V
 from kazeia.backends.htp.vtcm.matmul.record import MatmulPlan
-from kazeia.graph.tensor import GGMLType, Tensor, array
+from kazeia.graph.tensor import GGMLType, Tensor, array, type_name
 
 
 class HmxPath:
@@ -58,7 +58,7 @@ class HmxPath:
             else:
                 dsp.farf("ERROR", f"{tag}: no chunking fits VTCM {plan.vtcm} ({plan.reason})")
             return None
-        qtype = w.type.name.lower()
+        qtype = type_name(w.type)
         if VTCM_BANK_CROSSING.acts(self.settings, "hmx", qtype):
             crossing = bank_crossings(plan)
             if crossing:

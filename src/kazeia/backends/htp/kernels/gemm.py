@@ -30,7 +30,7 @@ from kazeia.backends.htp.kernels.rounding import widen_f16
 from kazeia.gguf.quants import QK, block_bytes
 from kazeia.native.buffers import GrowingScratch
 from kazeia.native.buffers import ptr as addr
-from kazeia.native.compile import Library, available, host_has
+from kazeia.native.compile import Library, available, f32_lanes
 from kazeia.native.irkit import F32, I8, I16, I32, I64, Kernel, i64, ptr, splat, vec
 from kazeia.native.pool import run_rows
 from kazeia.native.portable import jit, prange
@@ -48,7 +48,8 @@ PARALLEL_MIN_MACS = 1 << 22
 def _tiling() -> tuple[int, int, int]:
     """(float lanes a vector, m lanes a micro-tile, weight rows a micro-tile) for this host's registers: 16
     zmm-wide lanes x 2 x 12 rows with AVX-512 (24 accumulators of 32), else 8 x 2 x 6 (12 of 16 ymm)."""
-    return (16, 32, 12) if host_has("avx512f") else (8, 16, 6)
+    vl = f32_lanes()
+    return vl, 2 * vl, 12 if vl == 16 else 6
 
 
 # --- HMX MUL_MAT: lanes over m ------------------------------------------------------------------------------
