@@ -35,7 +35,7 @@ PARALLEL_MIN_ELEMS = 1 << 18
 V4F64, V4I64 = vec(F64, 4), vec(I64, 4)
 
 
-def _exp4(k: Kernel, x: ir.Value) -> ir.Value:
+def exp4(k: Kernel, x: ir.Value) -> ir.Value:
     """<4 x double> (no NaN) -> <4 x double> p * 2^n, the rule's steps."""
     b = k.b
     x = b.select(b.fcmp_ordered(">", x, splat(V4F64, HI)), splat(V4F64, HI), x)
@@ -64,7 +64,7 @@ def _exp_kernel(module: ir.Module) -> None:
         x = k.load_vec(a.x, v8, i)
         nan = b.fcmp_unordered("uno", x, x)
         xs = b.select(nan, splat(v8, 0.0), x)
-        halves = [b.fptrunc(_exp4(k, b.fpext(k.shuffle(xs, None, list(range(j, j + 4))), V4F64)), vec(F32, 4))
+        halves = [b.fptrunc(exp4(k, b.fpext(k.shuffle(xs, None, list(range(j, j + 4))), V4F64)), vec(F32, 4))
                   for j in (0, 4)]
         y = k.shuffle(halves[0], halves[1], list(range(8)))
         k.store_vec(b.select(nan, x, y), a.y, i)
@@ -73,7 +73,7 @@ def _exp_kernel(module: ir.Module) -> None:
         nan = b.fcmp_unordered("uno", x, x)
         xs = b.select(nan, ir.Constant(F32, 0.0), x)
         x4 = k.broadcast(b.fpext(xs, F64), 4)
-        y = b.fptrunc(b.extract_element(_exp4(k, x4), ir.Constant(ir.IntType(32), 0)), F32)
+        y = b.fptrunc(b.extract_element(exp4(k, x4), ir.Constant(ir.IntType(32), 0)), F32)
         k.store(b.select(nan, x, y), a.y, i)
     k.ret()
 

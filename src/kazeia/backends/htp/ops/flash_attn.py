@@ -7,6 +7,7 @@ import numpy as np
 
 from kazeia.backends.htp.fp16 import FP16_MAX, round_fp16
 from kazeia.backends.htp.kernels import fa as fast_fa
+from kazeia.backends.htp.kernels import fa_decode
 from kazeia.backends.htp.kernels.expf import exp_f32
 from kazeia.backends.htp.kernels.hvx import DECODE_ROWS
 from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw
@@ -70,6 +71,8 @@ def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
     # (S, H, T, D) with S = 1 (ne3): work on 3-D stacks of matrices
     q = io.load(n.src[0])[0]                                     # (H, T, D)
     decode = q.shape[1] <= DECODE_ROWS  # the kernel threads keep spinning for the decode's next op
+    if decode and _decode_pass(n, q, use_hmx):
+        return
     kt = _k_transposed(io, n.src[1], decode)                      # (Hkv, D, n_kv)
     v = io.load_c(n.src[2], linger=decode)[0]                    # (Hkv, n_kv, Dv)
     mask = io.load(n.src[3])[0, 0] if len(n.src) > 3 and n.src[3] is not None else None  # (T', n_kv)
@@ -96,6 +99,17 @@ def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
     if not fast_fa.divide(o, l):
         o = o / np.where(l == 0, 1.0, l)
     io.store(n, o.transpose(1, 0, 2)[None])  # (T, H, Dv): dst ne = [Dv, H, T]
+
+
+def _decode_pass(n: Tensor, q: np.ndarray, use_hmx: bool) -> bool:
+    """A decode step over an F16 cache in one native pass (kernels/fa_decode.py: this function's bits, its
+    operations in its order); False where it does not apply or declines (this function's form then runs)."""
+    k, v = n.src[1], n.src[2]
+    if k.type != GGMLType.F16 or v.type != GGMLType.F16:
+        return False
+    m = n.src[3] if len(n.src) > 3 else None
+    mask = None if m is None else array(m)[0, 0]
+    return fa_decode.decode(q, array(k), array(v), mask, float(n.params["scale"]), use_hmx, array(n), linger=True)
 
 
 def _softmax_parts(s: np.ndarray, mask: np.ndarray | None, scale: np.float32,
