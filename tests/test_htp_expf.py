@@ -43,3 +43,29 @@ def test_in_place_and_shapes():
     expf.exp_f32(y, out=y)
     assert np.array_equal(y, want) and np.array_equal(expf.exp_f32(x[:, ::2]), want[:, ::2])
     assert expf.exp_f32(np.zeros(0, np.float32)).shape == (0,)
+
+
+def _swiglu_ufuncs(a: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """bound_ops._swiglu's numpy form: negate, exp by the rule, 1 +, divide, multiply (float32 each)."""
+    with np.errstate(all="ignore"):
+        e = expf.exp_f32(np.negative(a))
+        return np.divide(a, np.add(np.float32(1), e)) * g
+
+
+def test_native_swiglu_is_the_ufuncs_or_declines():
+    rng = np.random.default_rng(3)
+    for n in (8, 64, 1024 + 8, 9728, 3 * 1024, 1 << 18):  # row edges, a decode's FFN width, the parallel size
+        a = (rng.standard_normal(n) * rng.choice([1e-20, 1.0, 30.0, 200.0])).astype(np.float32)
+        g = rng.standard_normal(n).astype(np.float32)
+        a[: min(n, 4)] = np.array([0.0, -0.0, 88.8, -104.0], np.float32)[: min(n, 4)]
+        out = np.empty_like(a)
+        assert expf.swiglu_f32(a, g, out)
+        assert out.tobytes() == _swiglu_ufuncs(a, g).tobytes(), n
+    for bad in (np.nan, np.inf, -np.inf):
+        a = np.ones(64, np.float32)
+        g = np.ones(64, np.float32)
+        a[17] = bad
+        assert not expf.swiglu_f32(a, g, np.empty_like(a))
+        g, a = a, g
+        assert not expf.swiglu_f32(a, g, np.empty_like(a))
+    assert not expf.swiglu_f32(np.ones(12, np.float32), np.ones(12, np.float32), np.empty(12, np.float32))

@@ -20,7 +20,7 @@ from llvmlite import ir
 
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library, available
-from kazeia.native.irkit import F32, F64, I64, Kernel, i64, ptr, splat, vec
+from kazeia.native.irkit import F32, F64, I64, V8F32, Kernel, i64, ptr, splat, vec
 from kazeia.native.pool import run_rows
 from kazeia.native.portable import jit, prange
 
@@ -30,6 +30,7 @@ LN2_LO = 1.90821492927058770002e-10
 COEFFS = tuple(1.0 / math.factorial(i) for i in range(11, -1, -1))  # Horner, degree 11 first
 HI, LO = 100.0, -110.0
 ROW = 1024                      # elements a row of the native kernel
+UNROLL = 4                      # vectors of 8 a step of the main loop (exp's Horner chain is latency-bound)
 PARALLEL_MIN_ELEMS = 1 << 18
 
 V4F64, V4I64 = vec(F64, 4), vec(I64, 4)
@@ -49,6 +50,14 @@ def exp4(k: Kernel, x: ir.Value) -> ir.Value:
     return b.fmul(p, b.bitcast(e, V4F64))
 
 
+def exp8(k: Kernel, x: ir.Value) -> ir.Value:
+    """<8 x float> (no NaN) -> exp by the rule, as two <4 x double> halves."""
+    b = k.b
+    halves = [b.fptrunc(exp4(k, b.fpext(k.shuffle(x, None, list(range(j, j + 4))), V4F64)), vec(F32, 4))
+              for j in (0, 4)]
+    return k.shuffle(halves[0], halves[1], list(range(8)))
+
+
 def _exp_kernel(module: ir.Module) -> None:
     """exp_f32(x, y, n, r0, r1): y[i] = exp(x[i]) by the rule for i in [ROW*r0, min(ROW*r1, n)) (x == y allowed)."""
     k = Kernel(module, "exp_f32", [("x", ptr(F32)), ("y", ptr(F32)), ("n", I64), ("r0", I64), ("r1", I64)],
@@ -59,14 +68,19 @@ def _exp_kernel(module: ir.Module) -> None:
     hi = b.select(b.icmp_signed("<", hi, a.n), hi, a.n)
     span = b.sub(hi, lo)
     hi8 = b.add(lo, b.mul(b.sdiv(span, i64(8)), i64(8)))
-    v8 = vec(F32, 8)
-    with k.loop(lo, hi8, 8, name="i") as i:
-        x = k.load_vec(a.x, v8, i)
+    hi32 = b.add(lo, b.mul(b.sdiv(span, i64(UNROLL * 8)), i64(UNROLL * 8)))
+
+    def one(i: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+        x = k.load_vec(a.x, V8F32, i)
         nan = b.fcmp_unordered("uno", x, x)
-        xs = b.select(nan, splat(v8, 0.0), x)
-        halves = [b.fptrunc(exp4(k, b.fpext(k.shuffle(xs, None, list(range(j, j + 4))), V4F64)), vec(F32, 4))
-                  for j in (0, 4)]
-        y = k.shuffle(halves[0], halves[1], list(range(8)))
+        return x, nan, exp8(k, b.select(nan, splat(V8F32, 0.0), x))
+
+    with k.loop(lo, hi32, UNROLL * 8, name="u") as i:  # independent vectors: the Horner chains overlap
+        outs = [one(b.add(i, i64(8 * u))) for u in range(UNROLL)]
+        for u, (x, nan, y) in enumerate(outs):
+            k.store_vec(b.select(nan, x, y), a.y, b.add(i, i64(8 * u)))
+    with k.loop(hi32, hi8, 8, name="i") as i:
+        x, nan, y = one(i)
         k.store_vec(b.select(nan, x, y), a.y, i)
     with k.loop(hi8, hi, name="t") as i:
         x = k.load(a.x, i)
@@ -78,8 +92,56 @@ def _exp_kernel(module: ir.Module) -> None:
     k.ret()
 
 
+def _swiglu_kernel(module: ir.Module) -> None:
+    """swiglu_f32(a, g, y, bad, n, r0, r1): y[i] = a[i] / (1 + exp(-a[i])) * g[i] (exp by the rule; float32
+    negate, add, divide, multiply, as bound_ops._swiglu's ufuncs) for i in [ROW*r0, min(ROW*r1, n)); *bad = 1
+    when some a or g in the range is not finite (the caller then runs the ufuncs: NaN payloads stay theirs).
+    n is a multiple of 8."""
+    k = Kernel(module, "swiglu_f32", [("a", ptr(F32)), ("g", ptr(F32)), ("y", ptr(F32)), ("bad", ptr(I64)),
+                                      ("n", I64), ("r0", I64), ("r1", I64)])
+    b, a = k.b, k.a
+    lo = b.mul(a.r0, i64(ROW))
+    hi = b.mul(a.r1, i64(ROW))
+    hi = b.select(b.icmp_signed("<", hi, a.n), hi, a.n)
+    hi32 = b.add(lo, b.mul(b.sdiv(b.sub(hi, lo), i64(UNROLL * 8)), i64(UNROLL * 8)))
+    bad = k.var(V8F32, splat(V8F32, 0.0), name="bad")  # x - x summed: NaN once an input was not finite
+    one = splat(V8F32, 1.0)
+
+    def step(i: ir.Value) -> tuple[ir.Value, ir.Value]:
+        x, g = k.load_vec(a.a, V8F32, i), k.load_vec(a.g, V8F32, i)
+        b.store(b.fadd(b.load(bad), b.fadd(b.fsub(x, x), b.fsub(g, g))), bad)
+        e = exp8(k, b.fsub(splat(V8F32, -0.0), x))  # np.negative: the sign flipped (no NaN here)
+        return b.fmul(b.fdiv(x, b.fadd(one, e)), g), i
+
+    with k.loop(lo, hi32, UNROLL * 8, name="u") as i:
+        for y, j in [step(b.add(i, i64(8 * u))) for u in range(UNROLL)]:
+            k.store_vec(y, a.y, j)
+    with k.loop(hi32, hi, 8, name="i") as i:
+        y, j = step(i)
+        k.store_vec(y, a.y, j)
+    acc = b.load(bad)
+    with k.if_(k.b.fcmp_unordered("uno", k.hsum8(acc), k.hsum8(acc))):
+        k.store(i64(1), a.bad, 0)
+    k.ret()
+
+
 LIB = Library(__name__, "kazeia_htp_expf")
 EXP = LIB.kernel("exp_f32", _exp_kernel, par=True)
+SWIGLU = LIB.kernel("swiglu_f32", _swiglu_kernel, par=True)
+
+
+def swiglu_f32(a: np.ndarray, g: np.ndarray, out: np.ndarray, linger: bool = False) -> bool:
+    """out = a / (1 + exp(-a)) * g for C-contiguous float32 arrays of one shape whose size is a multiple of 8, the
+    bits of bound_ops._swiglu's ufuncs; False (out may hold anything) where it does not apply or an input is
+    not finite. `linger`: a decode step's (native.pool.run)."""
+    n = a.size
+    if (not available() or n % 8 or not n or a.shape != g.shape or a.shape != out.shape
+            or any(x.dtype != np.float32 or not x.flags.c_contiguous for x in (a, g, out))):
+        return False
+    bad = np.zeros(1, dtype=np.int64)
+    run_rows(SWIGLU, (addr(a), addr(g), addr(out), addr(bad), n), -(-n // ROW), 4, n >= PARALLEL_MIN_ELEMS,
+             linger=linger)
+    return not bad[0]
 
 
 def exp_f32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

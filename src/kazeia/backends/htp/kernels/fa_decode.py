@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from kazeia.backends.htp.kernels.expf import exp4
+from kazeia.backends.htp.kernels.expf import exp8
 from kazeia.native.buffers import ThreadScratch
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library, available
@@ -44,7 +44,7 @@ MR = 4                    # query rows of a register tile (S and P V)
 BLOCK = 128               # KV cells of one HMX P V block (ops/flash_attn.FA_KV_BLOCK)
 PW_BLOCK = 128            # numpy's PW_BLOCKSIZE
 PARALLEL_MIN_MACS = 1 << 18
-V8I16, V8F16, V4F32 = vec(I16, 8), vec(F16, 8), vec(F32, 4)
+V8I16, V8F16 = vec(I16, 8), vec(F16, 8)
 
 
 def _rne16(k: Kernel, x: ir.Value) -> ir.Value:
@@ -72,14 +72,6 @@ def _flag(k: Kernel, acc: ir.AllocaInstr, cond: ir.Value) -> None:
     wide = ir.IntType(8 * n)
     any_ = b.icmp_unsigned("!=", b.bitcast(b.zext(cond, vec(I8, n)), wide), ir.Constant(wide, 0))
     b.store(b.or_(b.load(acc), b.zext(any_, I64)), acc)
-
-
-def _exp8(k: Kernel, x: ir.Value) -> ir.Value:
-    """<8 x float> (no NaN) -> exp by expf's rule, two <4 x double> halves."""
-    b = k.b
-    halves = [b.fptrunc(exp4(k, b.fpext(k.shuffle(x, None, list(range(j, j + 4))), vec(ir.DoubleType(), 4))), V4F32)
-              for j in (0, 4)]
-    return k.shuffle(halves[0], halves[1], list(range(8)))
 
 
 def _pairwise_kernel(module: ir.Module) -> str:
@@ -269,10 +261,10 @@ def _softmax_row(k: Kernel, hd: _Head, r: ir.Value, bad, lsum, hmx: bool) -> Non
     def expo(j: ir.Value, width: int) -> None:
         x = b.fsub(k.load_vec(row, vec(F32, width), j), k.broadcast(m, width))
         if width == W:
-            p = _exp8(k, x)
+            p = exp8(k, x)
         else:
             x8 = k.broadcast(b.extract_element(x, ir.Constant(I32, 0)), W)
-            p = k.shuffle(_exp8(k, x8), None, [0])
+            p = k.shuffle(exp8(k, x8), None, [0])
         k.store_vec(p, row, j)
     _vec_loop(k, a.n, expo)
     b.store(b.fadd(f32(0.0), k.call("fa_pairwise", F32, row, a.n)), lsum)  # numpy's reduce starts from +0

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kazeia.backends.htp.kernels.expf import exp_f32
+from kazeia.backends.htp.kernels.expf import exp_f32, swiglu_f32
 from kazeia.backends.numpy_ops import rope_angles
 from kazeia.graph.builder import ROPE_NEOX
 from kazeia.graph.tensor import GGMLType, Tensor, array
@@ -60,6 +60,8 @@ def _swiglu(node: Tensor) -> Callable[[], None] | None:
     neg, e = np.empty(a.shape, F32), np.empty(a.shape, F32)
 
     def run() -> None:
+        if swiglu_f32(a, b, dst, linger=True):  # the same operations in one native pass (kernels/expf.py)
+            return
         with np.errstate(over="ignore"):
             np.negative(a, out=neg)
             exp_f32(neg, out=e)
