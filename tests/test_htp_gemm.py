@@ -89,3 +89,16 @@ def test_special_values():
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert np.isposinf(got[0, 0]) and got[1, 0].view(np.uint32) == 0x7FC00000
     assert got[2, 2].view(np.uint32) == 0x7FC00000 and got[3, 3].view(np.uint32) == 0
+
+
+def test_native_panel_packing_moves_the_bytes_numpy_moves():
+    """pack_panels' native kernel (8 x 8 register transposes, panels over the threads) gives numpy's layout: every
+    row edge of a panel, K not a multiple of 8, rows past M zero, a NaN's payload kept."""
+    rng = np.random.default_rng(5)
+    for m, kdim in [(1, 8), (5, 13), (31, 64), (32, 7), (33, 100), (38, 2560), (130, 257)]:
+        a = rng.standard_normal((m, kdim)).astype(np.float32)
+        a.reshape(-1)[:: 7] = np.uint32(0x7FC01234).view(np.float32)
+        got = gemm.pack_panels(a).copy()
+        with portable_only():
+            want = gemm.pack_panels(a).copy()
+        assert got.tobytes() == want.tobytes(), (m, kdim)

@@ -31,6 +31,7 @@ from kazeia.gguf.quants import QK, block_bytes
 from kazeia.native.buffers import GrowingScratch
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library, available, f32_lanes
+from kazeia.native.idioms import transpose8
 from kazeia.native.irkit import F32, I8, I16, I32, I64, Kernel, i64, ptr, splat, vec
 from kazeia.native.pool import run_rows
 from kazeia.native.portable import jit, prange
@@ -43,6 +44,7 @@ SOURCES = ("f32", "f16") + KINDS   # float32 rows (given), F16 rows, ggml blocks
 BLOCK_BYTES = {"f16": 2 * QK, **block_bytes(KINDS)}
 CANONICAL_NAN = np.uint32(0x7FC00000).view(np.float32)
 PARALLEL_MIN_MACS = 1 << 22
+PARALLEL_MIN_PACK = 1 << 16  # activation elements from which the panels are packed on every thread
 
 
 def _tiling() -> tuple[int, int, int]:
@@ -150,8 +152,37 @@ def _hmx_gemm(module: ir.Module, src: str) -> None:
     k.ret()
 
 
+def _pack(module: ir.Module) -> None:
+    """hmx_pack(a, m, k, out, p0, p1): the panels p in [p0, p1) of `pack_panels`: out[p][kk][r] = a[32p + r, kk]
+    for rows 32p + r < m, 0 past m (a: (m, k) C-contiguous float32). 8 x 8 blocks through a register transpose;
+    the last k % 8 columns one element at a time. Data movement only: the bits are a's."""
+    k = Kernel(module, "hmx_pack", [("a", ptr(F32)), ("m", I64), ("k", I64), ("out", ptr(F32)), ("p0", I64),
+                                    ("p1", I64)])
+    b, a = k.b, k.a
+    v8 = vec(F32, 8)
+    k8 = b.mul(b.sdiv(a.k, i64(8)), i64(8))
+    last = b.sub(a.m, i64(1))
+    with k.loop(a.p0, a.p1, name="p") as p:
+        pan = k.gep(a.out, b.mul(p, b.mul(a.k, i64(PANEL))))
+        for g in range(PANEL // 8):
+            r0 = b.add(b.mul(p, i64(PANEL)), i64(8 * g))
+            rows = [b.add(r0, i64(j)) for j in range(8)]
+            live = [b.icmp_signed("<", r, a.m) for r in rows]
+            src = [k.gep(a.a, b.mul(b.select(lv, r, last), a.k)) for r, lv in zip(rows, live)]  # (read in range)
+            with k.loop(0, k8, 8, name=f"k{g}") as k0:
+                vs = [b.select(lv, k.load_vec(sp, v8, k0), splat(v8, 0.0)) for sp, lv in zip(src, live)]
+                for c, v in enumerate(transpose8(k, vs)):
+                    k.store_vec(v, pan, b.mul(b.add(k0, i64(c)), i64(PANEL)), 8 * g)
+            with k.loop(k8, a.k, name=f"kt{g}") as kk:
+                for j, (sp, lv) in enumerate(zip(src, live)):
+                    x = b.select(lv, k.load(sp, kk), ir.Constant(F32, 0.0))
+                    k.store(x, pan, b.mul(kk, i64(PANEL)), 8 * g + j)
+    k.ret()
+
+
 LIB = Library(__name__, "kazeia_htp_gemm")
 GEMM = LIB.kernels("hmx_gemm", _hmx_gemm, SOURCES, par=True)
+PACK = LIB.kernel("hmx_pack", _pack, par=True)
 
 
 # --- fronts ---------------------------------------------------------------------------------------------------
@@ -178,6 +209,9 @@ def pack_panels(a16: np.ndarray) -> np.ndarray:
     m, kdim = a16.shape
     mpad = padded_rows(m)
     buf = _aligned(_PANELS, mpad * kdim).reshape(mpad // PANEL, kdim, PANEL)
+    if available() and a16.dtype == np.float32 and a16.flags.c_contiguous and m:
+        run_rows(PACK, (addr(a16), m, kdim, addr(buf)), mpad // PANEL, 1, m * kdim >= PARALLEL_MIN_PACK)
+        return buf
     full = m // PANEL * PANEL
     if full:
         buf[: full // PANEL] = a16[:full].reshape(full // PANEL, PANEL, kdim).transpose(0, 2, 1)
