@@ -1,79 +1,97 @@
-"""Every tool that takes the model flags maps them as `kazeia run` does (cli/common.py spec_from_args): -ngl, -ctk
-and -ctv reach the context each tool builds, and -ngl 0 really keeps every op off the device."""
+"""The tools check what they are given before any work, and take what a user pastes from their own printed
+scenarios (issue 37, "validate before working"): upgrade refuses another device and an output folder that cannot
+be made, in one line and at once; a fault that one version's code does not have runs on the other side only, and
+the report says so; llama-cli's sampling flags are accepted and ignored by the greedy tools; a tool leaves no
+writer lock behind; `check` writes each reason whole."""
 
 from __future__ import annotations
 
+import json
+import os
+import time
+
 import pytest
 
-from kazeia.cli.main import main
-from kazeia.engine import session
-from kazeia.graph.tensor import GGMLType
-
-FLAGS = ["-dev", "HTP0", "-ngl", "0", "-ctk", "f32", "-ctv", "f32", "-c", "256"]
-TOOLS = {
-    "run": ["run", "--n-prompt", "6", "-n", "1", "--temp", "0"],
-    "trace": ["trace", "--n-prompt", "6", "--quiet"],
-    "compare": ["compare", "--n-prompt", "6", "--mode", "cumulative"],
-    "bisect ops": ["bisect", "ops", "--n-prompt", "6", "--no-isolate", "-q"],
-    "bisect m": ["bisect", "m", "--fail", "6", "--pass", "1", "--no-isolate", "-q"],
-    "determinism": ["determinism", "--n-prompt", "6", "-N", "2", "-q"],
-    "bench": ["bench", "-p", "4", "-n", "1", "-r", "1"],
-}
+from cli_utils import kazeia_clean
+from kazeia.debug.upgrade import faults_by_side
+from kazeia.errors import KazeiaError
 
 
-@pytest.fixture
-def contexts(monkeypatch):
-    """Every context the tools build, as they built it."""
-    built = []
-
-    class Spy(session.Context):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            built.append(self)
-    monkeypatch.setattr(session, "Context", Spy)
-    return built
+def _one_line_error(r, exit_code: int = 2) -> str:
+    assert r.returncode == exit_code, (r.returncode, r.stderr[-500:])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
 
 
-@pytest.mark.parametrize("tool", list(TOOLS))
-def test_tool_honours_ngl_and_kv_types(tool, tiny_qwen3, contexts, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # (trace writes its JSONL here)
-    argv = TOOLS[tool] + ["-m", tiny_qwen3] + FLAGS
-    if tool == "bisect m":
-        argv += ["--n-prompt", "6"]
-    status = main(argv)
-    out = capsys.readouterr()
-    assert status in (0, 1), out.err
-    assert contexts, f"{tool} built no context"
-    ran = 0
-    for ctx in contexts:
-        kv = [c for c in ctx.kv.layers if c is not None]
-        assert {c.k.type for c in kv} == {GGMLType.F32} and {c.v.type for c in kv} == {GGMLType.F32}, tool
-        if ctx.scheduler.backends[0].name == "HTP0":
-            assert ctx.scheduler.router.n_gpu_layers == 0, tool
-            placed = ctx.scheduler.placements
-            assert {p.backend for p in placed} <= {"CPU"}, f"{tool}: -ngl 0 left ops on the device"
-            ran += bool(placed)
-    assert ran, f"{tool} ran no graph on the HTP0 device list"
+def test_upgrade_refuses_another_device(tiny_gemma3, tmp_path):
+    t0 = time.monotonic()
+    r = kazeia_clean("upgrade", "-m", tiny_gemma3, "-p", "hi", "-dev", "CPU", "-o", str(tmp_path / "u"), "--quiet")
+    line = _one_line_error(r)
+    assert "-dev CPU does not apply" in line and "HTP0" in line
+    assert not (tmp_path / "u").exists() and time.monotonic() - t0 < 60
 
 
-def test_investigate_honours_ngl_and_kv_types(tiny_qwen3, contexts, tmp_path, capsys):
-    status = main(["investigate", "--n-prompt", "6", "-m", tiny_qwen3, "-o", str(tmp_path / "inv"), "--quiet",
-                   *FLAGS])
-    assert status in (0, 1), capsys.readouterr().err
-    device = [c for c in contexts if c.scheduler.backends[0].name == "HTP0"]
-    assert device and all(c.scheduler.router.n_gpu_layers == 0 for c in device)
-    assert all({c.k.type for c in ctx.kv.layers if c is not None} == {GGMLType.F32} for ctx in contexts)
+def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(tiny_gemma3, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cases = [(["upgrade"], str(blocker / "sub"), "Not a directory"),  # a file in the way
+             (["investigate", "-dev", "HTP0"], "/proc/kazeia-no/such", "cannot create")]  # a pseudo file system
+    for tool, path, why in cases:
+        r = kazeia_clean(*tool, "-m", tiny_gemma3, "-p", "hi", "-o", path)
+        line = _one_line_error(r)
+        assert why in line and "-o/--output" in line, line
+    ok = tmp_path / "a" / "b" / "c"  # creatable: the probe leaves nothing behind
+    r = kazeia_clean("upgrade", "--help")
+    assert r.returncode == 0 and "--htp-profile" not in r.stdout  # (refused by upgrade: not listed)
+    from kazeia.cli.validate_paths import output_dir
+
+    assert output_dir(str(ok)) == str(ok) and not (tmp_path / "a").exists()
 
 
-def test_spec_argv_round_trip(tiny_qwen3):
-    """The reproduction command a report prints carries the same flags back."""
-    from kazeia.cli.common import spec_from_args
-    from kazeia.cli.main import build_parser
+def test_a_fault_of_one_version_runs_on_that_side_only():
+    sides, notes = faults_by_side(["v73-hmx-quant-inf"], "2026-05", "2026-10")
+    assert sides == {"2026-05": [], "2026-10": ["v73-hmx-quant-inf"]}
+    assert len(notes) == 1 and "2026-05 run is without it" in notes[0]
+    sides, notes = faults_by_side(["hmx-bias-stale"], "2026-05", "2026-10")  # both versions have it
+    assert sides == {"2026-05": ["hmx-bias-stale"], "2026-10": ["hmx-bias-stale"]} and not notes
+    with pytest.raises(KazeiaError, match="neither"):
+        faults_by_side(["dma-unbalanced"], "2026-10", "2026-10")
+    with pytest.raises(KazeiaError, match="unknown HTP fault"):
+        faults_by_side(["no-such-fault"], "2026-05", "2026-10")
 
-    argv = ["run", "-m", tiny_qwen3, "--n-prompt", "6", *FLAGS, "--sync", "--cpu-node-range", "3:5", "--gate",
-            "vtcm-plan", "-ub", "16", "--recover"]
-    spec = spec_from_args(build_parser("run").parse_args(argv))
-    again = spec_from_args(build_parser("run").parse_args(spec.argv()[spec.argv().index("run"):]))
-    assert again.with_(env={}) == spec.with_(env={}) and spec.sync
-    assert (spec.n_gpu_layers, spec.type_k, spec.type_v, spec.cpu_node_range, spec.gates, spec.ubatch) == \
-        (0, "f32", "f32", "3:5", ["vtcm-plan"], 16)
+
+def test_upgrade_reports_the_one_sided_fault(tiny_qwen3_q4, tmp_path):
+    out = tmp_path / "u"
+    r = kazeia_clean("upgrade", "-m", tiny_qwen3_q4, "--n-prompt", "5", "--htp-arch", "v73", "--fault",
+                     "v73-hmx-quant-inf", "-o", str(out), "--quiet")
+    assert r.returncode in (0, 1, 4), r.stderr[-800:]
+    rep = json.loads((out / "upgrade.json").read_text())
+    assert any("v73-hmx-quant-inf" in n and "2026-05 run is without it" in n for n in rep["notes"])
+    assert "Note: fault v73-hmx-quant-inf" in (out / "upgrade.md").read_text()
+
+
+@pytest.mark.parametrize("tool", [["upgrade", "--quiet"], ["compare", "-dev", "HTP0"], ["bench", "-n", "0"]])
+def test_sampling_flags_are_accepted_and_ignored(tool, tiny_gemma3, tmp_path):
+    extra = ["-p", "8"] if tool[0] == "bench" else ["-p", "hi"]
+    out = ["-o", str(tmp_path / "u")] if tool[0] == "upgrade" else []
+    r = kazeia_clean(tool[0], "-m", tiny_gemma3, *extra, *tool[1:], *out, "--temp", "0.7", "--top-k", "5",
+                     "--top-p", "0.9", "--min-p", "0.1", "-s", "3")
+    assert r.returncode == 0, r.stderr[-800:]
+    bad = kazeia_clean(tool[0], "-m", tiny_gemma3, *extra, *tool[1:], *out, "--top-p", "2")
+    assert "--top-p" in _one_line_error(bad)  # checked as kazeia run checks it
+
+
+def test_a_tool_leaves_no_writer_lock(tiny_gemma3, tmp_path):
+    out = tmp_path / "inv"
+    r = kazeia_clean("investigate", "-m", tiny_gemma3, "-p", "hi", "-dev", "HTP0", "-o", str(out))
+    assert r.returncode in (0, 1), r.stderr[-800:]
+    assert (out / "report.md").exists() and not (out / ".kazeia-writer.lock").exists(), os.listdir(out)
+
+
+def test_check_writes_each_reason_whole(tiny_qwen3_q4):
+    r = kazeia_clean("check", "-m", tiny_qwen3_q4)
+    assert r.returncode in (0, 1), r.stderr[-500:]
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| ") and ln.count("|") >= 7]
+    assert rows and all(ln.rstrip().endswith("|") for ln in rows)
+    assert any(len(ln) > 200 for ln in rows) or all("(t |" not in ln for ln in rows)

@@ -12,6 +12,7 @@ Every failure is an `OutputError`: one line naming the path and the system's rea
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -144,8 +145,21 @@ def claim_folder(path: str) -> str:
                           f"its own folder") from None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
+    if not _CLAIMS:
+        atexit.register(release_folders)
     _CLAIMS[path] = fd
     return path
+
+
+def release_folders() -> None:
+    """At exit: remove each claimed folder's lock file, then release its lock (a process that opens the name
+    afterwards makes a new file it can lock; one that opened it before could not lock it while we held it). A
+    killed process leaves the file, which locks nothing once its holder is gone."""
+    for path, fd in list(_CLAIMS.items()):
+        _remove(os.path.join(path, LOCK_NAME))
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        del _CLAIMS[path]
 
 
 class StreamedFile:

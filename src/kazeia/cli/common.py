@@ -66,6 +66,13 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
                         "sequences only this way")
 
 
+def hide_option(p: argparse.ArgumentParser, dest: str) -> None:
+    """Leave the option that sets `dest` out of the help (a tool that refuses it must not list it)."""
+    for action in p._actions:
+        if action.dest == dest:
+            action.help = argparse.SUPPRESS
+
+
 def add_device_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("device")
     g.add_argument("-dev", "--device", type=V.device, default="CPU",
@@ -112,6 +119,19 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
+    if "-m" in p._option_string_actions and "--temp" not in p._option_string_actions:
+        add_ignored_sampling(p)
+
+
+def add_ignored_sampling(p: argparse.ArgumentParser) -> None:
+    """llama-cli's sampling flags on a tool that decodes greedily (the scenarios the tools print carry `--temp 0`):
+    checked as `kazeia run` checks them, then ignored."""
+    g = p.add_argument_group("sampling (accepted as llama-cli takes them and ignored: this tool decodes greedily)")
+    g.add_argument("--temp", "--temperature", dest="ignored_temp", type=V.temperature, default=None, metavar="T")
+    g.add_argument("--top-k", dest="ignored_top_k", type=V.integer(None), default=None, metavar="N")
+    g.add_argument("--top-p", dest="ignored_top_p", type=V.probability, default=None, metavar="P")
+    g.add_argument("--min-p", dest="ignored_min_p", type=V.probability, default=None, metavar="P")
+    g.add_argument("-s", "--seed", dest="ignored_seed", type=V.seed, default=None, metavar="SEED")
 
 
 def spec_from_args(args: argparse.Namespace, device: str | None = None) -> RunSpec:

@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from kazeia.cli import validate as V
-from kazeia.cli.common import add_common, add_device_args, add_model_args, tool_spec
+from kazeia.cli.common import add_common, add_device_args, add_model_args, hide_option, tool_spec
 from kazeia.errors import KazeiaError
 
 
@@ -25,7 +25,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=V.output_dir, default="kazeia-upgrade", help="report directory")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     add_common(p)
-    p.set_defaults(func=main)
+    hide_option(p, "htp_profile")  # --from and --to name the versions
+    p.set_defaults(func=main, device=None)
     return p
 
 
@@ -36,6 +37,9 @@ def main(args: argparse.Namespace) -> int:
         raise KazeiaError("upgrade needs -p PROMPT or --n-prompt N")
     if getattr(args, "htp_profile", None):
         raise KazeiaError("upgrade compares --from and --to; --htp-profile does not apply")
+    if args.device not in (None, "HTP0"):
+        raise KazeiaError(f"upgrade runs the scenario on HTP0 under two ggml-hexagon versions; -dev {args.device} does "
+                          f"not apply (kazeia run -dev {args.device} runs it there)")
     spec = tool_spec(args, "upgrade")
     say = (lambda s: None) if args.quiet else (lambda s: print(f"kazeia upgrade: {s}", file=sys.stderr, flush=True))
     u = upgrade(spec, args.from_profile, args.to_profile, progress=say)

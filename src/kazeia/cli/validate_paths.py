@@ -111,7 +111,32 @@ def output_dir(path: str) -> str:
     st = _stat(path)
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise _bad(f"{_path(path)} exists and is not a directory")
+    if st is None:
+        _probe_dir(path)
     return path
+
+
+def _probe_dir(path: str) -> None:
+    """Refuse now, not after the work, a directory that cannot be made (a read-only or pseudo file system, a file
+    in the way, no permission): make it and its missing parents, then remove what was made."""
+    made, head = [], os.path.abspath(path)
+    while head and not os.path.exists(head):
+        made.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    try:
+        os.makedirs(path)
+    except FileExistsError:
+        return  # made meanwhile by someone else: a directory to write into all the same
+    except OSError as e:
+        raise _bad(f"cannot create {_path(path)}: {e.strerror or e}") from None
+    for d in made:  # deepest first
+        try:
+            os.rmdir(d)
+        except OSError:
+            break
 
 
 def existing_path(path: str) -> str:

@@ -77,6 +77,7 @@ class Upgrade:
     why: list[str]
     changed_paths: list[dict[str, Any]]
     switches: list[tuple[str, str, str, bool]]  # (name, before, after, set by the user)
+    notes: list[str] = field(default_factory=list)  # what the comparison had to adapt (a fault one version lacks)
 
     @property
     def exit_status(self) -> int:
@@ -113,8 +114,9 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
     # both versions run the llama.cpp graph of the scenario as given (the May graph's extra mask cast would shift
     # every later node_<index> name, and the comparison goes op by op by name): what changes is ggml-hexagon's code
     base = reference_spec(spec, device="HTP0")
+    faults, notes = faults_by_side(spec.faults, before, after)
     args = model_args(load_gguf(spec.model_path))  # (the model's shapes, for the modeled rates of both sides)
-    settings = {p: base.with_(htp_profile=p).htp_settings() for p in (before, after)}
+    settings = {p: base.with_(htp_profile=p, faults=faults[p]).htp_settings() for p in (before, after)}
     progress("REF (float64): logits, every op's output, every MUL_MAT planned under both versions")
     scans = {p: PlanScan(s) for p, s in settings.items()}
     ref_spec = fix_tokens(base.with_(n_predict=0))
@@ -125,7 +127,7 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
     moved = {row["op"] for row in changed}  # the only ops whose alone-on-REF's-inputs error the report shows
     for p in (before, after):
         progress(f"the scenario on HTP0 under {p}")
-        r = run(base.with_(htp_profile=p))
+        r = run(base.with_(htp_profile=p, faults=faults[p]))
         side = Side(p, "")
         _outcome(side, r)
         if r.logits is not None and reference.logits is not None:
@@ -145,14 +147,40 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
         side.plans = plans[p]
         if moved:
             progress(f"the {len(moved)} MUL_MATs whose path changed, alone on REF's inputs under {p}")
-            rep = compare(ref_spec.with_(htp_profile=p), "isolated", reference=reference, only=moved)
+            rep = compare(ref_spec.with_(htp_profile=p, faults=faults[p]), "isolated", reference=reference,
+                          only=moved)
             side.per_op = {row.name: row for row in rep.rows.get("isolated", []) if row.ubatch == 0}
         sides.append(side)
     b, a = sides
     verdict = ("fixed" if not b.ok and a.ok else "left" if not b.ok else "new fault" if not a.ok else "unchanged")
     for row in changed:
         row["nmse_before"], row["nmse_after"] = (_nmse_of(s.per_op.get(row["op"])) for s in (b, a))
-    return Upgrade(base.command(), b, a, verdict, _why(b, a), changed, _switches(spec))
+    return Upgrade(base.command(), b, a, verdict, _why(b, a), changed, _switches(spec), notes)
+
+
+def faults_by_side(names: list[str], before: str, after: str) -> tuple[dict[str, list[str]], list[str]]:
+    """The injected faults each version's run takes: a fault that models one version's code (profiles.Fault.only_in)
+    runs on that side only, and a note says so; a fault neither version has is refused (before any work)."""
+    from kazeia.backends.htp import FAULTS, get_profile
+    from kazeia.errors import KazeiaError
+
+    gens = {p: get_profile(p).caps.generation for p in (before, after)}
+    sides: dict[str, list[str]] = {p: [] for p in (before, after)}
+    notes = []
+    for n in names:
+        f = FAULTS.get(n)
+        if f is None:
+            raise KazeiaError(f"unknown HTP fault '{n}' (have: {', '.join(FAULTS)})")
+        where = [p for p in (before, after) if f.exists_in(gens[p])]
+        if not where:
+            raise KazeiaError(f"HTP fault '{n}' models {f.only_in} code; neither {before} nor {after} has it")
+        for p in where:
+            sides[p].append(n)
+        for p in (before, after):
+            if p not in where:
+                notes.append(f"fault {n} models {f.only_in} code, which {p} does not have: the {p} run is without "
+                             f"it, the {where[0]} run injects it")
+    return sides, notes
 
 
 def _nmse_of(row) -> float | None:
@@ -212,6 +240,8 @@ def render_markdown(u: Upgrade) -> str:
              f"| logits NMSE vs REF | {num(b.logits_nmse)} | {num(a.logits_nmse)} |",
              f"| modeled prefill t/s | {num(b.prefill_tps, '{:.1f}')} | {num(a.prefill_tps, '{:.1f}')} |",
              f"| modeled decode t/s | {num(b.decode_tps, '{:.1f}')} | {num(a.decode_tps, '{:.1f}')} |", ""]
+    if u.notes:
+        lines += [*[f"Note: {n}." for n in u.notes], ""]
     if u.why:
         lines += ["## Why", "", *[f"    {w}" for w in u.why], ""]
     lines += ["## MUL_MATs whose path changed", ""]
@@ -244,7 +274,7 @@ def to_json(u: Upgrade) -> str:
                 "plans": {n: op.plan.to_dict() for n, op in s.plans.items()}}
     return json.dumps({"command": u.command, "verdict": u.verdict, "exit_status": u.exit_status,
                        "before": side(u.before), "after": side(u.after), "why": u.why,
-                       "changed_paths": u.changed_paths,
+                       "changed_paths": u.changed_paths, "notes": u.notes,
                        "switches": [{"name": n, "before": b, "after": a, "set": s} for n, b, a, s in u.switches]},
                       indent=1)
 

@@ -124,7 +124,7 @@ def _detail(r: ConfigResult) -> str:
             used = "-" if not rg.used_max else (str(rg.used_max) if rg.used_min == rg.used_max
                                                  else f"{rg.used_min}..{rg.used_max}")
             lines.append(f"| {label} | {_m(rg)} | {s.path} | {s.outcome}{f' ({s.report})' if s.report else ''} | "
-                         f"{used} | {s.reason[:110]} |")
+                         f"{used} | {s.reason.replace('|', '/')} |")  # the whole reason: a viewer wraps it
     return "\n".join(lines)
 
 
