@@ -95,3 +95,13 @@ def test_check_writes_each_reason_whole(tiny_qwen3_q4):
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| ") and ln.count("|") >= 7]
     assert rows and all(ln.rstrip().endswith("|") for ln in rows)
     assert any(len(ln) > 200 for ln in rows) or all("(t |" not in ln for ln in rows)
+
+
+@pytest.mark.parametrize("tool", ["run", "investigate", "upgrade", "trace", "gate", "crashlog", "compare",
+                                  "determinism", "check", "bench"])
+def test_help_says_what_the_tool_does_and_its_exit_statuses(tool):
+    r = kazeia_clean(tool, "--help")
+    assert r.returncode == 0
+    head = r.stdout.split("\n\n")[1]  # the paragraph after usage
+    assert head.startswith(f"kazeia {tool}"), head[:200]
+    assert "exit status" in r.stdout.lower(), tool

@@ -55,7 +55,9 @@ from kazeia.errors import KazeiaError
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure prompt processing and generation speed (like llama-bench)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, epilog="exit status: 0 measured; 2 a bad input or flag; 3 the device died "
+                       "during a test (the rows measured before it are printed).",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p, prompt=False)
     add_parallel_args(p)
     add_device_args(p)

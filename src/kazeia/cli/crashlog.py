@@ -34,8 +34,15 @@ def _hex(s: str) -> int:
     return v
 
 
+EPILOG = """\
+exit status: 0 a record read (and placed, with -m); 2 no crash record in the file, or a bad input or flag.
+run time: about a second (the plans are arithmetic, no model run).
+"""
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("crashlog", help="read a pasted cDSP crash record; place its Bad VA on the VTCM plans")
+    p = sub.add_parser("crashlog", help="read a pasted cDSP crash record; place its Bad VA on the VTCM plans",
+                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", type=V.regular_file, metavar="FILE",
                    help="logcat text holding a 'Process on cDSP CRASHED' record")
     p.add_argument("-m", "--model", type=V.regular_file, default=None, help="GGUF file of the model that was running")

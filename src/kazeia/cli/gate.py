@@ -14,9 +14,18 @@ from kazeia.cli.routing import gate_summary, progress_bar
 from kazeia.engine.policy import Policy
 from kazeia.errors import KazeiaError
 
+EPILOG = """\
+--auto: per MUL_MAT class, the device's default path at the class's smallest and largest M against REF; a
+  failing class gets the fastest valid alternative (hvx, cpu, split, split-op) by modeled time. The policy is
+  cached by model hash and device settings.
+exit status: 0 a policy written, cached or explained; 2 a bad input or flag.
+run time: the 36-layer seed model cold ~20-30 s; cached, under a second.
+"""
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("gate", help="validated gate policies: --auto builds one for a model, --explain prints one")
+    p = sub.add_parser("gate", help="validated gate policies: --auto builds one for a model, --explain prints one",
+                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", type=V.regular_file, help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("-dev", "--device", type=V.device, default="HTP0", help="the device to validate (HTP0)")
     p.add_argument("--htp-profile", type=V.htp_profile, default=None,

@@ -20,9 +20,22 @@ from kazeia.engine.generate import GenerationResult, Sampler, SamplingParams, ge
 from kazeia.engine.tokenizer import StreamDecoder
 from kazeia.errors import KazeiaError
 
+EPILOG = """\
+exit status: 0 done; 2 a bad input or flag (one line); 3 the device died (the host's line, e.g. dspqueue_read
+  failed: 0x0000002e, and the op it was running); 4 non-finite logits (names the first op whose output went
+  non-finite; --stop-on-nonfinite stops there); 74 an output that cannot be written; 130 interrupted.
+run time: the embedded default model answers in seconds; a 36-layer 4B Q4_0 decodes ~8-10 tokens/s on 2 cores
+  (CPU and HTP0 alike).
+
+examples:
+  kazeia run -p 'The capital of France is' -n 16
+  kazeia run -m qwen3-4b-q4_0.gguf -dev HTP0 --htp-profile 2026-05 --n-prompt 38 -n 0
+"""
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("run", help="generate text from a prompt, or chat (-cnv)")
+    p = sub.add_parser("run", help="generate text from a prompt, or chat (-cnv)",
+                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     add_device_args(p)
     g = p.add_argument_group("generation")

@@ -20,9 +20,16 @@ from kazeia.engine.progress import ticking
 from kazeia.engine.session import check_generation
 from kazeia.errors import DeviceDeathError
 
+EPILOG = """\
+exit status: 0 done; 2 a bad input or flag; 3 the device died (the trace up to it is kept); 74 the JSONL cannot
+  be written.
+run time: as `kazeia run` of the same prompt, plus the statistics of every op's inputs and output.
+"""
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("trace", help="run with the per-op trace (KZOP lines + JSONL) and a placement table")
+    p = sub.add_parser("trace", help="run with the per-op trace (KZOP lines + JSONL) and a placement table",
+                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     add_parallel_args(p)
     add_device_args(p)
