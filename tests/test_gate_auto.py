@@ -59,7 +59,7 @@ def test_auto_policy_routes_only_the_failing_class_and_caches(q4b2, tmp_path, mo
     # by the cost model: a 32-row piece on HMX and the rest on HVX beats HVX for all, the phone CPU, and splitting
     # the whole micro-batch
     assert rule.action == "split-op"
-    assert any("FAILED" in e and "died" in e for e in rule.evidence)
+    assert any("FAILED" in e and "device death" in e for e in rule.evidence)
     again = auto_policy(q4b2, settings, 64)
     assert again.cached and again.child_runs == 0 and again.cases == 0
     assert [r.name for r in again.policy.rules] == [rule.name]

@@ -168,12 +168,12 @@ def test_upgrade_on_the_seed_scenario_says_fixed_with_both_plans(q4b2, tmp_path)
     assert "ffn_out-0 under 2026-05: hmx mc=64 nc=160, 8,388,864 of 8,388,608 B" in r.stdout
     assert "ffn_out-0 under 2026-10: hmx mc=64 nc=128, 7,817,216 of 8,388,608 B" in r.stdout
     d = json.loads((out / "upgrade.json").read_text())
-    assert d["verdict"] == "fixed" and d["before"]["outcome"] == "dies" and d["after"]["outcome"] == "completes"
+    assert d["verdict"] == "fixed" and d["before"]["outcome"] == "device death" and d["after"]["outcome"] == "completes"
     assert d["after"]["logits_nmse"] < 2e-3  # the whole-model threshold compare uses
     assert (out / "upgrade.html").read_text().startswith("<!doctype html>")
     left = kazeia("upgrade", "-m", q4b2, "-ngl", "99", "--n-prompt", "38", "-o", str(tmp_path / "left"), "--quiet",
                   env={"KAZEIA_HTP_VTCM_GRANT": str(6 * 1024 * 1024)})
-    assert left.returncode == 1 and "status error" in left.stdout, left.stderr[-2000:]
+    assert left.returncode == 1 and "op error" in left.stdout, left.stderr[-2000:]
 
 
 def _ranges(xs: list[int]) -> list[tuple[int, int]]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from kazeia.backends.base import Hook, OpInfo
 from kazeia.backends.ref import WeightCache
+from kazeia.debug.outcome import classify
 from kazeia.debug.runner import RunResult, run
 from kazeia.debug.runner import load_array as _load_array
 from kazeia.debug.stats import tensor_hash
@@ -72,7 +73,16 @@ def hashed_run(spec: RunSpec, hooks: tuple = (), share_weights: bool = False) ->
         close_backends(ctx)
     except KazeiaError as e:
         res = RunResult(ok=False, error=str(e))
-    return HashedRun(res.ok, res.signature(), hook.records, res.logits)
+    return HashedRun(res.ok, _signature(res), hook.records, res.logits)
+
+
+def _signature(res: RunResult) -> str:
+    """How the run ended, by the one classification (debug/outcome.py): "ok", the host's error line, or "wrong
+    numbers: N of M logits are not finite" (bitwise-identical NaNs say nothing about the arithmetic being right)."""
+    o = classify(res)
+    if not res.ok:
+        return res.signature()
+    return "ok" if o.ok else f"{o.kind}: {o.summary}"
 
 
 def hashed_run_child(spec: RunSpec, timeout: float = 600.0) -> HashedRun:
@@ -155,10 +165,10 @@ def _logits_digest(a: np.ndarray | None) -> str:
 
 
 def _nonfinite_note(runs: list[HashedRun]) -> str:
-    """", but N of M logits are NaN/inf" when the (first) logits are not all finite: bitwise identical NaNs say
-    nothing about the arithmetic being right."""
+    """" (but N of M logits are NaN/inf)" for runs whose signature says ok while their (first) logits are not all
+    finite (runs made elsewhere; hashed_run's own signature already says wrong numbers)."""
     a = next((np.asarray(r.logits) for r in runs if r.logits is not None), None)
-    if a is None or np.isfinite(a).all():
+    if a is None or np.isfinite(a).all() or any(r.signature != "ok" for r in runs):
         return ""
     return f" (but {int((~np.isfinite(a)).sum())} of {a.size} logits are NaN/inf)"
 

@@ -10,13 +10,13 @@ version's NMSE against REF for them; the logits against REF; the modeled prefill
 whose meaning changed between the versions.
 
 Verdict and exit status: "fixed" (0) the `--from` run failed and the `--to` run completes; "unchanged" (0) both
-complete; "left" (1) both fail; "new fault" (4) only the `--to` run fails. A run fails when it dies, stops on an op
-status, or completes with logits past the whole-model bound against REF ("wrong numbers").
+complete; "left" (1) both fail; "new fault" (4) only the `--to` run fails. Each run's outcome is debug/outcome.py's
+(the one classification every tool uses): it fails when it dies, hangs, stops on an op status, or finishes with
+logits that are not finite or past the whole-model bound against REF ("wrong numbers").
 """
 
 from __future__ import annotations
 
-import html
 import json
 import os
 from dataclasses import dataclass, field
@@ -28,7 +28,8 @@ from kazeia.backends.htp import HtpSettings
 from kazeia.debug.compare import capture_reference, compare
 from kazeia.debug.compare.reference import fix_tokens
 from kazeia.debug.investigate.facts import OpPlan, PlanScan
-from kazeia.debug.judge import WHOLE_MODEL_NMSE, nmse
+from kazeia.debug.markdown_html import page
+from kazeia.debug.outcome import COMPLETES, DEATH, HANG, OP_ERROR, WRONG, classify
 from kazeia.debug.runner import RunResult, run
 from kazeia.engine.session import RunSpec, reference_spec
 from kazeia.outputs import ensure_folder, write_text
@@ -53,7 +54,7 @@ SWITCH_CHANGES = [
 @dataclass
 class Side:
     profile: str
-    outcome: str  # "completes", "dies", "status error", "error", "wrong numbers"
+    outcome: str  # debug/outcome.py's KINDS
     message: str = ""
     op: str | None = None  # the op behind a failure (the faulting op, or the one that set the status)
     mechanism: str = ""
@@ -65,7 +66,7 @@ class Side:
 
     @property
     def ok(self) -> bool:
-        return self.outcome == "completes"
+        return self.outcome == COMPLETES
 
 
 @dataclass
@@ -84,20 +85,20 @@ class Upgrade:
         return EXIT[self.verdict]
 
 
-def _outcome(side: Side, r: RunResult) -> None:
-    if r.death:
-        d = r.death
-        side.outcome, side.message, side.op = "dies", d.get("message", ""), d.get("faulting")
-        side.mechanism = f"DSP death ({d.get('kind')}): {d.get('cause')}"
-    elif r.error:
+def _outcome(side: Side, r: RunResult, reference: np.ndarray | None) -> None:
+    """The side's outcome from the one classification (debug/outcome.py), with the mechanism upgrade shows."""
+    o = classify(r, reference)
+    side.outcome, side.op, side.message, side.logits_nmse = o.kind, o.op, o.host_line or "", o.nmse
+    if o.kind in (DEATH, HANG):
+        d = r.death or {}
+        side.mechanism = f"DSP {'hang' if o.kind == HANG else 'death'} ({d.get('kind')}): {d.get('cause')}"
+    elif o.kind == OP_ERROR:
         det = r.error_detail or {}
-        side.outcome = "status error" if det.get("status") else "error"
-        side.message, side.op = r.error, det.get("faulting")
-        if det.get("status"):
-            side.mechanism = (f"the op returned {det['status']} on the DSP; the host kept it sticky and aborted in "
-                              f"{det.get('aborted_in')}")
-    else:
-        side.outcome = "completes"
+        side.mechanism = (f"the op returned {det['status']} on the DSP; the host kept it sticky and aborted in "
+                          f"{det.get('aborted_in')}")
+    elif o.kind == WRONG:
+        side.mechanism = (f"{o.summary} (not identified here: kazeia compare --mode both says whether one op or an "
+                          f"accumulated drift does it)")
 
 
 def _rates(args, settings: HtpSettings, n_prompt: int, n_ubatch: int) -> tuple[float, float]:
@@ -129,20 +130,7 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
         progress(f"the scenario on HTP0 under {p}")
         r = run(base.with_(htp_profile=p, faults=faults[p]))
         side = Side(p, "")
-        _outcome(side, r)
-        if r.logits is not None and reference.logits is not None:
-            side.logits_nmse = float(nmse(np.asarray(r.logits[-1:], np.float64),
-                                          np.asarray(reference.logits[-1:], np.float64)))
-            # it ran, but computed the wrong thing: past the bound, or not a number at all (NaN never "completes")
-            if side.ok and not side.logits_nmse <= WHOLE_MODEL_NMSE:
-                side.outcome = "wrong numbers"
-                last = np.asarray(r.logits[-1:])
-                bad = int(np.size(last) - np.isfinite(last).sum())
-                what = (f"{bad} of {np.size(last)} logits are not finite" if bad else
-                        f"logits NMSE {side.logits_nmse:.3g} against REF, past the whole-model bound "
-                        f"{WHOLE_MODEL_NMSE:g}")
-                side.mechanism = (f"{what} (not identified here: kazeia compare --mode both says whether one op or "
-                                  f"an accumulated drift does it)")
+        _outcome(side, r, reference.logits)
         side.prefill_tps, side.decode_tps = _rates(args, settings[p], r.n_prompt, spec.ubatch or 512)
         side.plans = plans[p]
         if moved:
@@ -192,7 +180,13 @@ def _plan_line(op: OpPlan | None) -> str:
         return "not on the HTP"
     p = op.plan
     chunks = f" mc={p.mc} nc={p.nc}" if p.mc is not None and p.path == "hmx" else ""
-    return f"{p.path}{chunks}, {p.used:,} of {p.vtcm:,} B ({p.status}: {p.outcome})"
+    over = f", {p.used - p.vtcm:,} B over" if p.used > p.vtcm else ""
+    return f"{p.path}{chunks}, {p.used:,} of {p.vtcm:,} B{over} ({p.status}: {p.outcome})"
+
+
+def _cell(text: str) -> str:
+    """A table cell: '-' for nothing, no '|' or line break inside."""
+    return text.replace("|", "/").replace("\n", " ") if text else "-"
 
 
 def _why(b: Side, a: Side) -> list[str]:
@@ -236,6 +230,7 @@ def render_markdown(u: Upgrade) -> str:
              "| | " + b.profile + " | " + a.profile + " |", "| --- | --- | --- |",
              f"| outcome | {b.outcome} | {a.outcome} |",
              f"| op | {b.op or '-'} | {a.op or '-'} |",
+             f"| host's line | {_cell(b.message)} | {_cell(a.message)} |",
              f"| mechanism | {b.mechanism or '-'} | {a.mechanism or '-'} |",
              f"| logits NMSE vs REF | {num(b.logits_nmse)} | {num(a.logits_nmse)} |",
              f"| modeled prefill t/s | {num(b.prefill_tps, '{:.1f}')} | {num(a.prefill_tps, '{:.1f}')} |",
@@ -261,9 +256,8 @@ def render_markdown(u: Upgrade) -> str:
 
 
 def render_html(u: Upgrade) -> str:
-    body = html.escape(render_markdown(u))
-    return (f"<!doctype html><meta charset='utf-8'><title>kazeia upgrade: {html.escape(u.verdict)}</title>"
-            f"<pre>{body}</pre>\n")
+    """The report as a page with real tables (debug/markdown_html.py)."""
+    return page(f"kazeia upgrade: {u.verdict}", render_markdown(u))
 
 
 def to_json(u: Upgrade) -> str:

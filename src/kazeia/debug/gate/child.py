@@ -19,6 +19,7 @@ from kazeia.backends.htp import HtpBackend, HtpSettings
 from kazeia.backends.ref import RefBackend, WeightCache
 from kazeia.debug.gate.classes import conv_node
 from kazeia.debug.judge import judge, op_threshold
+from kazeia.debug.outcome import COMPLETES, WRONG, of_exception
 from kazeia.engine.context import Model
 from kazeia.errors import DeviceDeathError, DeviceOpError, KazeiaError
 from kazeia.graph import builder as gb
@@ -99,16 +100,17 @@ def _case(cases: Cases, m: int, path: str, settings: HtpSettings) -> dict:
             backend.compute(node)
         backend.end_graph()
         backend.synchronize()  # the outputs are read next (2026-10's graph_compute returns without a flush)
-    except DeviceDeathError as e:
-        return {**out, "ok": False, "evidence": f"device died: {getattr(e, 'kind', '') or ''} {e.cause}"}
-    except DeviceOpError as e:
-        return {**out, "ok": False, "evidence": f"op failed: {e}"}
+    except (DeviceDeathError, DeviceOpError) as e:  # classed as every tool classes a run (debug/outcome.py)
+        kind = of_exception(e)
+        what = f"{getattr(e, 'kind', '') or ''} {e.cause}" if isinstance(e, DeviceDeathError) else str(e)
+        return {**out, "ok": False, "outcome": kind, "evidence": f"{kind}: {what}"}
     verdicts = [judge(np.array(array(n), dtype=np.float64), want, op_threshold(cases.op), op=cases.op,
                       name_a=path) for n in nodes]
     bad = next((i for i, v in enumerate(verdicts) if not v.ok), None)
     v = verdicts[0 if bad is None else bad]
     where = "" if bad is None else (" (the first of two in a row)" if bad == 0 else " (the second of two in a row)")
-    return {**out, "ok": bad is None, "nmse": v.nmse, "evidence": v.short() + where}
+    return {**out, "ok": bad is None, "outcome": COMPLETES if bad is None else WRONG, "nmse": v.nmse,
+            "evidence": v.short() + where}
 
 
 def main(argv: list[str]) -> int:

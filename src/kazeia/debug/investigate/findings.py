@@ -11,6 +11,7 @@ import numpy as np
 from kazeia.backends.htp import MatmulPlan
 from kazeia.debug.investigate.facts import FactsHook, OpFacts, OpPlan
 from kazeia.debug.judge import Verdict
+from kazeia.debug.outcome import Outcome
 from kazeia.debug.runner import RunResult
 from kazeia.debug.stats import Stats
 
@@ -63,6 +64,7 @@ class Findings:
     facts: FactsHook | None = None
     matmul_plans: list[OpPlan] | None = None  # every MUL_MAT the HTP takes, planned with the run's settings
     logits: Verdict | None = None  # the run's logits against the CPU reference
+    outcome: Outcome | None = None  # the run's class (debug/outcome.py), against the CPU reference
     graph_order: list[str] | None = None  # node names of the reference run's (last) graph, in execution order
     # localise / misattribution
     sync_reproduces: bool | None = None
