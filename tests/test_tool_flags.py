@@ -69,6 +69,9 @@ def test_upgrade_reports_the_one_sided_fault(tiny_qwen3_q4, tmp_path):
     rep = json.loads((out / "upgrade.json").read_text())
     assert any("v73-hmx-quant-inf" in n and "2026-05 run is without it" in n for n in rep["notes"])
     assert "Note: fault v73-hmx-quant-inf" in (out / "upgrade.md").read_text()
+    page = (out / "upgrade.html").read_text()  # real tables, not the markdown inside <pre>
+    assert "<pre>| " not in page and page.count("<table>") >= 2 and "<th>" in page
+    assert "<td>outcome</td>" in page and "<td>host&#x27;s line</td>" in page
 
 
 @pytest.mark.parametrize("tool", [["upgrade", "--quiet"], ["compare", "-dev", "HTP0"], ["bench", "-n", "0"]])
