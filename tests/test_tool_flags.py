@@ -108,3 +108,21 @@ def test_help_says_what_the_tool_does_and_its_exit_statuses(tool):
     head = r.stdout.split("\n\n")[1]  # the paragraph after usage
     assert head.startswith(f"kazeia {tool}"), head[:200]
     assert "exit status" in r.stdout.lower(), tool
+
+
+def test_check_html_puts_every_bar_on_one_m_axis(tiny_qwen3_q4, tmp_path):
+    """check --html: a bar per weight class whose segments sit at their M on a log2 axis shared by every bar of the
+    configuration (issue 37 row 6: table cells let one row's `M 33..64` land under another row's M = 512)."""
+    import re
+
+    out = tmp_path / "c.html"
+    r = kazeia_clean("check", "-m", tiny_qwen3_q4, "--html", str(out))
+    assert r.returncode in (0, 1), r.stderr[-500:]
+    page = out.read_text()
+    assert "<td title" not in page and "class=axis" in page
+    for seg in re.findall(r"title='[^']*: M (\d+)(?:\.\.(\d+))?: [^']*' style='left:([\d.]+)%;width:([\d.]+)%", page):
+        lo, hi, left, width = int(seg[0]), int(seg[1] or seg[0]), float(seg[2]), float(seg[3])
+        assert 0 <= left <= 100 and 0 < width <= 100.001 and left + width <= 100.001
+        if lo == 1:
+            assert left == 0.0
+    assert re.search(r"class=tick style='left:0\.000%'>1<", page)

@@ -5,6 +5,7 @@ name with its M ranges) and the HTML heat map (weights x M, coloured by outcome)
 from __future__ import annotations
 
 import html
+import math
 
 from kazeia.debug.check import FAILING, CheckReport, ConfigResult, safest_settings
 from kazeia.debug.check.outcomes import Range
@@ -147,18 +148,31 @@ def to_dict(report: CheckReport) -> dict:
 
 
 def heatmap_html(report: CheckReport) -> str:
-    """One heat map per configuration: a row per weight class, a column per M, coloured by outcome."""
+    """One chart per configuration: a bar per weight class on one M axis shared by every bar (log2: M 1..4 and
+    33..64 stay visible beside 512), each M range coloured by its outcome, its reason on hover."""
+    e = html.escape
     parts = ["<!doctype html><meta charset=utf-8><title>kazeia check</title><style>body{font:13px sans-serif}"
-             "table{border-collapse:collapse}td{padding:0;height:14px}td.l{padding-right:8px;white-space:nowrap}"
-             "</style>", f"<h1>kazeia check: {html.escape(report.header.path)}</h1><p>"]
+             ".row{display:flex;align-items:center;height:16px}.l{width:360px;flex:none;white-space:nowrap;"
+             "overflow:hidden;text-overflow:ellipsis;padding-right:8px}.bar{position:relative;width:900px;height:14px;"
+             "background:#eee}.seg{position:absolute;top:0;height:14px}.axis{position:relative;width:900px;height:18px;"
+             "border-top:1px solid #444}.tick{position:absolute;top:2px;font-size:11px;transform:translateX(-50%)}"
+             "</style>", f"<h1>kazeia check: {e(report.header.path)}</h1><p>"]
     parts += [f"<span style='background:{col};padding:0 8px'>&nbsp;</span> {k} " for k, col in COLOURS.items()]
     parts.append("</p>")
     for r in report.results:
         c = r.config
-        parts.append(f"<h2>{html.escape(c.key())}: {html.escape(_short(r))}</h2><table>")
+        m_max = max((rg.m_hi for rs in r.ranges.values() for rg in rs), default=1)
+        span = math.log2(m_max + 1)
+        x = lambda m, s=span: 100.0 * math.log2(m) / s  # noqa: E731 - the left edge of M, in % of the bar
+        parts.append(f"<h2>{e(c.key())}: {e(_short(r))}</h2>")
         for label, rs in r.ranges.items():
-            cells = "".join(f"<td title='M {_m(rg)}: {html.escape(rg.step.outcome)}' style='background:"
-                            f"{COLOURS[rg.step.outcome]};width:{2 * (rg.m_hi - rg.m_lo + 1)}px'></td>" for rg in rs)
-            parts.append(f"<tr><td class=l>{html.escape(label)}</td>{cells}</tr>")
-        parts.append("</table>")
+            segs = "".join(f"<div class=seg title='{e(label)}: M {_m(rg)}: {e(rg.step.outcome)}: {e(rg.step.reason)}' "
+                           f"style='left:{x(rg.m_lo):.3f}%;width:{x(rg.m_hi + 1) - x(rg.m_lo):.3f}%;"
+                           f"background:{COLOURS[rg.step.outcome]}'></div>" for rg in rs)
+            parts.append(f"<div class=row><div class=l title='{e(label)}'>{e(label)}</div><div class=bar>{segs}</div>"
+                         f"</div>")
+        ticks = sorted({1 << i for i in range(int(math.log2(m_max)) + 1)} | {m_max})
+        marks = "".join(f"<span class=tick style='left:{x(m):.3f}%'>{m}</span>" for m in ticks)
+        parts.append(f"<div class=row><div class=l>M (tokens in a micro-batch)</div><div class=axis>{marks}</div>"
+                     f"</div>")
     return "".join(parts)
