@@ -42,6 +42,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="sequences per micro-batch (llama.cpp's -np with a hybrid's split_equal; default 1): a "
                         "recurrent layer's ssm_out then has a [K, T, N] src1")
     p.add_argument("-c", "--ctx-size", type=V.integer(1, 1 << 24), default=4096, help="context, for the KV size")
+    p.add_argument("--n-prompt", type=V.integer(1, 1 << 20), default=None, metavar="N",
+                   help="the modeled rates' prompt length (default: one whole -ub micro-batch); the same figures "
+                        "upgrade and bench print for that scenario")
     p.add_argument("--json", action="store_true", help="print the whole report as one JSON object")
     p.add_argument("--html", type=V.output_file, default=None, metavar="FILE", help="also write the heat map here")
     add_common(p)
@@ -64,6 +67,7 @@ def main(args: argparse.Namespace) -> int:
         raise KazeiaError(f"check: {n} configurations asked for (at most {MAX_CONFIGS})")
     kw = {"archs": tuple(dict.fromkeys(archs))} if archs else {}
     report = check_model(args.model, profiles=profiles, vtcms=vtcms, ubatches=ubs, ctx=args.ctx_size, n_seqs=seqs,
+                         n_prompt=args.n_prompt,
                          **kw)
     if args.html:
         write_text(args.html, heatmap_html(report))

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from kazeia.backends.htp import HtpSettings
 from kazeia.debug.compare import capture_reference, compare
 from kazeia.debug.compare.reference import fix_tokens
 from kazeia.debug.investigate.facts import OpPlan, PlanScan
 from kazeia.debug.markdown_html import page
+from kazeia.debug.modeled import ScenarioCost
 from kazeia.debug.outcome import COMPLETES, DEATH, HANG, OP_ERROR, WRONG, classify
 from kazeia.debug.runner import RunResult, run
 from kazeia.engine.session import RunSpec, reference_spec
@@ -101,22 +101,14 @@ def _outcome(side: Side, r: RunResult, reference: np.ndarray | None) -> None:
                           f"accumulated drift does it)")
 
 
-def _rates(args, settings: HtpSettings, n_prompt: int, n_ubatch: int) -> tuple[float, float]:
-    """Modeled prefill t/s of the prompt and decode t/s of one token (the cost model; not a measurement)."""
-    from kazeia.debug.modeled import modeled_prefill_tps
-
-    return modeled_prefill_tps(args, n_prompt, settings, n_ubatch=n_ubatch), modeled_prefill_tps(args, 1, settings)
-
-
 def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> Upgrade:
     from kazeia.gguf.reader import load_gguf
-    from kazeia.models.base import model_args
 
     # both versions run the llama.cpp graph of the scenario as given (the May graph's extra mask cast would shift
     # every later node_<index> name, and the comparison goes op by op by name): what changes is ggml-hexagon's code
     base = reference_spec(spec, device="HTP0")
     faults, notes = faults_by_side(spec.faults, before, after)
-    args = model_args(load_gguf(spec.model_path))  # (the model's shapes, for the modeled rates of both sides)
+    cost: ScenarioCost | None = None  # the modeled rates' graphs, once the prompt's length is known
     settings = {p: base.with_(htp_profile=p, faults=faults[p]).htp_settings() for p in (before, after)}
     progress("REF (float64): logits, every op's output, every MUL_MAT planned under both versions")
     scans = {p: PlanScan(s) for p, s in settings.items()}
@@ -131,7 +123,9 @@ def upgrade(spec: RunSpec, before: str, after: str, progress=lambda s: None) -> 
         r = run(base.with_(htp_profile=p, faults=faults[p]))
         side = Side(p, "")
         _outcome(side, r, reference.logits)
-        side.prefill_tps, side.decode_tps = _rates(args, settings[p], r.n_prompt, spec.ubatch or 512)
+        if cost is None:
+            cost = ScenarioCost(load_gguf(spec.model_path, header_only=True), r.n_prompt, spec.ubatch or 512)
+        side.prefill_tps, side.decode_tps = cost.rates(settings[p])
         side.plans = plans[p]
         if moved:
             progress(f"the {len(moved)} MUL_MATs whose path changed, alone on REF's inputs under {p}")

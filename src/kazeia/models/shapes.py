@@ -30,6 +30,19 @@ def shape_only_weights(args: ModelArgs, weight_type: GGMLType = GGMLType.Q4_0) -
     return out
 
 
+def file_weights(f) -> dict[str, Tensor]:
+    """Every tensor of a GGUF file (its header is enough: `load_gguf(path, header_only=True)`) as a data-less
+    weight of the file's own type and shape: the graphs built over them are the engine's, op for op and type for
+    type, for pricing (a Q4_K_M file keeps its Q4_K, Q6_K and F32 tensors)."""
+    out = {}
+    for name, info in f.tensors.items():
+        t = make_tensor(GGMLType(info.type), info.ne, name=name, flags=TFlag.WEIGHT, weight_name=name)
+        if name.startswith("blk.") and name.split(".")[1].isdigit():
+            t.layer = int(name.split(".")[1])
+        out[name] = t
+    return out
+
+
 def shape_caches(args: ModelArgs, kv_size: int) -> list:
     """Per layer what its graph reads and writes: F16 K/V caches of `kv_size` cells, or for a recurrent layer of a
     hybrid its conv and SSM states (F32 [n_embd_r, 1] and [n_embd_s, 1], one cell)."""
@@ -60,10 +73,11 @@ def ubatch_graph(args: ModelArgs, weights: dict[str, Tensor], caches: list, n_to
 
 
 def prefill_graphs(args: ModelArgs, n_tokens: int, weight_type: GGMLType = GGMLType.Q4_0,
-                   n_ubatch: int = 512) -> Iterator[Graph]:
+                   n_ubatch: int = 512, weights: dict[str, Tensor] | None = None) -> Iterator[Graph]:
     """The graphs of the prefill micro-batches of `n_tokens` prompt tokens (flash attention, F16 KV cache), one at
-    a time (a 36-layer graph is large: callers price one and drop it)."""
-    weights = shape_only_weights(args, weight_type)
+    a time (a 36-layer graph is large: callers price one and drop it); over `weights` (file_weights) when given,
+    else matrices of `weight_type`."""
+    weights = weights if weights is not None else shape_only_weights(args, weight_type)
     kv_size = n_tokens + KV_PAD
     caches = shape_caches(args, kv_size)
     for start in range(0, n_tokens, n_ubatch):

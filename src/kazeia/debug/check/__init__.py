@@ -18,6 +18,7 @@ from kazeia.backends.htp import (
     KNOWN_ARCHS,
     LATEST_PROFILE,
     PHONE_CPU,
+    HtpSettings,
     arch_profile,
     get_profile,
     hmx_matmul_seconds,
@@ -27,6 +28,7 @@ from kazeia.backends.htp import (
 from kazeia.backends.htp import PROFILES as HTP_PROFILES
 from kazeia.debug.check.outcomes import SEVERITY, Config, Planner, Range
 from kazeia.debug.check.weights import ModelHeader, WeightClass, read_header
+from kazeia.debug.modeled import ScenarioCost
 from kazeia.errors import KazeiaError
 from kazeia.gguf.reader import load_gguf
 from kazeia.graph.tensor import GGMLType, row_size
@@ -39,8 +41,10 @@ class ConfigResult:
     config: Config
     ranges: dict[str, list[Range]]           # class label -> its M ranges
     verdict: str                             # the worst outcome over every class and M
-    prefill_tps: float | None                # modeled, MUL_MATs only (None: no session)
+    prefill_tps: float | None                # modeled (debug/modeled.ScenarioCost; None: no session)
     decode_tps: float | None
+    n_prompt: int = 0                        # the prompt the rates are for
+    rates_of: str = "graph"                  # "graph": the scenario's whole graph; else why the MUL_MATs alone
     vmem: dict = field(default_factory=dict)
 
     def failing(self) -> list[tuple[str, Range]]:
@@ -64,11 +68,14 @@ class CheckReport:
 
 def check_model(path: str, profiles: tuple[str, ...] = PROFILES, archs: tuple[int, ...] = KNOWN_ARCHS,
                 vtcms: tuple[int | None, ...] = (None,), ubatches: tuple[int, ...] = (512,), ctx: int = 4096,
-                threads: int = 6, n_seqs: tuple[int, ...] = (1,)) -> CheckReport:
+                threads: int = 6, n_seqs: tuple[int, ...] = (1,), n_prompt: int | None = None) -> CheckReport:
     """The matrix profiles x archs x VTCM sizes (None: the arch's own) x ubatches (x sequences per micro-batch) for
-    the model at `path`."""
-    header = read_header(load_gguf(path, header_only=True))
+    the model at `path`; the modeled rates are those of an `n_prompt`-token prompt (default: one whole micro-batch)
+    and one decode token after it, by the one scenario cost (debug/modeled.py) `upgrade` and `bench` print."""
+    f = load_gguf(path, header_only=True)
+    header = read_header(f)
     planner = Planner()
+    costs: dict[int, ScenarioCost | str] = {}
     results = []
     for profile in profiles:
         for arch in archs:
@@ -79,22 +86,41 @@ def check_model(path: str, profiles: tuple[str, ...] = PROFILES, archs: tuple[in
                             raise KazeiaError(f"-ub {ub} and -np {n_seq}: need 1 <= -np <= -ub")
                         gen = get_profile(profile).generation
                         c = Config(profile, arch, vtcm or arch_profile(arch, gen).vtcm_bytes, ub, threads, n_seq)
-                        results.append(_result(c, header, planner, ctx))
+                        cost = "-np N micro-batches are not built" if n_seq > 1 else costs.get(ub)
+                        if cost is None:
+                            cost = costs[ub] = _scenario(f, n_prompt or ub, ub)
+                        results.append(_result(c, header, planner, ctx, cost))
     return CheckReport(header, ctx, results, header.classes)
 
 
-def _result(c: Config, header: ModelHeader, planner: Planner, ctx: int) -> ConfigResult:
+def _scenario(f, n_prompt: int, ub: int) -> ScenarioCost | str:
+    """The scenario's cost graphs, or why they cannot be built from this header (an architecture kazeia does not
+    run, a header without its hyperparameters): check then prices the MUL_MATs alone."""
+    try:
+        return ScenarioCost(f, n_prompt, ub)
+    except KazeiaError as e:
+        return f"the graph cannot be built ({e})"
+
+
+def _result(c: Config, header: ModelHeader, planner: Planner, ctx: int, cost: ScenarioCost | str) -> ConfigResult:
     ranges = {w.label: planner.ranges(c, w) for w in header.classes}
     worst = min((r.step.outcome for rs in ranges.values() for r in rs), key=SEVERITY.__getitem__)
-    opens = worst != "no-session"
-    prefill, decode = c.ubatch // c.n_seq * c.n_seq, c.n_seq  # rows of a prompt / a decode micro-batch
-    return ConfigResult(c, ranges, worst, _tps(c, header, planner, prefill) if opens else None,
-                        _tps(c, header, planner, decode) if opens else None, _vmem(c, header, ctx))
+    if worst == "no-session":
+        return ConfigResult(c, ranges, worst, None, None, vmem=_vmem(c, header, ctx))
+    if isinstance(cost, ScenarioCost):
+        settings = HtpSettings.from_env(profile=c.profile, vtcm_bytes=c.vtcm,
+                                        overrides={"GGML_HEXAGON_ARCH": f"v{c.arch}"})
+        prefill, decode = cost.rates(settings)
+        return ConfigResult(c, ranges, worst, prefill, decode, n_prompt=cost.n_prompt, vmem=_vmem(c, header, ctx))
+    m = c.ubatch // c.n_seq * c.n_seq  # several sequences a micro-batch: the MUL_MATs alone (below)
+    return ConfigResult(c, ranges, worst, _tps(c, header, planner, m), _tps(c, header, planner, c.n_seq),
+                        n_prompt=m, rates_of=cost, vmem=_vmem(c, header, ctx))
 
 
 def _tps(c: Config, header: ModelHeader, planner: Planner, m: int) -> float:
-    """Modeled tokens/s of the MUL_MATs alone at M = m (the lm_head at one row per sequence): the cost model of the
-    emulator's modeled column for the DSP paths, the phone CPU's for what goes to the CPU."""
+    """Modeled tokens/s of the MUL_MATs alone at M = m (the lm_head at one row per sequence), for `-np N` micro-batches
+    that the scenario cost does not build: the cost model of the emulator's modeled column for the DSP paths, the
+    phone CPU's for what goes to the CPU."""
     seconds = 0.0
     for w in header.classes:
         rows = c.rows(w, m)

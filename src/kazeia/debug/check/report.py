@@ -89,7 +89,8 @@ def text(report: CheckReport) -> str:
                     f"{r.verdict}", body]
         archs = tuple(int(a[1:]) for a in same)
         out += ["safest fast settings:"] + [f"  {s}" for s in safest_settings(r, report, archs)]
-    out += ["", "modeled MUL_MAT speed (the emulator's cost model; the phone CPU's for what goes to the CPU):"]
+    out += ["", "modeled speed (the emulator's cost model, the one upgrade and bench print; the phone CPU's for the "
+                "ops that go to the CPU; -np N: the MUL_MATs alone):"]
     first = (report.results[0].config.vtcm, report.results[0].config.ubatch)
     for r in report.results:
         c = r.config
@@ -97,8 +98,9 @@ def text(report: CheckReport) -> str:
             continue
         seqs = f" np {c.n_seq}" if c.n_seq > 1 else ""
         out.append(f"  {c.profile:8s} v{c.arch}{seqs}: " + ("no session" if r.prefill_tps is None else
-                   f"prefill {r.prefill_tps:.0f} t/s at M {c.ubatch // c.n_seq * c.n_seq}, decode "
-                   f"{r.decode_tps:.1f} t/s"))
+                   f"prefill {r.prefill_tps:.1f} t/s ({r.n_prompt}-token prompt, -ub {c.ubatch}), decode "
+                   f"{r.decode_tps:.1f} t/s" + ("" if r.rates_of == "graph" else
+                                               f" (MUL_MATs alone: {r.rates_of})")))
     out += ["", "VMEM (the DSP address space the host budgets for mappings; kazeia counts weights and F16 KV, not the "
                 "compute buffer):"]
     seen = set()
