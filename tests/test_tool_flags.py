@@ -126,3 +126,21 @@ def test_check_html_puts_every_bar_on_one_m_axis(tiny_qwen3_q4, tmp_path):
         if lo == 1:
             assert left == 0.0
     assert re.search(r"class=tick style='left:0\.000%'>1<", page)
+
+
+def test_make_model_header_only_is_what_check_reads(tmp_path):
+    """make-model --header-only writes the header, metadata and tensor table without data: `check` gives the same
+    report as on the whole file; `run` refuses it in one line."""
+    full, head = str(tmp_path / "full.gguf"), str(tmp_path / "head.gguf")
+    common = ["--preset", "tiny", "--arch", "qwen3", "--type", "q4_k_m", "--layers", "3"]
+    assert kazeia_clean("make-model", *common, "-o", full, "--quiet").returncode == 0
+    r = kazeia_clean("make-model", *common, "-o", head, "--header-only")
+    assert r.returncode == 0, r.stderr[-500:]
+    assert os.path.getsize(head) < os.path.getsize(full) / 2
+    a, b = (kazeia_clean("check", "-m", p, "--n-prompt", "20", "--json") for p in (full, head))
+    assert a.returncode == b.returncode and a.returncode in (0, 1), b.stderr[-500:]
+    ja, jb = json.loads(a.stdout), json.loads(b.stdout)
+    ja.pop("model"), jb.pop("model")
+    assert ja == jb
+    bad = kazeia_clean("run", "-m", head, "-p", "hi", "-n", "1")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import time
 
 from kazeia.cli import validate as V
 from kazeia.cli.common import add_common
@@ -55,6 +56,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="qwen35: layer i is full attention when (i+1) %% N == 0 (default 4)")
     p.add_argument("--seed", type=V.seed, default=None, help="weight seed (default: the preset's; -1: random, printed)")
     p.add_argument("-o", "--output", type=V.output_file, required=True, help="output GGUF path")
+    p.add_argument("--header-only", action="store_true",
+                   help="write the header, metadata and tensor table without the tensors' data (what `kazeia "
+                        "check` reads; in a second for any size; not loadable by `run`)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     add_common(p)
     p.set_defaults(func=main)
     return p
@@ -83,6 +88,19 @@ def check_room(cfg: SynthConfig, path: str) -> None:
                           f"{free / 2**30:.2f} GiB is free where -o {path} goes")
 
 
+def _progress(every_s: float = 2.0):
+    """A progress callback printing at most one line every `every_s` seconds on stderr (a 36-layer file takes
+    about a minute and a half)."""
+    last = [time.monotonic()]
+
+    def say(line: str) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s:
+            last[0] = now
+            print(f"kazeia make-model: {line}", file=sys.stderr, flush=True)
+    return say
+
+
 def main(args: argparse.Namespace) -> int:
     seed, drawn = V.resolve_seed(args.seed)
     if drawn:
@@ -93,8 +111,10 @@ def main(args: argparse.Namespace) -> int:
                  seed=seed if args.seed is not None else None,
                  tied=False if args.untied else None, full_attention_interval=args.full_attention_interval)
     check_config(cfg)
-    check_room(cfg, args.output)
-    summary = write_model(cfg, args.output)
+    if not args.header_only:
+        check_room(cfg, args.output)
+    summary = write_model(cfg, args.output, header_only=args.header_only,
+                          progress=None if args.quiet else _progress())
     print(json.dumps({"path": summary["path"], "bytes": summary["bytes"], "tensors": summary["tensors"],
                       **{k: v for k, v in summary["config"].items()}}))
     return 0

@@ -17,7 +17,8 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict
 
-from gguf import GGUFWriter
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUFWriter
 
 from kazeia.gguf.hf_vocab import qwen3_vocab
 from kazeia.gguf.synth_tokenizer import CHATML_TEMPLATE, make_vocab
@@ -61,18 +62,21 @@ def _add_synthetic_tokenizer(w: GGUFWriter, cfg: SynthConfig) -> None:
 
 
 def write_model(cfg: SynthConfig, path: str | os.PathLike, tensors=None,
-                extra_keys: Callable[[GGUFWriter], None] | None = None) -> dict:
+                extra_keys: Callable[[GGUFWriter], None] | None = None, header_only: bool = False,
+                progress: Callable[[str], None] | None = None) -> dict:
     """Write the synthetic model; returns a summary (config, tensor count, bytes). `tensors`: (name, float32 array
     in numpy order, is_matrix) to write instead of the seeded random ones (e.g. a Hugging Face model's, mapped
     to GGUF names and layouts); matrices get cfg.wtype, the rest F32. `extra_keys(writer)` adds or overrides
-    metadata after the standard keys (the fuzz tests write hostile files through it)."""
+    metadata after the standard keys (the fuzz tests write hostile files through it). `header_only`: the header,
+    metadata and tensor table, no tensor data (what `kazeia check` reads; no values are drawn); `progress(line)`
+    is told each layer as it is written."""
     validate(cfg)
     add_tokenizer = _tokenizer(cfg)
     path = os.fspath(path)
     qtype = TYPES[cfg.wtype]
     target = path if os.path.exists(path) and not os.path.isfile(path) else temporary_beside(path)
     try:
-        n = _write(cfg, target, qtype, add_tokenizer, tensors, extra_keys)
+        n = _write(cfg, target, qtype, add_tokenizer, tensors, extra_keys, header_only, progress)
     except OSError as e:
         if target != path:
             discard(target)
@@ -86,7 +90,8 @@ def write_model(cfg: SynthConfig, path: str | os.PathLike, tensors=None,
     return {"path": path, "tensors": n, "bytes": os.path.getsize(path), "config": asdict(cfg)}
 
 
-def _write(cfg: SynthConfig, path: str, qtype: T, add_tokenizer, tensors, extra_keys) -> int:
+def _write(cfg: SynthConfig, path: str, qtype: T, add_tokenizer, tensors, extra_keys, header_only: bool = False,
+           progress: Callable[[str], None] | None = None) -> int:
     """The GGUF itself, into `path` (write_model's temporary file); returns the tensor count."""
     w = GGUFWriter(path, cfg.arch)
     w.add_name(f"kazeia synthetic {cfg.arch}")
@@ -109,13 +114,27 @@ def _write(cfg: SynthConfig, path: str, qtype: T, add_tokenizer, tensors, extra_
     add_tokenizer(w)
     if extra_keys is not None:
         extra_keys(w)
-    n = 0
-    for name, arr, is_matrix in (_weights(cfg) if tensors is None else tensors):
-        data, t = encode_tensor(arr, tensor_type(cfg, name)) if is_matrix else (arr, T.F32)
-        w.add_tensor(name, data, raw_dtype=t if t not in (T.F32, T.F16) else None)
+    n, layer = 0, None
+    for name, arr, is_matrix in (_weights(cfg, header_only) if tensors is None else tensors):
+        t = tensor_type(cfg, name) if is_matrix else T.F32
+        if header_only:
+            rows = int(np.prod(arr.shape[:-1], dtype=np.int64))
+            block, size = GGML_QUANT_SIZES[t]
+            w.add_tensor_info(name, arr.shape, np.dtype(np.float32), rows * (arr.shape[-1] // block) * size,
+                              raw_dtype=t)
+        else:
+            data, t = encode_tensor(arr, t) if is_matrix else (arr, T.F32)
+            w.add_tensor(name, data, raw_dtype=t if t not in (T.F32, T.F16) else None)
         n += 1
+        parts = name.split(".")
+        if progress is not None and parts[0] == "blk" and parts[1] != layer:
+            layer = parts[1]
+            progress(f"layer {int(layer) + 1}/{cfg.n_layer}")
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    if header_only:
+        w.write_ti_data_to_file()
+    else:
+        w.write_tensors_to_file()
     w.close()
     return n

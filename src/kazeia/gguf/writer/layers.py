@@ -12,15 +12,27 @@ from kazeia.gguf.writer.config import SynthConfig
 from kazeia.gguf.writer.encode import RowBlocks
 
 
-def _weights(cfg: SynthConfig):
-    """Yield (name, float32 array in numpy order (rows, cols), is_matrix)."""
+class Shape:
+    """A matrix or vector known by its shape only (make-model --header-only: no values are drawn)."""
+
+    def __init__(self, *shape: int) -> None:
+        self.shape = tuple(shape)
+
+
+def _weights(cfg: SynthConfig, shapes_only: bool = False):
+    """Yield (name, float32 array in numpy order (rows, cols), is_matrix); `shapes_only`: the big arrays as Shape
+    (the few small vectors some layers draw directly stay arrays)."""
     rng = np.random.default_rng(cfg.seed)
     E = cfg.n_embd
 
     def lin(n_out, n_in):
+        if shapes_only:
+            return Shape(n_out, n_in)
         return (rng.standard_normal((n_out, n_in), dtype=np.float32) / np.float32(np.sqrt(n_in)))
 
     def norm_w(n):
+        if shapes_only:
+            return Shape(n)
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
     # embeddings ~N(0, 16/E): tied logits then have a std of a few units, like trained models. Made (and encoded)
@@ -28,7 +40,7 @@ def _weights(cfg: SynthConfig):
     def emb_rows(n):
         return rng.standard_normal((n, E), dtype=np.float32) * np.float32(4 / np.sqrt(E))
 
-    yield "token_embd.weight", RowBlocks(cfg.n_vocab, emb_rows), True
+    yield "token_embd.weight", Shape(cfg.n_vocab, E) if shapes_only else RowBlocks(cfg.n_vocab, emb_rows), True
     layers = {"qwen35": _hybrid_layers, "gemma3": _gemma3_layers, "phi3": _phi3_layers, "lfm2": _lfm2_layers}
     yield from layers.get(cfg.arch, _dense_layers)(cfg, lin, norm_w, rng)
     yield "token_embd_norm.weight" if cfg.arch == "lfm2" else "output_norm.weight", norm_w(E), False
