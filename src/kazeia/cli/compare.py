@@ -12,6 +12,7 @@ import sys
 from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads, tool_spec
 from kazeia.debug.compare import MODES, compare, format_table, summary_lines
+from kazeia.debug.judge import WHOLE_MODEL_NMSE
 from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
 from kazeia.outputs import write_text
@@ -82,8 +83,14 @@ def main(args: argparse.Namespace) -> int:
         out.write(format_table(report, mode, only_problems=args.problems_only) + "\n\n")
     out.write("\n".join(summary_lines(report)) + "\n")
     first = report.first_failure
-    out.write(f"first op out of tolerance: {first.label()}: {first.reason}\n" if first else
-              "no op out of tolerance\n")
+    if first is not None:
+        out.write(f"first op out of tolerance: {first.label()}: {first.reason}\n")
+    elif report.drift:
+        m = report.drift[0]
+        out.write(f"no op out of tolerance on its own inputs, but the logits are wrong numbers ({m}: NMSE "
+                  f"{report.logits_nmse[m]:.3g} > {WHOLE_MODEL_NMSE:g}): an accumulated drift, not a fault at one op\n")
+    else:
+        out.write("no op out of tolerance\n")
     if args.json:
         write_text(args.json, json.dumps(report.to_dict(), indent=1, allow_nan=False))
     if args.plot:

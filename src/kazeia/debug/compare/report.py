@@ -45,7 +45,15 @@ class CompareReport:
 
     @property
     def ok(self) -> bool:
-        return all(not self.failures(m) for m in self.modes)
+        """No op out of tolerance and, where the logits were judged, within the whole-model bound (a drift that
+        takes them past it is wrong numbers with no faulting op: `drift`)."""
+        return all(not self.failures(m) for m in self.modes) and not self.drift
+
+    @property
+    def drift(self) -> list[str]:
+        """The modes whose logits are past the whole-model bound (or not finite) with no op out of tolerance."""
+        return [m for m in self.modes if not self.failures(m) and (lg := self.logits_nmse.get(m)) is not None
+                and not lg <= WHOLE_MODEL_NMSE]
 
     @property
     def exit_status(self) -> int:
