@@ -255,12 +255,34 @@ def test_a_hang_is_named_as_a_hang_not_a_death():
 def test_a_gate_past_the_node_list_limit_is_a_class_rule(tmp_path):
     """Issue 37, row 3: tiny Gemma 3 under 2026-05 (NaN logits; its MUL_MATs on HVX are the first bad op class) had
     no gate: the list of its 43 MUL_MAT nodes was a --cpu-nodes regex past kazeia's own 256-character limit, and the
-    step failed. The gate is then the class rule, validated by a rerun."""
+    step failed. The gate is now a class rule (the mechanism's own, --cpu-ops FLASH_ATTN_EXT: see the next test; else
+    --cpu-ops MUL_MAT), within kazeia's limits and validated by a rerun."""
     from kazeia.gguf.writer import preset, write_model
 
     path = str(tmp_path / "g3.gguf")
     write_model(preset("tiny", arch="gemma3", wtype="q4_0"), path)
     spec = RunSpec(model=path, prompt="The capital of France is", device="HTP0", htp_profile="2026-05")
     inv = investigate(spec, str(tmp_path / "out"), progress=Calls())
-    assert inv.gate.get("validated") and "--cpu-ops MUL_MAT" in inv.gate.get("flags", ""), inv.gate
+    flags = inv.gate.get("flags", "")
+    assert inv.gate.get("validated") and "--cpu-ops " in flags and "--cpu-nodes" not in flags, inv.gate
     assert not any("step failed" in s.summary for s in inv.steps), [s.summary for s in inv.steps]
+
+
+def test_stale_shortcut_is_named_and_consequences_are_not_causes(tmp_path):
+    """Issue 37 row 4: the tiny Gemma 3 under 2026-05 goes wrong at the MUL_MAT right after an HMX flash attention
+    of its batch (May leaves the src1 shortcut stale there). investigate names that mechanism from the run's own
+    evidence (one op per batch makes it correct; the flash attention precedes the op), labels the fp16 overflow and
+    the NaNs that follow as consequences, and validates a gate that moves only FLASH_ATTN_EXT."""
+    from cli_utils import kazeia_clean
+    from kazeia.debug.investigate import investigate
+    from kazeia.engine.session import RunSpec
+
+    model = str(tmp_path / "g3.gguf")
+    assert kazeia_clean("make-model", "--preset", "tiny", "--arch", "gemma3", "-o", model, "--quiet").returncode == 0
+    spec = RunSpec(model=model, prompt="The capital of France is", device="HTP0", htp_profile="2026-05")
+    inv = investigate(spec, str(tmp_path / "inv"), progress=lambda s: None)
+    hyp = {h.name: h for h in inv.hypotheses}
+    assert hyp["stale src1 shortcut"].status == "cause", hyp["stale src1 shortcut"]
+    assert hyp["fp16 overflow"].status == "consequence" and hyp["non-finite inputs"].status == "consequence"
+    assert inv.mechanism.startswith("stale src1 shortcut in ")
+    assert inv.gate["validated"] and "--cpu-ops FLASH_ATTN_EXT" in inv.gate["flags"]

@@ -120,11 +120,14 @@ def test_check_html_puts_every_bar_on_one_m_axis(tiny_qwen3_q4, tmp_path):
     assert r.returncode in (0, 1), r.stderr[-500:]
     page = out.read_text()
     assert "<td title" not in page and "class=axis" in page
-    for seg in re.findall(r"title='[^']*: M (\d+)(?:\.\.(\d+))?: [^']*' style='left:([\d.]+)%;width:([\d.]+)%", page):
-        lo, hi, left, width = int(seg[0]), int(seg[1] or seg[0]), float(seg[2]), float(seg[3])
+    segs = re.findall(r"title='[^']*: M (\d+)(?:\.\.(\d+))?: [^']*' style='left:([\d.]+)%;width:([\d.]+)%", page)
+    assert segs
+    for lo, hi, left, width in segs:
+        left, width = float(left), float(width)
         assert 0 <= left <= 100 and 0 < width <= 100.001 and left + width <= 100.001
-        if lo == 1:
-            assert left == 0.0
+        assert (left == 0.0) == (int(lo) == 1)  # M = 1 starts every bar
+        if hi and int(hi) > 2 * int(lo):  # log2 axis: a range spanning more than a doubling is wider than 1/span
+            assert width > 0
     assert re.search(r"class=tick style='left:0\.000%'>1<", page)
 
 

@@ -37,6 +37,7 @@ from kazeia.debug.investigate.report import Hypothesis, Investigation, Step, wri
 from kazeia.debug.investigate.reproduce import REPRODUCE
 from kazeia.debug.investigate.routing import ROUTE_CLASSES
 from kazeia.debug.investigate.rows import ROWS
+from kazeia.debug.investigate.shortcut import SHORTCUT
 from kazeia.debug.investigate.status import STATUS, STATUS_GATE, status_verdict
 from kazeia.debug.investigate.table import Context, Progress, StepDef, run_table
 from kazeia.debug.investigate.trace import TRACE
@@ -59,7 +60,7 @@ DEATH = Branch("device death", (LOCALISE, MISATTRIBUTION, TRACE, determinism_ste
                                 ROUTE_CLASSES, PLAN, CRASH, THRESHOLD, ROWS, ADDRESS_GATE, DEATH_GATE),
                DEATH_HYPOTHESES, death_verdict)
 NUMERIC = Branch("wrong numbers", (COMPARE, TRACE, determinism_step(3), DUMP_FIRST_BAD, SIGNATURE, STATE, RACE,
-                                   LATER_CODE, MECHANISM_GATE), NUMERIC_HYPOTHESES, numeric_verdict)
+                                   LATER_CODE, SHORTCUT, MECHANISM_GATE), NUMERIC_HYPOTHESES, numeric_verdict)
 HEALTHY = Branch("no fault", (determinism_step(2),), (), healthy_verdict)
 # 2026-10: an op status the host kept sticky and aborted on (status.py)
 STATUS_ERROR = Branch("op status", (STATUS, determinism_step(2), STATUS_GATE), (), status_verdict)

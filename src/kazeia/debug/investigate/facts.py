@@ -31,6 +31,7 @@ class OpFacts:
     path: str | None = None
     faulted: bool = False
     fault: dict = field(default_factory=dict)
+    batch: int | None = None  # the HTP batch it ran in (its sequence number; None off the HTP)
 
     def shape(self) -> str:
         """'MUL_MAT of blk.0.ffn_down.weight, K=9728, N=2560, M=38, q4_0' (MUL_MAT) or the op's name."""
@@ -79,6 +80,7 @@ class FactsHook(Hook):
         f = self._facts(node, info)
         f.out_stats = tensor_stats(node)
         f.path = f"{info.backend}/{info.path}"
+        f.batch = info.batch
 
     def on_fault(self, node: Tensor, info: OpInfo) -> None:
         f = self._facts(node, info)

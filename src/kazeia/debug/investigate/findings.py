@@ -108,6 +108,9 @@ class Findings:
     # wrong numbers
     compare: Any = None  # kazeia.debug.compare.CompareReport
     first_bad: str | None = None
+    # the src1 shortcut step (shortcut.py): the op before the first bad one in its batch, and the one-op-batch rerun
+    batch_predecessor: OpFacts | None = None
+    sync_correct: tuple[bool, str] | None = None  # (the --sync rerun's logits match the CPU, its reason)
     # mechanism (wrong numbers)
     signature: Any = None  # kazeia.debug.signature.Signature of the first bad op's dumped output vs float64
     state_exp: Any = None  # kazeia.debug.state_experiment.StateExperiment

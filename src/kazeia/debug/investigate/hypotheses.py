@@ -175,6 +175,74 @@ def blamed_op(f: Findings) -> Hypothesis | None:
     return h
 
 
+def _first_output(f: Findings, pred) -> tuple[int, str] | None:
+    """(position, name) in the run's execution order of the first op whose output satisfies `pred` (Stats)."""
+    facts = f.facts
+    if facts is None:
+        return None
+    for i, name in enumerate(facts.order):
+        st = facts.ops[name].out_stats
+        if st is not None and pred(name, st):
+            return i, name
+    return None
+
+
+def _after_first_bad(f: Findings, h: Hypothesis, pred, what: str) -> Hypothesis:
+    """A confirmed hypothesis of the wrong-numbers branch whose first sign comes after the first bad op is one of its
+    consequences, not its cause: relabelled so, with where each was seen."""
+    facts = f.facts
+    if h.status != "confirmed" or facts is None or not f.first_bad or f.first_bad not in facts.order:
+        return h
+    seen = _first_output(f, pred)
+    bad = facts.order.index(f.first_bad)
+    if seen is not None and seen[0] >= bad:  # (the bad op's own output is its symptom, not a cause)
+        h.status = "consequence"
+        where = "the first bad op's own output" if seen[0] == bad else f"{seen[0] - bad} ops after the first bad op"
+        h.evidence_against.append(f"the first output with {what} is {seen[1]} ({where}; {f.first_bad}'s inputs were "
+                                  f"still near the reference's): it follows from {f.first_bad}'s wrong output, it does "
+                                  f"not explain it")
+    elif seen is not None:
+        h.status = "cause"
+        h.evidence_for.append(f"{what} first at {seen[1]}, before the first bad op {f.first_bad}")
+    return h
+
+
+def fp16_overflow_numeric(f: Findings) -> Hypothesis:
+    return _after_first_bad(f, fp16_overflow(f), lambda name, st: st.amax >= FP16_MAX, f"|x| >= {FP16_MAX:g}")
+
+
+def nonfinite_numeric(f: Findings) -> Hypothesis:
+    # (a KQ mask's -inf entries are there by design)
+    return _after_first_bad(f, nonfinite_inputs(f), lambda name, st: st.nan or st.pinf or (st.ninf and "mask" not in
+                                                                                          name), "NaN or inf")
+
+
+def stale_shortcut(f: Findings) -> Hypothesis | None:
+    """May's src1 shortcut left stale by the op before the first bad MUL_MAT in its batch (shortcut.py)."""
+    if f.sync_correct is None:
+        return None
+    h = Hypothesis("stale src1 shortcut", "Does the first bad MUL_MAT multiply quantized activations an earlier op of "
+                                          "its batch left in VTCM (the src1 shortcut), because the op just before it "
+                                          "did not clear the shortcut?", "inconclusive")
+    ok, why = f.sync_correct
+    (h.evidence_for if ok else h.evidence_against).append(
+        f"with one op per batch (--sync: no op shares a batch, so no shortcut survives) the run is "
+        f"{'correct' if ok else 'still wrong'} ({why})")
+    prev = f.batch_predecessor
+    if prev is not None and prev.op == "FLASH_ATTN_EXT":
+        h.evidence_for.append(f"{prev.name} (FLASH_ATTN_EXT on {prev.path}) ran just before {f.first_bad} in its "
+                              f"batch: 2026-05's HMX flash attention writes VTCM without clearing the shortcut "
+                              f"(kazeia's transcription of upstream, listed by `kazeia htp faults`)")
+    elif prev is not None:
+        h.evidence_against.append(f"the op before it in its batch is {prev.name} ({prev.op}), not a flash attention")
+    else:
+        h.evidence_against.append(f"{f.first_bad} opened its batch: no earlier op of the batch could leave state")
+    h.status = "cause" if ok and prev is not None and prev.op == "FLASH_ATTN_EXT" else _status(h)
+    if h.status == "confirmed":
+        h.status = "cause"
+    return h
+
+
 DEATH_HYPOTHESES: tuple[Judged, ...] = (fp16_overflow, nonfinite_inputs, shape_alone, value_pattern, context_state,
                                         vtcm_budget, capture_timing, blamed_op)
-NUMERIC_HYPOTHESES: tuple[Judged, ...] = (fp16_overflow, nonfinite_inputs, capture_timing)
+NUMERIC_HYPOTHESES: tuple[Judged, ...] = (stale_shortcut, fp16_overflow_numeric, nonfinite_numeric, capture_timing)

@@ -76,9 +76,18 @@ def race_step(cx: Context) -> tuple[str, str]:
     return "; ".join(f.race.evidence[:1] + ([f.race.stage] if f.race.stage else [])), cx.spec.command()
 
 
+def stale_shortcut_shown(f) -> bool:
+    """The batch-context evidence of shortcut.py: one op per batch makes the run correct and a flash attention
+    ran just before the first bad MUL_MAT in its batch."""
+    prev = f.batch_predecessor
+    return bool(f.sync_correct and f.sync_correct[0] and prev is not None and prev.op == "FLASH_ATTN_EXT")
+
+
 def mechanism_class(cx: Context) -> tuple[str, str | None]:
     """(class, the state or address involved) from the experiments."""
     f = cx.findings
+    if stale_shortcut_shown(f):
+        return "state", "the src1 shortcut left by the flash attention before it"
     se, rc = f.state_exp, f.race
     if rc is not None and rc.differ:
         return "race", (f"VTCM bytes of {rc.area}, read before the weight scatter drained" if rc.area
@@ -95,6 +104,12 @@ def mechanism_text(cx: Context) -> str:
     cls, what = mechanism_class(cx)
     name = f.first_bad
     sig = f.signature.headline() if f.signature is not None else "no signature"
+    if stale_shortcut_shown(f):
+        prev = f.batch_predecessor
+        return (f"stale src1 shortcut in {name} (hypothesis from this run's evidence): {prev.name} "
+                f"(FLASH_ATTN_EXT) ran just before it in its batch and, under {cx.spec.htp_profile or 'this version'}, "
+                f"writes VTCM without clearing the shortcut; {name} then skips quantizing its src1 and multiplies the "
+                f"activations left there ({sig}); with one op per batch the run is correct")
     if cls == "state":
         ev = f.state_exp.evidence[-1] if f.state_exp.evidence else ""
         return f"state fault in {name}: its output follows the {what} the device holds before it ({sig}); {ev}"
@@ -116,6 +131,13 @@ def mechanism_gate(cx: Context) -> tuple[str, str]:
     cx.inv.mechanism = mechanism_text(cx)
     cx.fact("mechanism class", cls + (f" ({what})" if what else ""))
     path = next((r.path for r in f.compare.rows.get("isolated", []) if r.name == f.first_bad), None)
+    if stale_shortcut_shown(f):
+        spec = cx.spec.with_(cpu_ops=",".join(sorted(set(filter(None, (cx.spec.cpu_ops or "").split(","))) |
+                                                     {"FLASH_ATTN_EXT"})))
+        desc = ("Run FLASH_ATTN_EXT on the CPU (--cpu-ops FLASH_ATTN_EXT): the MUL_MAT after it then starts a new "
+                "batch on the HTP, with no shortcut left by the flash attention; every other op stays on the device")
+        if validate(cx, spec, desc):
+            return "gate FLASH_ATTN_EXT -> CPU: validated", spec.command()
     if cls in ("state", "race") and path == "hmx":
         rule = hmx_class_rule(cx, cls, what)
         desc = (f"Keep the HMX matmul class (rule {rule.name}: MUL_MAT with M >= 32, the ones the HTP sends to HMX) "

@@ -28,7 +28,8 @@ class Step:
 class Hypothesis:
     name: str
     question: str
-    status: str  # "ruled out" | "confirmed" | "explains a symptom" | "inconclusive" | "not applicable"
+    status: str  # "ruled out" | "confirmed" | "cause" | "consequence" | "explains a symptom" | "inconclusive" |
+    #              "not applicable"
     evidence_for: list[str] = field(default_factory=list)
     evidence_against: list[str] = field(default_factory=list)
 
