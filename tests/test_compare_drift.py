@@ -11,6 +11,8 @@ from cli_utils import kazeia_clean
 from kazeia.debug.compare import compare
 from kazeia.engine.session import RunSpec
 
+pytestmark = pytest.mark.slow  # runs of the emulator (make test runs them; the quick loop does not)
+
 
 @pytest.fixture(scope="module")
 def tiny_qwen35(tmp_path_factory) -> str:

@@ -268,6 +268,7 @@ def test_a_gate_past_the_node_list_limit_is_a_class_rule(tmp_path):
     assert not any("step failed" in s.summary for s in inv.steps), [s.summary for s in inv.steps]
 
 
+@pytest.mark.slow
 def test_stale_shortcut_is_named_and_consequences_are_not_causes(tmp_path):
     """Issue 37 row 4: the tiny Gemma 3 under 2026-05 goes wrong at the MUL_MAT right after an HMX flash attention
     of its batch (May leaves the src1 shortcut stale there). investigate names that mechanism from the run's own

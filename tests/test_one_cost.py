@@ -10,6 +10,8 @@ import pytest
 
 from cli_utils import kazeia_clean
 
+pytestmark = pytest.mark.slow  # runs of the emulator (make test runs them; the quick loop does not)
+
 
 @pytest.fixture(scope="module", params=["q4_0", "q4_k_m"])
 def model(request, tmp_path_factory) -> str:

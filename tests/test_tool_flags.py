@@ -61,6 +61,7 @@ def test_a_fault_of_one_version_runs_on_that_side_only():
         faults_by_side(["no-such-fault"], "2026-05", "2026-10")
 
 
+@pytest.mark.slow
 def test_upgrade_reports_the_one_sided_fault(tiny_qwen3_q4, tmp_path):
     out = tmp_path / "u"
     r = kazeia_clean("upgrade", "-m", tiny_qwen3_q4, "--n-prompt", "5", "--htp-arch", "v73", "--fault",
@@ -74,6 +75,7 @@ def test_upgrade_reports_the_one_sided_fault(tiny_qwen3_q4, tmp_path):
     assert "<td>outcome</td>" in page and "<td>host&#x27;s line</td>" in page
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", [["upgrade", "--quiet"], ["compare", "-dev", "HTP0"], ["bench", "-n", "0"]])
 def test_sampling_flags_are_accepted_and_ignored(tool, tiny_gemma3, tmp_path):
     extra = ["-p", "8"] if tool[0] == "bench" else ["-p", "hi"]
@@ -131,6 +133,7 @@ def test_check_html_puts_every_bar_on_one_m_axis(tiny_qwen3_q4, tmp_path):
     assert re.search(r"class=tick style='left:0\.000%'>1<", page)
 
 
+@pytest.mark.slow
 def test_make_model_header_only_is_what_check_reads(tmp_path):
     """make-model --header-only writes the header, metadata and tensor table without data: `check` gives the same
     report as on the whole file; `run` refuses it in one line."""

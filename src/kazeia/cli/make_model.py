@@ -90,7 +90,7 @@ def check_room(cfg: SynthConfig, path: str) -> None:
 
 def _progress(every_s: float = 2.0):
     """A progress callback printing at most one line every `every_s` seconds on stderr (a 36-layer file takes
-    about a minute and a half)."""
+    about a minute and a half); only when stderr is a terminal (a script's log keeps the same lines every run)."""
     last = [time.monotonic()]
 
     def say(line: str) -> None:
@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.header_only:
         check_room(cfg, args.output)
     summary = write_model(cfg, args.output, header_only=args.header_only,
-                          progress=None if args.quiet else _progress())
+                          progress=None if args.quiet or not sys.stderr.isatty() else _progress())
     print(json.dumps({"path": summary["path"], "bytes": summary["bytes"], "tensors": summary["tensors"],
                       **{k: v for k, v in summary["config"].items()}}))
     return 0

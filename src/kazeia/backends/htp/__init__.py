@@ -44,6 +44,8 @@ _FACE = {
     "kazeia.backends.htp.cost": ("DEFAULT", "PHONE_CPU", "CostModel", "graph_seconds", "hmx_matmul_seconds",
                                  "hvx_matmul_seconds", "op_seconds"),
     "kazeia.backends.htp.ops.matmul": ("WeightStore",),
+    "kazeia.backends.htp.vtcm.hybrid_layouts": ("ssm_conv_scratch",),
+    "kazeia.backends.htp.vtcm.src1_shortcut": ("src1_cache_effect",),
 }
 
 if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly (never at run time)
@@ -92,8 +94,10 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
         get_profile,
     )
     from kazeia.backends.htp.settings import DEFAULT_HVX_THREADS, DEFAULT_VTCM, MAX_HVX_THREADS, HtpSettings
+    from kazeia.backends.htp.vtcm.hybrid_layouts import ssm_conv_scratch
     from kazeia.backends.htp.vtcm.matmul.dispatch import matmul_node, plan_for_node, plan_matmul, src_layout
     from kazeia.backends.htp.vtcm.matmul.record import QTYPES, MatmulPlan
+    from kazeia.backends.htp.vtcm.src1_shortcut import src1_cache_effect
 
 def lazy_face(module: str, face: dict[str, tuple[str, ...]], namespace: dict) -> tuple[list[str], Callable, Callable]:
     """(__all__, __getattr__, __dir__) of a face module that loads each name's module on first use and keeps the

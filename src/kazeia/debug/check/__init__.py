@@ -26,6 +26,7 @@ from kazeia.backends.htp import (
     hvx_matmul_seconds,
 )
 from kazeia.backends.htp import PROFILES as HTP_PROFILES
+from kazeia.debug.check.op_risks import OpRisk, op_risks
 from kazeia.debug.check.outcomes import SEVERITY, Config, Planner, Range
 from kazeia.debug.check.weights import ModelHeader, WeightClass, read_header
 from kazeia.debug.modeled import ScenarioCost
@@ -34,7 +35,7 @@ from kazeia.gguf.reader import load_gguf
 from kazeia.graph.tensor import GGMLType, row_size
 
 PROFILES = tuple(HTP_PROFILES)  # every upstream version kazeia models (htp/profiles.py), in its order
-FAILING = ("no-session", "death", "dropped", "risk")
+FAILING = ("no-session", "death", "dropped", "wrong", "risk", "depends")
 MiB = 1 << 20
 @dataclass
 class ConfigResult:
@@ -45,6 +46,7 @@ class ConfigResult:
     decode_tps: float | None
     n_prompt: int = 0                        # the prompt the rates are for
     rates_of: str = "graph"                  # "graph": the scenario's whole graph; else why the MUL_MATs alone
+    ops: list[OpRisk] = field(default_factory=list)  # the other ops' predicted risks (op_risks.py)
     vmem: dict = field(default_factory=dict)
 
     def failing(self) -> list[tuple[str, Range]]:
@@ -89,7 +91,12 @@ def check_model(path: str, profiles: tuple[str, ...] = PROFILES, archs: tuple[in
                         cost = "-np N micro-batches are not built" if n_seq > 1 else costs.get(ub)
                         if cost is None:
                             cost = costs[ub] = _scenario(f, n_prompt or ub, ub)
-                        results.append(_result(c, header, planner, ctx, cost))
+                        res = _result(c, header, planner, ctx, cost)
+                        if res.verdict != "no-session":
+                            res.ops = op_risks(f.tensors, profile, c.vtcm, ub, arch_profile(arch, gen).hmx)
+                            res.verdict = min([res.verdict, *(o.outcome for o in res.ops)],
+                                              key=SEVERITY.__getitem__)
+                        results.append(res)
     return CheckReport(header, ctx, results, header.classes)
 
 
@@ -159,14 +166,18 @@ def safest_settings(r: ConfigResult, report: CheckReport, archs: tuple[int, ...]
     c = r.config
     if r.verdict == "no-session":
         return [f"no session on v{c.arch} under {c.profile}: --htp-profile 2026-05 (HVX only) or -dev CPU"]
-    if not fails:
+    if not fails and not r.ops:
         return []
-    lo = min(rg.m_lo for _, rg in fails)
     out = []
+    lo = min([rg.m_lo for _, rg in fails] + [o.m_lo for o in r.ops if o.outcome == "wrong"], default=1)
     if lo > 1:
         out.append(f"-ub {lo - 1} (no ubatch reaches M {lo})")
-    gates = [f"--gate 'weight={gate_regex(label)},m={rg.m_lo}-{rg.m_hi}'" for label, rg in fails]
-    out.append(" ".join(gates) + " (those weights at those M on the CPU)")
+    if fails:
+        gates = [f"--gate 'weight={gate_regex(label)},m={rg.m_lo}-{rg.m_hi}'" for label, rg in fails]
+        out.append(" ".join(gates) + " (those weights at those M on the CPU)")
+    for o in r.ops:
+        out.append(f"{o.gate} ({o.op} on the CPU" + (": its wrong numbers)" if o.outcome == "wrong" else
+                                                     ": no stale shortcut after it; validate with kazeia upgrade)"))
     outcomes = {rg.step.outcome for _, rg in fails}
     if "death" in outcomes:
         out.append("GGML_HEXAGON_USE_HMX=0 (every MUL_MAT on HVX)")

@@ -6,7 +6,10 @@ Outcomes, in order of severity:
   no-session   the version opens no session on this arch (October below v73: no skel)
   death        2026-05: the HMX layout overflows VTCM, op_matmul re-enters itself until the DSP dies (0x2e)
   dropped      2026-05: HVX VTCM_TOO_SMALL, the op is skipped and its dst keeps stale bytes (garbage, no error)
+  wrong        a non-MUL_MAT op computes wrong numbers, decided by the shapes (op_risks.py: May's SSM_CONV, #24470)
   risk         it runs, but a public report with no published cause matches (#26123 on v73 under 2026-10)
+  depends      whether it goes wrong depends on what the header cannot say (op_risks.py: a stale src1 shortcut
+               bites only where the allocator puts the next src1): run `kazeia upgrade` on the scenario
   cpu          supports_op leaves it to the CPU (slow, correct; with several sequences a recurrent layer's ssm_out
                under May's rules is #26094)
   hvx / hmx    it runs on the DSP on that unit ("hvx" includes robust's fallback and October's HMX refusal)
@@ -28,7 +31,8 @@ from kazeia.backends.htp import (
 )
 from kazeia.debug.check.weights import WeightClass
 
-SEVERITY = {"no-session": 0, "death": 1, "dropped": 2, "risk": 3, "cpu": 4, "hvx": 5, "hmx": 6}
+SEVERITY = {"no-session": 0, "death": 1, "dropped": 2, "wrong": 3, "risk": 4, "depends": 5, "cpu": 6, "hvx": 7,
+            "hmx": 8}
 # upstream's quantized src0 types (ggml_hexagon_supported_mul_mat): October's (0c1e57098bba, K-quants with K % 256);
 # May's (bb4dc86a) are those without the K-quants. Not the emulator's own list (host/support.py runs MXFP4, Q5_K
 # on the CPU for want of their numerics): check predicts what upstream does.

@@ -8,7 +8,7 @@ import html
 import math
 
 from kazeia.debug.check import FAILING, CheckReport, ConfigResult, safest_settings
-from kazeia.debug.check.outcomes import Range
+from kazeia.debug.check.outcomes import SEVERITY, Range
 
 MiB = 1 << 20
 COLOURS = {"hmx": "#2e7d32", "hvx": "#81c784", "cpu": "#ffd54f", "risk": "#fb8c00", "dropped": "#8e24aa",
@@ -30,17 +30,24 @@ def _short(r: ConfigResult) -> str:
     cpu = sorted({_role(label) + (f" ({rg.step.report})" if rg.step.report else "")
                   for label, rs in r.ranges.items() for rg in rs if rg.step.outcome == "cpu"})
     on_cpu = f"; CPU: {', '.join(cpu[:3])}{f' +{len(cpu) - 3}' if len(cpu) > 3 else ''}" if cpu else ""
-    if not fails:
+    if not fails and not r.ops:
         return "runs" + on_cpu
     by_outcome: dict[str, list[str]] = {}
+    reports: dict[str, str] = {}
     for label, rg in fails:
-        role = _role(label)
-        by_outcome.setdefault(rg.step.outcome, []).append(f"{role} M {_m(rg)}")
-    word = {"death": "crash", "dropped": "garbage", "risk": "risk"}
+        by_outcome.setdefault(rg.step.outcome, []).append(f"{_role(label)} M {_m(rg)}")
+        if rg.step.report:
+            reports.setdefault(rg.step.outcome, rg.step.report)
+    for o in r.ops:
+        by_outcome.setdefault(o.outcome, []).append(f"{o.op} M {o.m()}" if o.outcome == "wrong" else o.op)
+        if o.report:
+            reports.setdefault(o.outcome, o.report)
+    word = {"death": "crash", "dropped": "garbage", "risk": "risk", "wrong": "wrong numbers",
+            "depends": "depends on the run (stale src1 shortcut: run upgrade)"}
     parts = []
-    for outcome, items in by_outcome.items():
+    for outcome, items in sorted(by_outcome.items(), key=lambda kv: SEVERITY[kv[0]]):
         more = f" +{len(items) - 2}" if len(items) > 2 else ""
-        report = next((rg.step.report for _, rg in fails if rg.step.outcome == outcome and rg.step.report), None)
+        report = reports.get(outcome)
         parts.append(f"{word[outcome]}{f' ({report})' if report else ''}: {', '.join(items[:2])}{more}")
     return "; ".join(parts) + on_cpu
 
@@ -121,6 +128,8 @@ def text(report: CheckReport) -> str:
 
 def _detail(r: ConfigResult) -> str:
     lines = ["| weight class | M | path | outcome | VTCM bytes | why |", "| --- | --- | --- | --- | ---: | --- |"]
+    lines += [f"| {o.op} (not a weight's MUL_MAT) | {o.m()} | - | {o.outcome}{f' ({o.report})' if o.report else ''} "
+              f"| - | {o.reason} |" for o in r.ops]
     for label, rs in r.ranges.items():
         for rg in rs:
             s = rg.step
@@ -142,7 +151,9 @@ def to_dict(report: CheckReport) -> dict:
             weights += [{"name": name, "class": w.label, "type": w.qtype, "k": w.k, "n": w.n, "ranges": rs}
                         for name in w.tensors]
         configs.append({"profile": c.profile, "arch": f"v{c.arch}", "vtcm": c.vtcm, "ubatch": c.ubatch,
-                        "n_seq": c.n_seq, "verdict": r.verdict, "summary": _short(r), "prefill_tps": r.prefill_tps,
+                        "n_seq": c.n_seq, "verdict": r.verdict, "summary": _short(r),
+                        "ops": [{"op": o.op, "m": [o.m_lo, o.m_hi], "outcome": o.outcome, "why": o.reason,
+                                 "report": o.report} for o in r.ops], "prefill_tps": r.prefill_tps,
                         "decode_tps": r.decode_tps, "vmem": r.vmem, "safest": safest_settings(r, report),
                         "weights": weights})
     return {"model": h.path, "arch": h.arch, "n_layer": h.n_layer, "ctx": report.ctx, "matmul_id": h.matmul_id,
