@@ -31,7 +31,8 @@ _FACE = {
     "kazeia.backends.htp.gates": ("VtcmPlanGate",),
     "kazeia.backends.htp.settings": ("HtpSettings", "DEFAULT_HVX_THREADS", "DEFAULT_VTCM", "MAX_HVX_THREADS"),
     "kazeia.backends.htp.profiles": ("FAULTS", "GENERATIONS", "LATEST_PROFILE", "PROFILES", "REPORTED",
-                                     "Capabilities", "Fault", "Profile", "V73_HMX_QUANT_INF", "capabilities",
+                                     "Capabilities", "Fault", "Profile", "V73_HMX_QUANT_INF", "L2_LAZY_STALE",
+                                     "HMX_BIAS_STALE", "capabilities",
                                      "check_faults", "get_profile"),
     "kazeia.backends.htp.archs": ("KNOWN_ARCHS", "arch_profile", "describe_archs", "host_vmem_budget",
                                   "october_shm_bytes", "parse_arch", "session_refusal"),
@@ -82,6 +83,8 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
     from kazeia.backends.htp.profiles import (
         FAULTS,
         GENERATIONS,
+        HMX_BIAS_STALE,
+        L2_LAZY_STALE,
         LATEST_PROFILE,
         PROFILES,
         REPORTED,

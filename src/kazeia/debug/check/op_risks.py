@@ -7,9 +7,9 @@ emulator runs (issue 37): May's defects that act on other ops.
   multiple of 32 reads every tap j > 0 from (j * rows) % 32 channels earlier: wrong numbers, decided by the shapes
   (vtcm/hybrid_layouts.ssm_conv_scratch, the emulator's own layout).
 - FLASH_ATTN_EXT and GATED_DELTA_NET under a profile where they leave the src1 shortcut stale (2026-05,
-  backends/htp/vtcm/src1_shortcut.py): the MUL_MAT after them multiplies stale activations only when its src1 lands at the
-  address of the last quantized src1, which the graph allocator decides, not the header: "depends", with the
-  command that finds out (`kazeia upgrade` / `kazeia investigate` on the scenario).
+  backends/htp/vtcm/src1_shortcut.py): the MUL_MAT after them multiplies stale activations only when its src1
+  lands at the address of the last quantized src1, which the graph allocator decides, not the header: "depends",
+  with the command that finds out (`kazeia upgrade` / `kazeia investigate` on the scenario).
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kazeia.backends.htp import (
+    FAULTS,
     K_QUANTS,
+    L2_LAZY_STALE,
     MAX_SRC1_ROWS,
     MAX_WEIGHT_ROWS,
     OCTOBER_QUANT_TYPES,
@@ -31,6 +33,13 @@ from kazeia.backends.htp import (
 )
 from kazeia.debug.check.weights import WeightClass
 
+# the reported faults that act on a weight's MUL_MAT path, and what check says of each
+REPORTED_MATMUL_FAULTS = tuple(f for f in FAULTS.values() if f.report and f.path in ("hmx", "hvx"))
+RISK_WHY = {V73_HMX_QUANT_INF.name: "quantized HMX MUL_MAT on v73 (n >= 5): test-backend-ops reports ERR = inf and "
+                                    "garbage/0x2e on 4B+ models; cause unknown (reported, not explained)",
+            L2_LAZY_STALE.name: "HMX MUL_MAT on v81: an ADD of its batch that consumes its output without being fused "
+                             "into it reads stale data (OPFILTER=ADD fixes it); cause unknown (reported, not "
+                             "explained)"}
 SEVERITY = {"no-session": 0, "death": 1, "dropped": 2, "wrong": 3, "risk": 4, "depends": 5, "cpu": 6, "hvx": 7,
             "hmx": 8}
 # upstream's quantized src0 types (ggml_hexagon_supported_mul_mat): October's (0c1e57098bba, K-quants with K % 256);
@@ -141,11 +150,12 @@ class Planner:
         s = self._plans.get(key)
         if s is None:
             s = self._plans[key] = self._plan(c, ap.hmx, w, m)
-        risk = V73_HMX_QUANT_INF  # the fault object the emulator's HMX path asks too (its one predicate)
-        if risk.exists_in(c.generation) and risk.fires(c.arch, s.path, w.qtype):
-            return Step(s.path, "risk", s.used, s.mc, s.nc, "quantized HMX MUL_MAT on v73 (n >= 5): test-backend-ops "
-                        "reports ERR = inf and garbage/0x2e on 4B+ models; cause unknown (reported, not explained)",
-                        "llama.cpp #26123")
+        # the public reports kazeia injects as faults (reported, not explained): the same fault objects the emulator's
+        # units ask (their one predicate), so check marks the ops a device of that arch and version would meet them on
+        for risk in REPORTED_MATMUL_FAULTS:
+            if risk.exists_in(c.generation) and risk.fires(c.arch, s.path, w.qtype):
+                why = (RISK_WHY.get(risk.name) or risk.description.split(":", 1)[-1].strip())[:300]
+                return Step(s.path, "risk", s.used, s.mc, s.nc, why, risk.report)
         return s
 
     @staticmethod
