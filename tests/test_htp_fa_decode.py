@@ -1,4 +1,4 @@
-"""A decode step's flash attention in one native pass (htp/kernels/fa_decode.py) stores the bits of flash_attn's
+"""A decode step's flash attention in one native pass (htp/kernels/fa_decode/) stores the bits of flash_attn's
 numpy form (its operations in its order, tests/test_htp_fa_native.py's harness with the cache given as the float32
 of its fp16 values), or declines: on decode shapes (T <= 8 rows), GQA and MHA, cache lengths around the 8-lane,
 16-lane and 128-cell block edges, F16 and F32 masks (none, partial, fully masked rows), a permuted Q, HMX and HVX,

@@ -102,7 +102,7 @@ def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
 
 
 def _decode_pass(n: Tensor, q: np.ndarray, use_hmx: bool) -> bool:
-    """A decode step over an F16 cache in one native pass (kernels/fa_decode.py: this function's bits, its
+    """A decode step over an F16 cache in one native pass (kernels/fa_decode/: this function's bits, its
     operations in its order); False where it does not apply or declines (this function's form then runs)."""
     k, v = n.src[1], n.src[2]
     if k.type != GGMLType.F16 or v.type != GGMLType.F16:
