@@ -14,3 +14,10 @@ def kazeia_clean(*args: str, env: dict[str, str] | None = None, timeout: float =
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "kazeia", *args], capture_output=True, text=True, timeout=timeout,
                           env=full)
+
+
+def tiny_model(path: str, arch: str) -> str:
+    """`kazeia make-model --preset tiny --arch ARCH -o PATH` (the CLI's own file, as a user makes it)."""
+    r = kazeia_clean("make-model", "--preset", "tiny", "--arch", arch, "-o", path, "--quiet")
+    assert r.returncode == 0, r.stderr[-500:]
+    return path

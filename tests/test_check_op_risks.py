@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli_utils import kazeia_clean
+from cli_utils import tiny_model
 from kazeia.debug.check import check_model
 from kazeia.debug.compare import compare
 from kazeia.engine.session import RunSpec
@@ -17,9 +17,7 @@ pytestmark = pytest.mark.slow  # runs of the emulator (make test runs them; the 
 
 @pytest.fixture(scope="module")
 def lfm2(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("lfm2") / "tiny_lfm2.gguf")
-    assert kazeia_clean("make-model", "--preset", "tiny", "--arch", "lfm2", "-o", path, "--quiet").returncode == 0
-    return path
+    return tiny_model(str(tmp_path_factory.mktemp("lfm2") / "tiny_lfm2.gguf"), "lfm2")
 
 
 def test_ssm_conv_prediction_is_the_emulators(lfm2):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli_utils import kazeia_clean
+from cli_utils import kazeia_clean, tiny_model
 from kazeia.debug.compare import compare
 from kazeia.engine.session import RunSpec
 
@@ -16,9 +16,7 @@ pytestmark = pytest.mark.slow  # runs of the emulator (make test runs them; the 
 
 @pytest.fixture(scope="module")
 def tiny_qwen35(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("q35") / "tiny_qwen35.gguf")
-    assert kazeia_clean("make-model", "--preset", "tiny", "--arch", "qwen35", "-o", path, "--quiet").returncode == 0
-    return path
+    return tiny_model(str(tmp_path_factory.mktemp("qwen35") / "tiny_qwen35.gguf"), "qwen35")
 
 
 def test_drift_is_not_blamed_on_the_output(tiny_qwen35):

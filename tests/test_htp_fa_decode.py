@@ -13,30 +13,9 @@ import pytest
 from kazeia import native
 from kazeia.backends.htp.kernels import fa_decode
 from kazeia.backends.htp.ops import flash_attn as fa
+from test_htp_fa_native import _IO, _T, _Node  # the numpy form's harness (F32 caches: its decode pass declines)
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no AVX2/FMA/F16C on this host")
-
-
-class _T:
-    def __init__(self, a: np.ndarray) -> None:
-        self.a = a
-        self.type = None  # flash_attn's numpy form (its decode pass takes F16 tensors only)
-
-
-class _Node:
-    def __init__(self, src: list, scale: float) -> None:
-        self.src, self.params = src, {"scale": scale}
-
-
-class _IO:
-    def load(self, t: _T) -> np.ndarray:
-        return t.a
-
-    def load_c(self, t: _T, linger: bool = False) -> np.ndarray:
-        return np.ascontiguousarray(t.a)
-
-    def store(self, n, values: np.ndarray) -> None:
-        self.out = np.array(values)
 
 
 def _case(seed: int, h: int, hkv: int, t: int, n: int, d: int, dv: int, mask: str, special: str, perm: bool):

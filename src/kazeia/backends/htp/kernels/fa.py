@@ -29,7 +29,7 @@ from kazeia.native.pool import run_rows
 W = 8  # lanes of the vector loops; a row's last n % 8 elements take the same steps as <1 x float>
 
 
-def _rne16(k: Kernel, x: ir.Value) -> ir.Value:
+def rne16(k: Kernel, x: ir.Value) -> ir.Value:
     """float -> the float of its fp16 RNE rounding (fptrunc/fpext: vcvtps2ph/vcvtph2ps with F16C)."""
     n = x.type.count
     return k.b.fpext(k.b.fptrunc(x, vec(F16, n)), vec(F32, n))
@@ -39,13 +39,14 @@ def _splat_val(k: Kernel, v: ir.Value, n: int) -> ir.Value:
     return k.broadcast(v, n)
 
 
-def _vec_loop(k: Kernel, n: ir.Value, body) -> None:
-    """body(j, width) for j = 0, 8, ... while j + 8 <= n (width 8), then for each remaining j (width 1)."""
+def vec_loop(k: Kernel, n: ir.Value, body, step: int = W) -> None:
+    """body(j, step) for j = 0, step, ... while j + step <= n, then body(j, 1) for each remaining j (vector lanes,
+    or rows of a register tile)."""
     b = k.b
-    n8 = b.mul(b.sdiv(n, i64(W)), i64(W))
-    with k.loop(0, n8, W, name="v") as j:
-        body(j, W)
-    with k.loop(n8, n, name="t") as j:
+    full = b.mul(b.sdiv(n, i64(step)), i64(step))
+    with k.loop(0, full, step, name="v") as j:
+        body(j, step)
+    with k.loop(full, n, name="t") as j:
         body(j, 1)
 
 
@@ -53,20 +54,42 @@ def _load(k: Kernel, base: ir.Value, off: ir.Value, width: int) -> ir.Value:
     return k.load_vec(base, vec(F32, width), off)
 
 
-def _big_or_nan(k: Kernel, x: ir.Value, limit: float) -> ir.Value:
+def big_or_nan(k: Kernel, x: ir.Value, limit: float) -> ir.Value:
     """|x| > limit or x is NaN, per lane (fcmp unordered-or-greater)."""
     n = x.type.count
     mag = k.call(f"llvm.fabs.v{n}f32", vec(F32, n), x)
     return k.b.fcmp_unordered(">", mag, splat(vec(F32, n), limit))
 
 
-def _flag(k: Kernel, acc: ir.AllocaInstr, cond: ir.Value) -> None:
+def flag_any(k: Kernel, acc: ir.AllocaInstr, cond: ir.Value) -> None:
     """acc |= any(cond)."""
     b = k.b
     n = cond.type.count
     any_ = b.icmp_unsigned("!=", b.bitcast(b.zext(cond, vec(ir.IntType(8), n)), ir.IntType(8 * n)),
                            ir.Constant(ir.IntType(8 * n), 0))
     b.store(b.or_(b.load(acc), b.zext(any_, I64)), acc)
+
+
+def max_update(k: Kernel, x: ir.Value, vmax: ir.AllocaInstr, smax: ir.AllocaInstr) -> None:
+    """The running row max: lane-wise into vmax (<8 x float>) for a full vector, into smax for a single element;
+    `row_max` folds them (a max is the same whatever the order for values that are not NaN)."""
+    b = k.b
+    if x.type.count == W:
+        m = b.load(vmax)
+        b.store(b.select(b.fcmp_ordered(">", x, m), x, m), vmax)
+    else:
+        m, xs = b.load(smax), b.extract_element(x, ir.Constant(I32, 0))
+        b.store(b.select(b.fcmp_ordered(">", xs, m), xs, m), smax)
+
+
+def row_max(k: Kernel, vmax: ir.AllocaInstr, smax: ir.AllocaInstr) -> ir.Value:
+    """The row max of `max_update`'s accumulators, 0 where it is -inf (a fully masked row)."""
+    b = k.b
+    m, vm = b.load(smax), b.load(vmax)
+    for lane in range(W):
+        x = b.extract_element(vm, ir.Constant(I32, lane))
+        m = b.select(b.fcmp_ordered(">", x, m), x, m)
+    return b.select(b.fcmp_ordered("==", m, f32(float("-inf"))), f32(0.0), m)
 
 
 def _transpose_kernel(module: ir.Module) -> str:
@@ -148,32 +171,22 @@ def _scores_kernel(module: ir.Module) -> str:
 
         def first(j, w):
             x = b.fmul(_load(k, a.s, b.add(srow, j), w), _splat_val(k, a.scale, w))
-            _flag(k, bad, b.and_(_big_or_nan(k, x, 65504.0), _splat_val(k, hmx, w)))
+            flag_any(k, bad, b.and_(big_or_nan(k, x, 65504.0), _splat_val(k, hmx, w)))
             slot = xslot[w]
-            b.store(b.select(hmx, _rne16(k, x), x), slot)
+            b.store(b.select(hmx, rne16(k, x), x), slot)
             with k.if_(has_mask):  # (no mask: x as it is, not x + 0.0, which would turn -0.0 into +0.0)
                 b.store(b.fadd(b.load(slot), _load(k, a.mask, b.add(mrow, j), w)), slot)
             x = b.load(slot)
-            _flag(k, bad, b.fcmp_unordered("==", x, splat(vec(F32, w), float("inf"))))  # NaN or +inf
+            flag_any(k, bad, b.fcmp_unordered("==", x, splat(vec(F32, w), float("inf"))))  # NaN or +inf
             k.store_vec(x, a.out, b.add(orow, j))
-            if w == W:
-                m = b.load(vmax)
-                b.store(b.select(b.fcmp_ordered(">", x, m), x, m), vmax)
-            else:
-                m, xs = b.load(smax), b.extract_element(x, ir.Constant(I32, 0))
-                b.store(b.select(b.fcmp_ordered(">", xs, m), xs, m), smax)
-        _vec_loop(k, a.n, first)
-        m = b.load(smax)
-        vm = b.load(vmax)
-        for lane in range(W):
-            x = b.extract_element(vm, ir.Constant(I32, lane))
-            m = b.select(b.fcmp_ordered(">", x, m), x, m)
-        m = b.select(b.fcmp_ordered("==", m, f32(ninf)), f32(0.0), m)
+            max_update(k, x, vmax, smax)
+        vec_loop(k, a.n, first)
+        m = row_max(k, vmax, smax)
 
         def second(j, w):
             x = _load(k, a.out, b.add(orow, j), w)
             k.store_vec(b.fsub(x, _splat_val(k, m, w)), a.out, b.add(orow, j))
-        _vec_loop(k, a.n, second)
+        vec_loop(k, a.n, second)
     b.store(b.or_(b.load(a.bad), b.load(bad)), a.bad)
     k.ret()
     return "fa_scores"
@@ -185,12 +198,12 @@ def _acc16_kernel(module: ir.Module) -> str:
     k = Kernel(module, "fa_acc16", [("pv", ptr(F32)), ("o", ptr(F32)), ("n", I64), ("bad", ptr(I64))])
     b, a = k.b, k.a
     bad = k.var(I64, 0, name="badacc")
-    _vec_loop(k, a.n, lambda j, w: _flag(k, bad, _big_or_nan(k, _load(k, a.pv, j, w), 65504.0)))
+    vec_loop(k, a.n, lambda j, w: flag_any(k, bad, big_or_nan(k, _load(k, a.pv, j, w), 65504.0)))
     ok = b.icmp_signed("==", b.load(bad), i64(0))
     with k.if_(ok):
         def add(j, w):
-            k.store_vec(b.fadd(_load(k, a.o, j, w), _rne16(k, _load(k, a.pv, j, w))), a.o, j)
-        _vec_loop(k, a.n, add)
+            k.store_vec(b.fadd(_load(k, a.o, j, w), rne16(k, _load(k, a.pv, j, w))), a.o, j)
+        vec_loop(k, a.n, add)
     b.store(b.load(bad), a.bad)
     k.ret()
     return "fa_acc16"
@@ -207,7 +220,7 @@ def _div_kernel(module: ir.Module) -> str:
 
         def div(j, w):
             k.store_vec(b.fdiv(_load(k, a.o, b.add(base, j), w), _splat_val(k, lv, w)), a.o, b.add(base, j))
-        _vec_loop(k, a.d, div)
+        vec_loop(k, a.d, div)
     k.ret()
     return "fa_div"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from kazeia.backends.htp.kernels.expf import exp8
+from kazeia.backends.htp.kernels.fa import big_or_nan, flag_any, max_update, rne16, row_max, vec_loop
 from kazeia.native.idioms import transpose8
 from kazeia.native.irkit import F16, F32, I8, I16, I32, I64, V8F32, V8I32, Kernel, f32, i64, ptr, splat, vec
 
@@ -17,31 +18,10 @@ PARALLEL_MIN_MACS = 1 << 18
 V8I16, V8F16 = vec(I16, 8), vec(F16, 8)
 
 
-def _rne16(k: Kernel, x: ir.Value) -> ir.Value:
-    """float -> the float of its fp16 RNE rounding (vcvtps2ph/vcvtph2ps with F16C)."""
-    n = x.type.count
-    return k.b.fpext(k.b.fptrunc(x, vec(F16, n)), vec(F32, n))
-
-
 def _widen(k: Kernel, base: ir.Value, byte_off: ir.Value) -> ir.Value:
     """8 fp16 values at an I8 pointer + byte offset -> <8 x float> (exact; NaN lanes are declined later)."""
     h = k.load_vec(k.gep(base, byte_off), V8I16, 0)
     return k.b.fpext(k.b.bitcast(h, V8F16), V8F32)
-
-
-def _over(k: Kernel, x: ir.Value, limit: float) -> ir.Value:
-    """|x| > limit or NaN, per lane."""
-    mag = k.call(f"llvm.fabs.v{x.type.count}f32", x.type, x)
-    return k.b.fcmp_unordered(">", mag, splat(x.type, limit))
-
-
-def _flag(k: Kernel, acc: ir.AllocaInstr, cond: ir.Value) -> None:
-    """acc |= any(cond)."""
-    b = k.b
-    n = cond.type.count
-    wide = ir.IntType(8 * n)
-    any_ = b.icmp_unsigned("!=", b.bitcast(b.zext(cond, vec(I8, n)), wide), ir.Constant(wide, 0))
-    b.store(b.or_(b.load(acc), b.zext(any_, I64)), acc)
 
 
 def emit_pairwise(module: ir.Module) -> str:
@@ -118,8 +98,8 @@ def _round_q(k: Kernel, hd: _Head, bad) -> None:
         src = hd.q_row(k, r)
         with k.loop(0, a.d, W, name="qd") as j:
             x = k.load_vec(src, V8F32, j)
-            _flag(k, bad, _over(k, x, 65504.0))
-            k.store_vec(_rne16(k, x), hd.q16, b.mul(r, a.d), j)
+            flag_any(k, bad, big_or_nan(k, x, 65504.0))
+            k.store_vec(rne16(k, x), hd.q16, b.mul(r, a.d), j)
 
 
 def _k_tile(k: Kernel, hd: _Head, j0: ir.Value, groups: int) -> None:
@@ -134,16 +114,6 @@ def _k_tile(k: Kernel, hd: _Head, j0: ir.Value, groups: int) -> None:
             rows = [b.bitcast(_widen(k, hd.kb, b.add(b.mul(c, a.knb1), b.mul(d0, i64(2)))), V8I32) for c in cells]
             for c, v in enumerate(transpose8(k, rows)):
                 k.store_vec(b.bitcast(v, V8F32), hd.tile, b.mul(b.add(d0, i64(c)), i64(width)), 8 * gi)
-
-
-def _rows_tiles(k: Kernel, nrows: ir.Value, tile) -> None:
-    """tile(r0, mr) over row tiles of MR, then single rows."""
-    b = k.b
-    full = b.mul(b.sdiv(nrows, i64(MR)), i64(MR))
-    with k.loop(0, full, MR, name="rt") as r0:
-        tile(r0, MR)
-    with k.loop(full, nrows, name="rs") as r0:
-        tile(r0, 1)
 
 
 def _scores_product(k: Kernel, hd: _Head) -> None:
@@ -166,7 +136,7 @@ def _scores_product(k: Kernel, hd: _Head) -> None:
             for i in range(mr):
                 for v in range(groups):
                     k.store_vec(b.load(accs[i][v]), hd.p, b.mul(b.add(r0, i64(i)), a.n), j0, 8 * v)
-        _rows_tiles(k, hd.r, tile)
+        vec_loop(k, hd.r, tile, MR)
 
     n16 = b.mul(b.sdiv(a.n, i64(2 * W)), i64(2 * W))
     n8 = b.mul(b.sdiv(a.n, i64(W)), i64(W))
@@ -199,8 +169,8 @@ def _softmax_row(k: Kernel, hd: _Head, r: ir.Value, bad, lsum, hmx: bool) -> Non
         t = vec(F32, width)
         x = b.fmul(k.load_vec(row, t, j), k.broadcast(a.scale, width))
         if hmx:  # the S read-out is fp16, with the qk scale applied by the conversion
-            _flag(k, bad, _over(k, x, 65504.0))
-            x = _rne16(k, x)
+            flag_any(k, bad, big_or_nan(k, x, 65504.0))
+            x = rne16(k, x)
         slot = k.var(t)
         b.store(x, slot)
         with k.if_(has_mask):  # (no mask: x as it is, not x + 0.0)
@@ -212,21 +182,11 @@ def _softmax_row(k: Kernel, hd: _Head, r: ir.Value, bad, lsum, hmx: bool) -> Non
                     b.store(b.fadd(b.load(slot), b.load(b.bitcast(k.gep(mrow, b.mul(j, i64(4))), ptr(t)), align=1)),
                             slot)
         x = b.load(slot)
-        _flag(k, bad, b.fcmp_unordered("==", x, splat(t, float("inf"))))
+        flag_any(k, bad, b.fcmp_unordered("==", x, splat(t, float("inf"))))
         k.store_vec(x, row, j)
-        if width == W:
-            m = b.load(vmax)
-            b.store(b.select(b.fcmp_ordered(">", x, m), x, m), vmax)
-        else:
-            m, xs = b.load(smax), b.extract_element(x, ir.Constant(I32, 0))
-            b.store(b.select(b.fcmp_ordered(">", xs, m), xs, m), smax)
-    _vec_loop(k, a.n, score)
-    m = b.load(smax)
-    vm = b.load(vmax)
-    for lane in range(W):
-        x = b.extract_element(vm, ir.Constant(I32, lane))
-        m = b.select(b.fcmp_ordered(">", x, m), x, m)
-    m = b.select(b.fcmp_ordered("==", m, f32(float("-inf"))), f32(0.0), m)
+        max_update(k, x, vmax, smax)
+    vec_loop(k, a.n, score)
+    m = row_max(k, vmax, smax)
 
     def expo(j: ir.Value, width: int) -> None:
         x = b.fsub(k.load_vec(row, vec(F32, width), j), k.broadcast(m, width))
@@ -236,20 +196,10 @@ def _softmax_row(k: Kernel, hd: _Head, r: ir.Value, bad, lsum, hmx: bool) -> Non
             x8 = k.broadcast(b.extract_element(x, ir.Constant(I32, 0)), W)
             p = k.shuffle(exp8(k, x8), None, [0])
         k.store_vec(p, row, j)
-    _vec_loop(k, a.n, expo)
+    vec_loop(k, a.n, expo)
     b.store(b.fadd(f32(0.0), k.call("fa_pairwise", F32, row, a.n)), lsum)  # numpy's reduce starts from +0
     if hmx:
-        _vec_loop(k, a.n, lambda j, width: k.store_vec(_rne16(k, k.load_vec(row, vec(F32, width), j)), row, j))
-
-
-def _vec_loop(k: Kernel, n: ir.Value, body) -> None:
-    """body(j, width) for j = 0, 8, ... while j + 8 <= n (width 8), then each remaining j (width 1)."""
-    b = k.b
-    n8 = b.mul(b.sdiv(n, i64(W)), i64(W))
-    with k.loop(0, n8, W, name="v") as j:
-        body(j, W)
-    with k.loop(n8, n, name="t") as j:
-        body(j, 1)
+        vec_loop(k, a.n, lambda j, width: k.store_vec(rne16(k, k.load_vec(row, vec(F32, width), j)), row, j))
 
 
 def _pv(k: Kernel, hd: _Head, bad, hmx: bool) -> None:
@@ -274,7 +224,7 @@ def _pv(k: Kernel, hd: _Head, bad, hmx: bool) -> None:
                 outs = [hd.out_row(k, b.add(r0, i64(i))) for i in range(mr)]
                 with k.loop(c_start, c_stop, nvec * W, name="pc") as c0:
                     _pv_block(k, hd, r0, mr, outs, c0, nvec, j0, j1, hmx, bad)
-            _rows_tiles(k, hd.r, tile)
+            vec_loop(k, hd.r, tile, MR)
         tiles(2, i64(0), full)
         tiles(1, full, a.dv)
     with k.loop(0, hd.r, name="dr") as r:
@@ -284,7 +234,7 @@ def _pv(k: Kernel, hd: _Head, bad, hmx: bool) -> None:
         with k.loop(0, a.dv, W, name="dd") as c:
             o = b.fdiv(k.load_vec(orow, V8F32, c), k.broadcast(lv, W))
             inf_or_nan = b.fsub(o, o)
-            _flag(k, bad, b.fcmp_unordered("uno", inf_or_nan, inf_or_nan))
+            flag_any(k, bad, b.fcmp_unordered("uno", inf_or_nan, inf_or_nan))
             k.store_vec(o, orow, c)
 
 
@@ -310,8 +260,8 @@ def _pv_block(k: Kernel, hd: _Head, r0, mr: int, outs, c0, nvec: int, j0, j1, hm
         for v in range(nvec):
             pv = b.load(acc[i][v])
             if hmx:  # the block's fp16 read-out, added to o
-                _flag(k, bad, _over(k, pv, 65504.0))
-                pv = b.fadd(k.load_vec(outs[i], V8F32, c0, v * W), _rne16(k, pv))
+                flag_any(k, bad, big_or_nan(k, pv, 65504.0))
+                pv = b.fadd(k.load_vec(outs[i], V8F32, c0, v * W), rne16(k, pv))
             k.store_vec(pv, outs[i], c0, v * W)
 
 
