@@ -12,6 +12,7 @@ import sys
 from kazeia.cli import validate as V
 from kazeia.cli.common import add_common, add_device_args, add_model_args, set_threads, tool_spec
 from kazeia.debug.compare import MODES, compare, format_table, summary_lines
+from kazeia.debug.compare.report import drift_source
 from kazeia.debug.judge import WHOLE_MODEL_NMSE
 from kazeia.engine.session import RunSpec
 from kazeia.errors import KazeiaError
@@ -89,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
         m = report.drift[0]
         out.write(f"no op out of tolerance on its own inputs, but the logits are wrong numbers ({m}: NMSE "
                   f"{report.logits_nmse[m]:.3g} > {WHOLE_MODEL_NMSE:g}): an accumulated drift, not a fault at one op\n")
+        src = drift_source(report)
+        out.write((src or "--mode both shows which ops' own numerics it comes from") + "\n")
     else:
         out.write("no op out of tolerance\n")
     if args.json:

@@ -127,6 +127,29 @@ def compare_command(spec: RunSpec, modes: tuple[str, ...] = MODES, strict: bool 
     return " ".join(shlex.quote(x) for x in argv)
 
 
+# the upstream code each device path's numerics transcribe (as cited where kazeia models them)
+UPSTREAM_CODE = {("MUL_MAT", "hvx"): "matmul-ops.c: op_matmul_hvx, src1 converted to the HVX blocks",
+                 ("MUL_MAT", "hmx"): "matmul-ops.c: op_matmul's HMX kernel, fp16 tiles",
+                 ("FLASH_ATTN_EXT", "hmx"): "the HMX flash attention's fp16 tiles"}
+
+
+def drift_source(report: CompareReport) -> str | None:
+    """For a drift (logits past the bound, no op out of tolerance): the op class whose own error, on REF's inputs,
+    is largest (isolated mode), each op within its threshold: upstream numerics as kazeia models them, the code
+    named. None without isolated rows."""
+    rows = [r for r in report.rows.get("isolated", []) if r.nmse is not None and math.isfinite(r.nmse)]
+    if not rows:
+        return None
+    by: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        by.setdefault((r.op, f"{r.backend}/{r.path}"), []).append(r.nmse)
+    (op, where), errs = max(by.items(), key=lambda kv: max(kv[1]))
+    path = where.rsplit("/", 1)[-1]
+    code = UPSTREAM_CODE.get((op, path))
+    return (f"upstream numerics, modelled: the largest error on REF's inputs is {op} on {where} ({len(errs)} ops, NMSE "
+            f"up to {max(errs):.3g}, each within its threshold)" + (f"; the code: {code}" if code else ""))
+
+
 def summary_lines(report: CompareReport) -> list[str]:
     out = [f"compared {report.spec.device} against REF on {report.n_tokens} prompt tokens: "
            f"{compare_command(report.spec, report.modes, report.strict)}"]
