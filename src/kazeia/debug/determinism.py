@@ -79,9 +79,9 @@ def hashed_run(spec: RunSpec, hooks: tuple = (), share_weights: bool = False) ->
 def _signature(res: RunResult) -> str:
     """How the run ended, by the one classification (debug/outcome.py): "ok", the host's error line, or "wrong
     numbers: N of M logits are not finite" (bitwise-identical NaNs say nothing about the arithmetic being right)."""
-    o = classify(res)
     if not res.ok:
         return res.signature()
+    o = classify(res)
     return "ok" if o.ok else f"{o.kind}: {o.summary}"
 
 

@@ -33,7 +33,6 @@ PROFILES = ("2026-05", "robust", "2026-10")
 # (profile, arch, fault): the public reports' symptoms on the arch they name, and two of kazeia's own faults
 FAULT_ROWS = (("2026-10", 73, V73_HMX_QUANT_INF.name), ("2026-10", 81, L2_LAZY_STALE.name),
               ("2026-05", 79, HMX_BIAS_STALE.name), ("robust", 79, HMX_BIAS_STALE.name))
-TO_RUN_NAME = {COMPLETES: "completes"}
 TO_RUN = {"death": DEATH, "dropped": WRONG, "wrong": WRONG, "no-session": ERROR, "risk": "depends",
           "depends": "depends", "cpu": COMPLETES, "hvx": COMPLETES, "hmx": COMPLETES}
 
@@ -99,7 +98,7 @@ def verdict_matrix(model: str, profiles=PROFILES, archs=ARCHS, ms=MS, vtcms=VTCM
         pred, why = _predicted(report, p, a, v, m)
         if fault and not FAULTS[fault].report:  # kazeia's own injection: not in upstream's code, which check reads
             pred, why = "depends", (f"--fault {fault} is kazeia's injection, not upstream code: check predicts what "
-                                    f"upstream's code does with this header ({TO_RUN_NAME.get(pred, pred)} here)")
+                                    f"upstream's code does with this header ({pred} here)")
         rows.append(Row(p, a, v, m, fault, o.kind, pred, why if pred != o.kind or pred == "depends" else o.summary))
         if i % 50 == 0:
             progress(f"{i}/{len(scenarios)} scenarios")

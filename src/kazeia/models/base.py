@@ -168,20 +168,21 @@ def arch_module(arch: str, path: str | None = None) -> ModuleType:
     return importlib.import_module(mod)
 
 
+def weight_tensor(name: str, info) -> Tensor:
+    """A GGUF tensor (its header entry) as a data-less weight of the file's type and shape, its layer from its name."""
+    from kazeia.graph.tensor import make_tensor
+
+    parts = name.split(".")
+    layer = int(parts[1]) if parts[0] == "blk" and len(parts) > 1 and parts[1].isdigit() else None
+    return make_tensor(GGMLType(info.type), info.ne, name=name, flags=TFlag.WEIGHT, weight_name=name, layer=layer)
+
+
 def weight_tensors(f: GGUFFile) -> tuple[Buffer, dict[str, Tensor]]:
     """Every GGUF tensor as a Tensor over the memory-mapped file (zero-copy)."""
     buf = Buffer(f"weights:{f.path}", f.data, BufferUsage.WEIGHTS)
     out: dict[str, Tensor] = {}
-    from kazeia.graph.tensor import make_tensor
-
     for name, info in f.tensors.items():
-        layer = None
-        if name.startswith("blk."):
-            try:
-                layer = int(name.split(".")[1])
-            except ValueError:
-                layer = None
-        t = make_tensor(GGMLType(info.type), info.ne, name=name, flags=TFlag.WEIGHT, weight_name=name, layer=layer)
+        t = weight_tensor(name, info)
         t.buffer, t.offset = buf, info.offset
         out[name] = t
     return buf, out

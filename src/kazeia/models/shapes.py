@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import GGMLType, Tensor, TFlag, block_size, make_tensor
-from kazeia.models.base import ModelArgs, arch_expected_shapes, arch_module
+from kazeia.models.base import ModelArgs, arch_expected_shapes, arch_module, weight_tensor
 from kazeia.models.transformer import GraphOptions, LayerCache, RecurrentLayerCache, make_inputs
 
 KV_PAD = 256  # llama.cpp pads the KV cells a graph sees to 256
@@ -34,13 +34,7 @@ def file_weights(f) -> dict[str, Tensor]:
     """Every tensor of a GGUF file (its header is enough: `load_gguf(path, header_only=True)`) as a data-less
     weight of the file's own type and shape: the graphs built over them are the engine's, op for op and type for
     type, for pricing (a Q4_K_M file keeps its Q4_K, Q6_K and F32 tensors)."""
-    out = {}
-    for name, info in f.tensors.items():
-        t = make_tensor(GGMLType(info.type), info.ne, name=name, flags=TFlag.WEIGHT, weight_name=name)
-        if name.startswith("blk.") and name.split(".")[1].isdigit():
-            t.layer = int(name.split(".")[1])
-        out[name] = t
-    return out
+    return {name: weight_tensor(name, info) for name, info in f.tensors.items()}
 
 
 def shape_caches(args: ModelArgs, kv_size: int) -> list:

@@ -154,7 +154,7 @@ class Planner:
         # units ask (their one predicate), so check marks the ops a device of that arch and version would meet them on
         for risk in REPORTED_MATMUL_FAULTS:
             if risk.exists_in(c.generation) and risk.fires(c.arch, s.path, w.qtype):
-                why = (RISK_WHY.get(risk.name) or risk.description.split(":", 1)[-1].strip())[:300]
+                why = RISK_WHY.get(risk.name) or risk.description
                 return Step(s.path, "risk", s.used, s.mc, s.nc, why, risk.report)
         return s
 

@@ -62,12 +62,13 @@ class _CumulativeHook(Hook):
         status, reason, judged = v.status, v.reason, True
         if status == FAIL and not identical:
             nonfinite_new = finite and nonfinite_out and v.kind in ("nan", "inf")
-            if is_output and (nonfinite_out or in_nmse is None or _beyond_drift(v.nmse, in_nmse)):
-                pass  # non-finite logits (never a drift), or made wrong here (far past what the inputs' drift explains)
-            elif is_output:  # the whole-model bound, passed by the drift its inputs brought: no fault at this op
-                status, judged = DRIFT, False
-                reason = (f"{v.reason}: accumulated drift (its inputs were already at NMSE {in_nmse:.3g}; no op is "
-                          f"out of tolerance on its own inputs)")
+            if is_output:
+                # the whole-model bound passed by the drift its inputs brought is no fault at this op; non-finite
+                # logits (never a drift) and logits made wrong here (far past what that drift explains) stay FAIL
+                if not (nonfinite_out or in_nmse is None or _beyond_drift(v.nmse, in_nmse)):
+                    status, judged = DRIFT, False
+                    reason = (f"{v.reason}: accumulated drift (its inputs were already at NMSE {in_nmse:.3g}; no op "
+                              f"is out of tolerance on its own inputs)")
             elif _beyond_drift(v.nmse, in_nmse):
                 reason = (f"{v.reason}, from inputs at NMSE {in_nmse:.3g}: over {AMPLIFICATION:.0e} times what "
                           "their drift explains")

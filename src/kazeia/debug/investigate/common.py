@@ -22,6 +22,12 @@ def sync_spec(cx: Context) -> RunSpec:
     return cx.spec.with_(env={**cx.spec.env, **SYNC_ENV})
 
 
+def cpu_ops_spec(cx: Context, op: str) -> RunSpec:
+    """The run with `op` on the CPU too, beside the user's own --cpu-ops."""
+    ops = [o for o in (cx.spec.cpu_ops or "").split(",") if o]
+    return cx.spec.with_(cpu_ops=",".join(sorted({*ops, op})))
+
+
 def cpu_nodes_spec(cx: Context, names: list[str]) -> RunSpec:
     return cx.spec.with_(cpu_nodes="|".join(op_regex(n) for n in names))
 

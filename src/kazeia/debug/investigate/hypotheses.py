@@ -10,6 +10,7 @@ from kazeia.debug.investigate.facts import dies
 from kazeia.debug.investigate.figures import FP16_MAX
 from kazeia.debug.investigate.findings import BLAMED_CPU, FAULTING_CPU, HMX_OFF, Findings
 from kazeia.debug.investigate.report import Hypothesis
+from kazeia.debug.investigate.shortcut import stale_shortcut_shown
 from kazeia.debug.investigate.vtcm import why_it_fails
 
 Judged = Callable[[Findings], Hypothesis | None]
@@ -237,9 +238,7 @@ def stale_shortcut(f: Findings) -> Hypothesis | None:
         h.evidence_against.append(f"the op before it in its batch is {prev.name} ({prev.op}), not a flash attention")
     else:
         h.evidence_against.append(f"{f.first_bad} opened its batch: no earlier op of the batch could leave state")
-    h.status = "cause" if ok and prev is not None and prev.op == "FLASH_ATTN_EXT" else _status(h)
-    if h.status == "confirmed":
-        h.status = "cause"
+    h.status = "cause" if stale_shortcut_shown(f) else _status(h)
     return h
 
 

@@ -5,8 +5,10 @@ HVX (GGML_HEXAGON_USE_HMX=0) before anything goes to the CPU; every gate is vali
 
 from __future__ import annotations
 
+from kazeia.debug.investigate.common import cpu_ops_spec
 from kazeia.debug.investigate.gate import numeric_gate, validate
 from kazeia.debug.investigate.policy_gate import hmx_class_rule, validate_rules
+from kazeia.debug.investigate.shortcut import stale_shortcut_shown
 from kazeia.debug.investigate.table import Context, StepDef
 
 HVX_ENV = {"GGML_HEXAGON_USE_HMX": "0"}
@@ -76,13 +78,6 @@ def race_step(cx: Context) -> tuple[str, str]:
     return "; ".join(f.race.evidence[:1] + ([f.race.stage] if f.race.stage else [])), cx.spec.command()
 
 
-def stale_shortcut_shown(f) -> bool:
-    """The batch-context evidence of shortcut.py: one op per batch makes the run correct and a flash attention
-    ran just before the first bad MUL_MAT in its batch."""
-    prev = f.batch_predecessor
-    return bool(f.sync_correct and f.sync_correct[0] and prev is not None and prev.op == "FLASH_ATTN_EXT")
-
-
 def mechanism_class(cx: Context) -> tuple[str, str | None]:
     """(class, the state or address involved) from the experiments."""
     f = cx.findings
@@ -132,8 +127,7 @@ def mechanism_gate(cx: Context) -> tuple[str, str]:
     cx.fact("mechanism class", cls + (f" ({what})" if what else ""))
     path = next((r.path for r in f.compare.rows.get("isolated", []) if r.name == f.first_bad), None)
     if stale_shortcut_shown(f):
-        spec = cx.spec.with_(cpu_ops=",".join(sorted(set(filter(None, (cx.spec.cpu_ops or "").split(","))) |
-                                                     {"FLASH_ATTN_EXT"})))
+        spec = cpu_ops_spec(cx, "FLASH_ATTN_EXT")
         desc = ("Run FLASH_ATTN_EXT on the CPU (--cpu-ops FLASH_ATTN_EXT): the MUL_MAT after it then starts a new "
                 "batch on the HTP, with no shortcut left by the flash attention; every other op stays on the device")
         if validate(cx, spec, desc):

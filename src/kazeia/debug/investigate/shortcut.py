@@ -23,11 +23,19 @@ def shortcut_step(cx: Context) -> tuple[str, str]:
     spec = sync_spec(cx)
     r, v = rerun(cx, spec)
     ok = r.ok and v is not None and v.ok
-    f.sync_correct = (ok, v.reason if v is not None else (r.signature()))
+    f.sync_correct = (ok, v.reason if v is not None else r.signature())
     before = (f"{f.batch_predecessor.name} ({f.batch_predecessor.op}) ran just before it in its batch"
               if f.batch_predecessor is not None else "it opened its batch")
     return (f"{before}; with one op per batch the run is {'correct' if ok else 'still wrong'} "
             f"({f.sync_correct[1]})", spec.command())
+
+
+def stale_shortcut_shown(f) -> bool:
+    """This step's evidence points at a stale src1 shortcut: one op per batch makes the run correct and a flash
+    attention ran just before the first bad MUL_MAT in its batch (the one predicate the hypothesis, the mechanism
+    and the gate ask)."""
+    prev = f.batch_predecessor
+    return bool(f.sync_correct and f.sync_correct[0] and prev is not None and prev.op == "FLASH_ATTN_EXT")
 
 
 SHORTCUT = StepDef("batch context of the first bad op", shortcut_step, needs=("first_bad", "facts"),

@@ -163,7 +163,7 @@ class BoundHvxHostPlan:
 
 
 def bind_hvx_host_plan(unit: HvxPath, node: Tensor, plan: MatmulPlan, modeled_s: float,
-                     placement: object) -> BoundHvxHostPlan | None:
+                       placement: object) -> BoundHvxHostPlan | None:
     """The binding of a 2026-10 HVX matmul node, or None where the general path keeps running it (weights other
     than Q4_0/Q8_0/IQ4_NL, batched or non-contiguous operands, F16 src1)."""
     ops = _operands(unit, node) if plan.path == "hvx" and plan.status == "ok" else None

@@ -8,14 +8,30 @@ from llvmlite import ir
 from kazeia.backends.htp.kernels.expf import exp8
 from kazeia.backends.htp.kernels.fa import big_or_nan, flag_any, max_update, rne16, row_max, vec_loop
 from kazeia.native.idioms import transpose8
-from kazeia.native.irkit import F16, F32, I8, I16, I32, I64, V8F32, V8I32, Kernel, f32, i64, ptr, splat, vec
+from kazeia.native.irkit import (
+    F16,
+    F32,
+    I8,
+    I16,
+    I32,
+    I64,
+    V8F16,
+    V8F32,
+    V8I16,
+    V8I32,
+    Kernel,
+    f32,
+    i64,
+    ptr,
+    splat,
+    vec,
+)
 
 W = 8                     # float32 lanes of the vectors here
 MR = 4                    # query rows of a register tile (S and P V)
 BLOCK = 128               # KV cells of one HMX P V block (ops/flash_attn.FA_KV_BLOCK)
 PW_BLOCK = 128            # numpy's PW_BLOCKSIZE
 PARALLEL_MIN_MACS = 1 << 18
-V8I16, V8F16 = vec(I16, 8), vec(F16, 8)
 
 
 def _widen(k: Kernel, base: ir.Value, byte_off: ir.Value) -> ir.Value:
