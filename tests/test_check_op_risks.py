@@ -31,3 +31,10 @@ def test_ssm_conv_prediction_is_the_emulators(lfm2):
         spec = RunSpec(model=lfm2, n_prompt=n, device="HTP0", htp_profile="2026-05")
         rows = [r for r in compare(spec, "isolated").rows["isolated"] if r.op == "SSM_CONV"]
         assert rows and any(r.failed for r in rows) == predicted, (n, [(r.name, r.reason) for r in rows])
+
+
+def test_fused_qkv_attention_is_seen_too(tmp_path):
+    """Phi-3's fused attn_qkv projection: its flash attention is May's stale-shortcut risk as well."""
+    path = tiny_model(str(tmp_path / "phi3.gguf"), "phi3")
+    may = check_model(path, profiles=("2026-05",), archs=(79,)).result("2026-05", 79)
+    assert any(o.op == "FLASH_ATTN_EXT" and o.outcome == "depends" for o in may.ops) and may.verdict == "depends"

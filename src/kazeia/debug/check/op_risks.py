@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from kazeia.backends.htp import DEFAULT_HVX_THREADS, get_profile, src1_cache_effect, ssm_conv_scratch
 
 CONV = re.compile(r"blk\.\d+\.(ssm_conv1d|shortconv\.conv)\.weight$")
-ATTN = re.compile(r"blk\.\d+\.attn_q\.weight$")
+ATTN = re.compile(r"blk\.\d+\.attn_(q|qkv)\.weight$")  # separate or fused (phi3) projections
 GDN = re.compile(r"blk\.\d+\.ssm_(alpha|beta|a)\b")
 
 
