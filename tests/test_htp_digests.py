@@ -72,7 +72,8 @@ MATRIX = {
 }
 
 # the subset rerun under every host switch (config, then the switches)
-SWITCHED = ("qwen3-2026-10-m130", "qwen3-2026-10-m130-nofa", "qwen3-2026-05-m38-gated", "qwen35-robust-m130")
+SWITCHED = ("qwen3-2026-10-m130", "qwen3-2026-10-m130-nofa", "qwen3-2026-05-m38-gated", "qwen35-robust-m130",
+            "gemma3-2026-10-m38")  # (qwen35: softplus's log1p; gemma3: GEGLU's tanh: backends/libm.py)
 SWITCHES = {  # name -> (environment, run arguments)
     "-t 1": ({}, ["-t", "1"]),
     "-t 3": ({}, ["-t", "3"]),

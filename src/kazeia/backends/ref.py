@@ -23,6 +23,7 @@ import numpy as np
 from kazeia import settings
 from kazeia.backends.cpu.backend import NumpyBackend
 from kazeia.backends.cpu.kernels.dequant import dequantize_rows_f64
+from kazeia.backends.libm import OWNED
 from kazeia.backends.numpy_ops import scatter_rows
 from kazeia.graph.builder import Graph
 from kazeia.graph.tensor import BufferUsage, GGMLType, Tensor, array, rows
@@ -88,6 +89,7 @@ class RefBackend(NumpyBackend):
     name = "REF"
     ft = np.float64
     float_dtype = "float64"
+    math = OWNED  # kazeia's float64 rules (backends/libm.py): numpy's own change their last bits with the host
     path_name = "ref"
 
     def __init__(self, weight_cache: WeightCache | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kazeia.backends.libm import HOST, HostMath, OwnedMath
 from kazeia.backends.numpy_ops.base import NumpyOps, broadcast_to, kernel
 from kazeia.graph.tensor import Tensor
 
@@ -17,14 +18,17 @@ def _softmax_rows(s: np.ndarray, exp=np.exp) -> np.ndarray:
     return e / np.where(z == 0, 1.0, z)
 
 
-def _alibi_slopes(n_head: int, max_bias: float, ft) -> np.ndarray:
+def _alibi_slopes(n_head: int, max_bias: float, ft, math: HostMath | OwnedMath = HOST) -> np.ndarray:
+    """ALiBi's per-head slopes (ggml: m0^(h+1) below the largest power of two n_floor <= n_head, else
+    m1^(2(h - n_floor) + 1)), by the backend's power."""
     if max_bias <= 0.0:
         return np.ones(n_head, dtype=ft)
-    n_floor = 2 ** int(np.floor(np.log2(n_head)))
-    m0 = 2.0 ** (-max_bias / n_floor)
-    m1 = 2.0 ** (-(max_bias / 2.0) / n_floor)
-    h = np.arange(n_head)
-    return np.where(h < n_floor, m0 ** (h + 1), m1 ** (2 * (h - n_floor) + 1)).astype(ft)
+    n_floor = 1 << (int(n_head).bit_length() - 1)
+    h = np.arange(n_head, dtype=np.float64)
+    m0, m1 = math.power(2.0, np.array([-max_bias / n_floor, -(max_bias / 2.0) / n_floor]))
+    low = math.power(float(m0), h + 1)
+    high = math.power(float(m1), 2 * (h - n_floor) + 1)
+    return np.where(h < n_floor, low, high).astype(ft)
 
 
 @kernel("SOFT_MAX")
@@ -33,10 +37,10 @@ def _soft_max(be: NumpyOps, n: Tensor) -> None:
     s = x * be.ft(n.params["scale"])
     if len(n.src) > 1 and n.src[1] is not None:
         mask = be.load(n.src[1])[:, :, : x.shape[2], : x.shape[3]]
-        slopes = _alibi_slopes(x.shape[1], n.params.get("max_bias", 0.0), be.ft)[None, :, None, None]
+        slopes = _alibi_slopes(x.shape[1], n.params.get("max_bias", 0.0), be.ft, be.math)[None, :, None, None]
         s = s + slopes * broadcast_to(mask, (mask.shape[0], x.shape[1], x.shape[2], x.shape[3]))
     with np.errstate(invalid="ignore", over="ignore"):
-        be.store(n, _softmax_rows(s, be.exp))
+        be.store(n, _softmax_rows(s, be.math.exp))
 
 
 @kernel("FLASH_ATTN_EXT")
@@ -52,12 +56,12 @@ def _flash_attn_ext(be: NumpyOps, n: Tensor) -> None:
     s = np.matmul(q, k.swapaxes(-1, -2)) * be.ft(n.params["scale"])  # (S, H, T, n_kv)
     cap = n.params.get("softcap", 0.0)
     if cap:
-        s = be.ft(cap) * np.tanh(s / be.ft(cap))
+        s = be.ft(cap) * be.math.tanh(s / be.ft(cap))
     if mask is not None:
         m = mask[:, :, :T, : s.shape[-1]]  # (S|1, H|1, T, n_kv)
-        slopes = _alibi_slopes(H, n.params.get("max_bias", 0.0), be.ft)[None, :, None, None]
+        slopes = _alibi_slopes(H, n.params.get("max_bias", 0.0), be.ft, be.math)[None, :, None, None]
         s = s + slopes * m
     with np.errstate(invalid="ignore", over="ignore"):
-        p = _softmax_rows(s, be.exp)
+        p = _softmax_rows(s, be.math.exp)
     o = np.matmul(p, v)  # (S, H, T, Dv)
     be.store(n, o.transpose(0, 2, 1, 3))  # result [Dv, H, T] -> numpy (S, T, H, Dv)

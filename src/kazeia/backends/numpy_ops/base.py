@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kazeia.backends.libm import HOST, HostMath, OwnedMath
 from kazeia.backends.ordered import ordered_batched
 from kazeia.graph.tensor import Tensor
 
@@ -25,6 +26,9 @@ class NumpyOps:
     """What kernels need from a backend (implemented by RefBackend and CpuBackend)."""
 
     ft: type  # np.float32 or np.float64
+    # exp, log1p, tanh, power, cos_sin for the kernels: numpy's here (their last bits follow the host's SIMD family,
+    # as a CPU build's do); REF and the emulated DSP take kazeia's own rules (backends/libm.py), the same everywhere
+    math: HostMath | OwnedMath = HOST
 
     def load(self, t: Tensor) -> np.ndarray:
         raise NotImplementedError
@@ -39,11 +43,6 @@ class NumpyOps:
 
     def store(self, t: Tensor, values: np.ndarray) -> None:
         raise NotImplementedError
-
-    def exp(self, x: np.ndarray) -> np.ndarray:
-        """The exp the kernels use: numpy's here (its float32 bits follow the host's SIMD family, as a CPU
-        build's do); the emulated DSP's is the same on every host (htp/kernels/expf.py)."""
-        return np.exp(x)
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """a (..., M, K) @ b (..., K, N) of two activations (a MUL_MAT whose src0 is not a weight: KQ, KQV): float32

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kazeia.backends.libm import HOST, HostMath, OwnedMath
 from kazeia.backends.numpy_ops.base import NumpyOps, broadcast_to, kernel
 from kazeia.errors import UnsupportedError
 from kazeia.graph.builder import ROPE_IMROPE, ROPE_MROPE, ROPE_NEOX, ROPE_NORM
@@ -79,13 +80,15 @@ def freq_factors(n: Tensor) -> np.ndarray | None:
 
 
 def rope_angles(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float, ft,
-                factors: np.ndarray | None = None) -> tuple:
-    """cos/sin of theta[t, i] = pos[t] * freq_scale * base^(-2i/n_dims) / factors[i], computed in float64."""
-    inv_freq = freq_base ** (-np.arange(0, n_dims, 2, dtype=np.float64) / n_dims)
+                factors: np.ndarray | None = None, math: HostMath | OwnedMath = HOST) -> tuple:
+    """cos/sin of theta[t, i] = pos[t] * freq_scale * base^(-2i/n_dims) / factors[i], computed in float64 (`math`:
+    the backend's power and cos/sin)."""
+    inv_freq = math.power(freq_base, -np.arange(0, n_dims, 2, dtype=np.float64) / n_dims)
     if factors is not None:
         inv_freq = inv_freq / factors
     theta = (pos.astype(np.float64) * freq_scale)[:, None] * inv_freq[None, :]
-    return np.cos(theta).astype(ft), np.sin(theta).astype(ft)
+    cos, sin = math.cos_sin(theta)
+    return cos.astype(ft), sin.astype(ft)
 
 
 def mrope_stream(sections, imrope: bool, n_pairs: int) -> np.ndarray:
@@ -103,13 +106,14 @@ def mrope_stream(sections, imrope: bool, n_pairs: int) -> np.ndarray:
 
 
 def mrope_angles(pos4: np.ndarray, n_dims: int, sections, imrope: bool, freq_base: float, freq_scale: float,
-                 ft) -> tuple:
+                 ft, math: HostMath | OwnedMath = HOST) -> tuple:
     """cos/sin (T, n_dims/2) of ggml's multi-section rope: pair i turns by the position of its stream."""
     stream = mrope_stream(sections, imrope, n_dims // 2)
-    inv_freq = freq_base ** (-np.arange(0, n_dims, 2, dtype=np.float64) / n_dims)
+    inv_freq = math.power(freq_base, -np.arange(0, n_dims, 2, dtype=np.float64) / n_dims)
     p = pos4.astype(np.float64)[stream, :].T  # (T, n_dims/2)
     theta = p * freq_scale * inv_freq[None, :]
-    return np.cos(theta).astype(ft), np.sin(theta).astype(ft)
+    cos, sin = math.cos_sin(theta)
+    return cos.astype(ft), sin.astype(ft)
 
 
 @kernel("ROPE")
@@ -122,9 +126,9 @@ def _rope(be: NumpyOps, n: Tensor) -> None:
     nd = p["n_dims"]
     if p["mode"] & ROPE_MROPE:
         cos, sin = mrope_angles(pos.reshape(4, -1), nd, p["sections"], p["mode"] == ROPE_IMROPE, p["freq_base"],
-                                p["freq_scale"], be.ft)
+                                p["freq_scale"], be.ft, be.math)
     else:
-        cos, sin = rope_angles(pos, nd, p["freq_base"], p["freq_scale"], be.ft, freq_factors(n))
+        cos, sin = rope_angles(pos, nd, p["freq_base"], p["freq_scale"], be.ft, freq_factors(n), be.math)
     cos = (cos * be.ft(p.get("attn_factor", 1.0)))[None, :, None, :]  # (1, T, 1, nd/2)
     sin = (sin * be.ft(p.get("attn_factor", 1.0)))[None, :, None, :]
     out = x.copy()
@@ -141,21 +145,20 @@ def _rope(be: NumpyOps, n: Tensor) -> None:
     be.store(n, out)
 
 
-def _silu(x: np.ndarray, exp=np.exp) -> np.ndarray:
+def _silu(x: np.ndarray, math: HostMath | OwnedMath = HOST) -> np.ndarray:
     with np.errstate(over="ignore"):
-        return x / (1 + exp(-x))
+        return x / (1 + math.exp(-x))
 
 
 GELU_COEF_A = 0.044715
 SQRT_2_OVER_PI = 0.79788456080286535587989211986876
 
 
-def gelu_tanh(x: np.ndarray, exp=None) -> np.ndarray:
-    """ggml_gelu_f32: 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in x's dtype (numpy's tanh: `exp` is
-    the backend's exp, which this one does not use)."""
+def gelu_tanh(x: np.ndarray, math: HostMath | OwnedMath = HOST) -> np.ndarray:
+    """ggml_gelu_f32: 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in x's dtype (`math`: the backend's tanh)."""
     ft = x.dtype.type
     with np.errstate(over="ignore", invalid="ignore"):
-        return ft(0.5) * x * (ft(1) + np.tanh(ft(SQRT_2_OVER_PI) * x * (ft(1) + ft(GELU_COEF_A) * x * x)))
+        return ft(0.5) * x * (ft(1) + math.tanh(ft(SQRT_2_OVER_PI) * x * (ft(1) + ft(GELU_COEF_A) * x * x)))
 
 
 GLU_ACTIVATIONS = {"SWIGLU": _silu, "GEGLU": gelu_tanh}
@@ -178,25 +181,25 @@ def _glu(be: NumpyOps, n: Tensor) -> None:
     if act is None:
         raise UnsupportedError(f"{n.name}: GLU variant {n.params['glu_op']}")
     a, b = glu_halves(be, n)
-    be.store(n, act(a, be.exp) * b)
+    be.store(n, act(a, be.math) * b)
 
 
-def _sigmoid(x: np.ndarray, exp=np.exp) -> np.ndarray:
+def _sigmoid(x: np.ndarray, math: HostMath | OwnedMath = HOST) -> np.ndarray:
     with np.errstate(over="ignore"):
-        return 1 / (1 + exp(-x))
+        return 1 / (1 + math.exp(-x))
 
 
-def _softplus(x: np.ndarray, exp=np.exp) -> np.ndarray:
+def _softplus(x: np.ndarray, math: HostMath | OwnedMath = HOST) -> np.ndarray:
     """ggml_compute_softplus_f32: x above 20, else log(1 + exp(x))."""
     with np.errstate(over="ignore"):
-        return np.where(x > 20, x, np.log1p(exp(np.minimum(x, 20))))
+        return np.where(x > 20, x, math.log1p(math.exp(np.minimum(x, 20))))
 
 
-def _tanh(x: np.ndarray, exp=None) -> np.ndarray:
-    return np.tanh(x)
+def _tanh(x: np.ndarray, math: HostMath | OwnedMath = HOST) -> np.ndarray:
+    return math.tanh(x)
 
 
-# each takes (x, the backend's exp)
+# each takes (x, the backend's math)
 UNARY_FUNCS = {"SILU": _silu, "SIGMOID": _sigmoid, "SOFTPLUS": _softplus, "TANH": _tanh}
 
 
@@ -205,7 +208,7 @@ def _unary(be: NumpyOps, n: Tensor) -> None:
     fn = UNARY_FUNCS.get(n.params["unary_op"])
     if fn is None:
         raise UnsupportedError(f"{n.name}: unary op {n.params['unary_op']}")
-    be.store(n, fn(be.load(n.src[0]), be.exp))
+    be.store(n, fn(be.load(n.src[0]), be.math))
 
 
 def scatter_rows(out: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> None:

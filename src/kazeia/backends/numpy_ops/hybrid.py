@@ -74,7 +74,7 @@ def _gated_delta_net(be: NumpyOps, n: Tensor) -> None:
         def keep(t: int, state: np.ndarray) -> None:
             if 0 <= t - (T - K) < K:
                 snaps[t - (T - K)] = state
-    o = delta_rule(q, k, v, g, beta, m, be.ft(1.0 / np.sqrt(S)), keep, be.exp, be.matvec)
+    o = delta_rule(q, k, v, g, beta, m, be.ft(1.0 / np.sqrt(S)), keep, be.math.exp, be.matvec)
     out[:n_att] = o.reshape(-1)
     if K == 1:
         snaps[0] = m

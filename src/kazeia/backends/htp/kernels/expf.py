@@ -18,6 +18,7 @@ import math
 import numpy as np
 from llvmlite import ir
 
+from kazeia.backends.libm import OwnedMath
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library, available
 from kazeia.native.irkit import F32, F64, I64, V8F32, Kernel, i64, ptr, splat, vec
@@ -197,3 +198,14 @@ def exp_rule_numpy(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore", under="ignore"):
         y = (p * scale).astype(np.float32)
     return np.where(np.isnan(x), x, y)
+
+
+class DspMath(OwnedMath):
+    """The device model's transcendental functions: backends/libm.py's rules, float32's exp by this module's."""
+
+    def exp(self, x) -> np.ndarray:
+        x = np.asarray(x)
+        return exp_f32(x) if x.dtype == np.float32 else super().exp(x)
+
+
+DSP_MATH = DspMath()

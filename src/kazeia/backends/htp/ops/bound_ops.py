@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kazeia.backends.htp.kernels.expf import exp_f32, swiglu_f32
+from kazeia.backends.htp.kernels.expf import DSP_MATH, exp_f32, swiglu_f32
 from kazeia.backends.numpy_ops import rope_angles
 from kazeia.graph.builder import ROPE_NEOX
 from kazeia.graph.tensor import GGMLType, Tensor, array
@@ -82,7 +82,7 @@ def rope_tables(pos: np.ndarray, nd: int, base: float, scale: float, attn: float
     if hit is None:
         if len(_ANGLES) > 64:
             _ANGLES.clear()
-        cos, sin = rope_angles(pos, nd, base, scale, F32)
+        cos, sin = rope_angles(pos, nd, base, scale, F32, math=DSP_MATH)
         cos = (cos * F32(attn))[None, :, None, :]
         sin = (sin * F32(attn))[None, :, None, :]
         cos.flags.writeable = sin.flags.writeable = False

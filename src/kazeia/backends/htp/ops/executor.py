@@ -11,7 +11,7 @@ import numpy as np
 
 from kazeia.backends.htp.device import Dsp
 from kazeia.backends.htp.hvx.dot_sequential import quantize_q8_0_rows
-from kazeia.backends.htp.kernels.expf import exp_f32
+from kazeia.backends.htp.kernels.expf import DSP_MATH
 from kazeia.backends.htp.kernels.rounding import f16_to_f32, round_hw
 from kazeia.backends.htp.msg import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpContext, OpDesc, OpRecord
 from kazeia.backends.htp.ops.bound_ops import compute_for
@@ -33,11 +33,7 @@ class DspOps(NumpyOps):
     """NumpyOps over DDR: sources read from the buffers, results written at the op's L2 flush."""
 
     ft = np.float32
-
-    def exp(self, x: np.ndarray) -> np.ndarray:
-        """exp by the device model's own rule (kernels/expf.py): the same bits on every host."""
-        x = np.asarray(x)
-        return exp_f32(x) if x.dtype == np.float32 else np.exp(x)
+    math = DSP_MATH  # exp, log1p, tanh, power, cos/sin by kazeia's rules (kernels/expf.py): the same bits everywhere
 
     def matvec(self, m: np.ndarray, x: np.ndarray) -> np.ndarray:
         """m (..., R, C) @ x (..., C) in the device model's product order (backends/ordered.py)."""
