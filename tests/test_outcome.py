@@ -8,6 +8,7 @@ import numpy as np
 from kazeia.debug import outcome as O
 from kazeia.debug.determinism import _signature
 from kazeia.debug.runner import RunResult
+from kazeia.engine.nonfinite import NonFiniteLogitsError
 from kazeia.errors import DeviceDeathError, DeviceHangError, DeviceOpError, KazeiaError
 
 REF = np.linspace(-3, 3, 64, dtype=np.float32)[None]
@@ -49,6 +50,10 @@ def test_exceptions_and_the_tools_signatures():
     assert O.of_exception(DeviceDeathError("d", code=0x2E)) == O.DEATH
     assert O.of_exception(DeviceOpError("s")) == O.OP_ERROR
     assert O.of_exception(KazeiaError("x")) == O.ERROR
+    # `kazeia run`'s non-finite logits (exit 4) carry the class the tools give a finished run with NaN logits
+    nan_run = NonFiniteLogitsError("decode", np.full((1, 4), np.nan, np.float32), None)
+    assert O.of_exception(nan_run) == O.classify(RunResult(ok=True, logits=np.full((1, 4), np.nan))).kind == O.WRONG
+    assert O.of_exception(ValueError("not ours")) == O.ERROR
     nan = np.full((1, 4), np.nan, np.float32)
     assert _signature(RunResult(ok=True, logits=nan)) == "wrong numbers: 4 of 4 logits are not finite"
     assert _signature(RunResult(ok=True, logits=np.ones((1, 4), np.float32))) == "ok"

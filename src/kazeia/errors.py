@@ -1,12 +1,22 @@
-"""User-facing errors: each one becomes a one-line message and exit status 2 in the CLI."""
+"""User-facing errors: each one becomes a one-line message and exit status 2 in the CLI.
+
+Each error also names the outcome class of the run it stops (`outcome`: one of OUTCOMES, the names every tool
+gives a run: debug/outcome.py classifies a finished run with the same names, `kazeia run`'s exit status follows
+the same classes).
+"""
 
 from __future__ import annotations
+
+COMPLETES, WRONG, DEATH, HANG, OP_ERROR, ERROR = "completes", "wrong numbers", "device death", "hang", "op error", \
+    "error"
+OUTCOMES = (COMPLETES, WRONG, DEATH, HANG, OP_ERROR, ERROR)
 
 
 class KazeiaError(Exception):
     """An error the user can act on (bad file, bad flag, unsupported model). Printed without a traceback."""
 
     exit_code = 2
+    outcome = ERROR
 
 
 class GGUFError(KazeiaError):
@@ -39,6 +49,7 @@ class DeviceDeathError(KazeiaError):
     """
 
     exit_code = 3
+    outcome = DEATH
 
     def __init__(self, message: str, code: int, last_enqueued: str | None = None, faulting: str | None = None,
                  cause: str | None = None):
@@ -59,11 +70,14 @@ class DeviceHangError(DeviceDeathError):
     """The (emulated) device never answers: an op on the DSP cannot finish (the process lives, the host's
     dspqueue_read would block forever). A death for every tool that survives deaths: the session is unusable."""
 
+    outcome = HANG
+
 
 class DeviceOpError(KazeiaError):
     """An op on the device returned a non-OK status that the host chose to surface (robust profile)."""
 
     exit_code = 3
+    outcome = OP_ERROR
 
 
 class HostAbortError(KazeiaError):

@@ -23,10 +23,9 @@ import numpy as np
 
 from kazeia.debug.judge import WHOLE_MODEL_NMSE, nmse
 from kazeia.debug.runner import RunResult
+from kazeia.errors import COMPLETES, DEATH, ERROR, HANG, OP_ERROR, OUTCOMES, WRONG
 
-COMPLETES, WRONG, DEATH, HANG, OP_ERROR, ERROR = "completes", "wrong numbers", "device death", "hang", "op error", \
-    "error"
-KINDS = (COMPLETES, WRONG, DEATH, HANG, OP_ERROR, ERROR)
+KINDS = OUTCOMES  # (the classes, named once in errors.py)
 
 
 @dataclass(frozen=True)
@@ -91,13 +90,6 @@ def classify(r: RunResult, reference: np.ndarray | None = None, bound: float = W
 
 
 def of_exception(e: BaseException) -> str:
-    """The class of a device exception raised in this process (a run that did not return a RunResult)."""
-    from kazeia.errors import DeviceDeathError, DeviceHangError, DeviceOpError
-
-    if isinstance(e, DeviceHangError):
-        return HANG
-    if isinstance(e, DeviceDeathError):
-        return DEATH
-    if isinstance(e, DeviceOpError):
-        return OP_ERROR
-    return ERROR
+    """The class of an exception raised in this process (a run that did not return a RunResult): the error's own
+    `outcome` (errors.py), "error" for anything else."""
+    return getattr(e, "outcome", ERROR)

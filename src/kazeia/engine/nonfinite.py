@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kazeia.backends.base import Hook, OpInfo
-from kazeia.errors import KazeiaError
+from kazeia.errors import WRONG, KazeiaError
 from kazeia.graph.tensor import SCALAR_DTYPES, BufferUsage, Tensor, array
 
 
@@ -87,6 +87,7 @@ class NonFiniteLogitsError(KazeiaError):
     """The logits hold NaN or infinities: generation stops (greedy would pick the NaN, sampling cannot)."""
 
     exit_code = 4
+    outcome = WRONG
     rerun_with = "--stop-on-nonfinite"  # the CLI says the command that stops at that op and shows its inputs
 
     def __init__(self, where: str, logits: np.ndarray, first: FirstNonFinite | None) -> None:
