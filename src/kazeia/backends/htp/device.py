@@ -56,6 +56,8 @@ class Dsp:
         # fault l2-lazy-stale (#25876): data address -> what an HMX MUL_MAT's dst held before it wrote it, this batch
         self.stale_reads: dict[int, object] = {}
         self.in_fused = False  # running the later nodes of a fused op (their inputs come from inside the op)
+        # fault v73-input-stale (GenieX #1429): the roots of the compute tensors the DSP itself wrote (id -> tensor)
+        self.device_written: dict[int, object] = {}
         # timing races (fault injections only) come from here: run-dependent unless KAZEIA_HTP_RACE_SEED is set
         self.race = np.random.default_rng(settings.race_seed)
         self.injector = None  # test deaths (engine/recovery.py: DeathInjector): tick() before each op

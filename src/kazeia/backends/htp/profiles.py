@@ -245,6 +245,13 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "same batch that is not fused into that MUL_MAT read what the output's memory held before the MUL_MAT "
           "wrote it, on a v81 device (no effect on other archs); the root cause is not published.",
           report="llama.cpp #25876", only_in="2026-10", archs=(81,), path="hmx"),
+    Fault("v73-input-stale",
+          "Reported, not explained (GenieX #1429, open): on a v73 device (QCM6690) the NPU's output does not depend "
+          "on the prompt at all, with no crash and no error. The fault makes every op on a v73 device read what the "
+          "host wrote into compute memory (the token embeddings the CPU looked up, the positions, the KQ mask) as "
+          "the DSP's cache held those lines before the host wrote them: zeros, as if the host's writes were never "
+          "made visible to the DSP (no effect on other archs); the root cause is not published.",
+          report="GenieX #1429", archs=(73,)),
     Fault("reentry-tail-call",
           "A build of the 2026-05 code, not a defect of its own: the compiler turned op_matmul's last statement, "
           "`return op_matmul(octx);` after a failed HMX matmul (htp/matmul-ops.c), into a jump (tail-call "
@@ -276,6 +283,7 @@ V73_HMX_QUANT_INF = FAULTS["v73-hmx-quant-inf"]
 L2_LAZY_STALE = FAULTS["l2-lazy-stale"]
 REENTRY_TAIL_CALL = FAULTS["reentry-tail-call"]
 DMA_UNBALANCED = FAULTS["dma-unbalanced"]
+V73_INPUT_STALE = FAULTS["v73-input-stale"]
 
 # faults that inject a public report's symptom whose cause is not published: the report they stand for
 REPORTED = {f.name: f.report for f in FAULTS.values() if f.report}

@@ -14,8 +14,8 @@ Then the branch's hypotheses, each judged from the findings, the verdict and the
 is in process (a device death is an exception here) and reuses the loaded weights.
 
 The parts: `findings` (the typed record), `facts` (per-op recorders), `table` (step tables), one module per
-step family (`reproduce`, `localise`, `trace`, `determinism`, `dumps`, `routing`, `vtcm`, `rows`, `numbers`,
-`gate`), `hypotheses`, `verdicts`, `figures` and `report`.
+step family (`reproduce`, `localise`, `trace`, `determinism`, `dumps`, `routing`, `vtcm`, `rows`, `numbers`, `prompt`,
+`prompt`, `gate`), `hypotheses`, `verdicts`, `figures` and `report`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from kazeia.debug.investigate.hypotheses import DEATH_HYPOTHESES, NUMERIC_HYPOTH
 from kazeia.debug.investigate.localise import LOCALISE, MISATTRIBUTION
 from kazeia.debug.investigate.mechanism import LATER_CODE, MECHANISM_GATE, RACE, SIGNATURE, STATE
 from kazeia.debug.investigate.numbers import COMPARE
+from kazeia.debug.investigate.prompt import PROMPT
 from kazeia.debug.investigate.report import Hypothesis, Investigation, Step, write_report
 from kazeia.debug.investigate.reproduce import REPRODUCE
 from kazeia.debug.investigate.routing import ROUTE_CLASSES
@@ -59,8 +60,8 @@ class Branch:
 DEATH = Branch("device death", (LOCALISE, MISATTRIBUTION, TRACE, determinism_step(2), DUMP_FAULTING, REPLAY,
                                 ROUTE_CLASSES, PLAN, CRASH, THRESHOLD, ROWS, ADDRESS_GATE, DEATH_GATE),
                DEATH_HYPOTHESES, death_verdict)
-NUMERIC = Branch("wrong numbers", (COMPARE, TRACE, determinism_step(3), DUMP_FIRST_BAD, SIGNATURE, STATE, RACE,
-                                   LATER_CODE, SHORTCUT, MECHANISM_GATE), NUMERIC_HYPOTHESES, numeric_verdict)
+NUMERIC = Branch("wrong numbers", (COMPARE, TRACE, determinism_step(3), PROMPT, DUMP_FIRST_BAD, SIGNATURE, STATE,
+                                   RACE, LATER_CODE, SHORTCUT, MECHANISM_GATE), NUMERIC_HYPOTHESES, numeric_verdict)
 HEALTHY = Branch("no fault", (determinism_step(2),), (), healthy_verdict)
 # 2026-10: an op status the host kept sticky and aborted on (status.py)
 STATUS_ERROR = Branch("op status", (STATUS, determinism_step(2), STATUS_GATE), (), status_verdict)

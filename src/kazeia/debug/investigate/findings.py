@@ -111,6 +111,8 @@ class Findings:
     # the src1 shortcut step (shortcut.py): the op before the first bad one in its batch, and the one-op-batch rerun
     batch_predecessor: OpFacts | None = None
     sync_correct: tuple[bool, str] | None = None  # (the --sync rerun's logits match the CPU, its reason)
+    # prompt.py: (the device's output ignores the prompt, its relative change, the CPU's) for another prompt
+    prompt_dependence: tuple[bool, float, float] | None = None
     # mechanism (wrong numbers)
     signature: Any = None  # kazeia.debug.signature.Signature of the first bad op's dumped output vs float64
     state_exp: Any = None  # kazeia.debug.state_experiment.StateExperiment

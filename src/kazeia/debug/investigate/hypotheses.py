@@ -242,6 +242,21 @@ def stale_shortcut(f: Findings) -> Hypothesis | None:
     return h
 
 
+def prompt_independent(f: Findings) -> Hypothesis | None:
+    """The device's output ignores the prompt (prompt.py): GenieX #1429's symptom, apart from non-finite numbers."""
+    if f.prompt_dependence is None:
+        return None
+    ignores, dev, host = f.prompt_dependence
+    h = Hypothesis("prompt-independent output", "Does the device give the same output whatever the prompt (finite "
+                                                "numbers, no error), where the CPU's output changes with it?",
+                   "confirmed" if ignores else "ruled out")
+    (h.evidence_for if ignores else h.evidence_against).append(
+        f"another prompt of the same length changes the CPU's logits by {host:.3g} (relative) and the device's by "
+        f"{dev:.3g}")
+    return h
+
+
 DEATH_HYPOTHESES: tuple[Judged, ...] = (fp16_overflow, nonfinite_inputs, shape_alone, value_pattern, context_state,
                                         vtcm_budget, capture_timing, blamed_op)
-NUMERIC_HYPOTHESES: tuple[Judged, ...] = (stale_shortcut, fp16_overflow_numeric, nonfinite_numeric, capture_timing)
+NUMERIC_HYPOTHESES: tuple[Judged, ...] = (stale_shortcut, prompt_independent, fp16_overflow_numeric, nonfinite_numeric,
+                                          capture_timing)

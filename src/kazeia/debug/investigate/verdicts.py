@@ -98,6 +98,11 @@ def numeric_verdict(cx: Context) -> None:
     if f.determinism is not None:
         parts.append("The run is deterministic." if f.determinism.deterministic else
                      f"The run is NOT deterministic: {f.determinism.message}.")
+    if f.prompt_dependence is not None and f.prompt_dependence[0]:
+        _, dev, host = f.prompt_dependence
+        parts.append(f"The output is prompt-independent: another prompt of the same length leaves the device's logits "
+                     f"{'the same' if dev == 0 else f'within {dev:.3g} (relative)'} where the CPU's change by "
+                     f"{host:.3g}; finite numbers, no error.")
     if cx.inv.mechanism:
         parts.append(f"Mechanism: {cx.inv.mechanism}.")
     elif f.replay is not None and f.replay.diagnosis():

@@ -5,6 +5,7 @@ bytes in VTCM in its own fixed layout and clears (or, per profile, forgets to cl
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,14 +19,14 @@ from kazeia.backends.htp.ops.bound_ops import compute_for
 from kazeia.backends.htp.ops.flash_attn import flash_attn
 from kazeia.backends.htp.ops.hybrid_ops import KERNELS_DSP
 from kazeia.backends.htp.ops.matmul import MatmulUnit, WeightStore
-from kazeia.backends.htp.profiles import Profile
+from kazeia.backends.htp.profiles import V73_INPUT_STALE, Profile
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.op_layouts import OpScratch
 from kazeia.backends.htp.vtcm.scratch import ScratchBinding, ScratchWriter
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
 from kazeia.backends.ordered import ordered_matmul
 from kazeia.gguf.quants import dequantize
-from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array, rows
+from kazeia.graph.tensor import SCALAR_DTYPES, BufferUsage, GGMLType, Tensor, array, rows
 from kazeia.identity import IdentityCache, binding
 
 
@@ -164,6 +165,31 @@ def _stale_add(dsp: Dsp, node: Tensor) -> OpRecord | None:
     return OpRecord(path="hvx", status=STATUS_OK)
 
 
+@contextmanager
+def _host_writes_unseen(dsp: Dsp, node: Tensor):
+    """Fault v73-input-stale (GenieX #1429, reported, not explained): while the op runs, the compute tensors it reads
+    that the DSP did not write itself (what the host wrote: the embeddings the CPU looked up, positions, masks) read
+    as zeros, the lines the DSP's cache held. Their host values come back after the op, except where the op's own
+    output lies (an op computed in place)."""
+    hidden = []
+    for s in node.src:
+        r = s.root if s is not None else None
+        if (r is None or r.buffer is None or r.buffer.usage != BufferUsage.COMPUTE or id(r) in dsp.device_written
+                or any(r is h for h, _ in hidden)):
+            continue
+        hidden.append((r, array(r).copy()))
+        array(r)[...] = 0
+    try:
+        yield
+    finally:
+        out = node.root
+        lo, hi = out.data_addr, out.data_addr + out.nbytes
+        for r, saved in hidden:
+            if r is not out and not (r.data_addr < hi and lo < r.data_addr + r.nbytes):
+                array(r)[...] = saved
+        dsp.device_written[id(out)] = out
+
+
 class Executor:
     """The DSP's OpRunner (msg.py): one op through the MUL_MAT unit, the bound fast path or the general kernels."""
 
@@ -176,6 +202,12 @@ class Executor:
         self._bound: IdentityCache[BoundOp] = IdentityCache("htp.bound_ops", limit=16384, bind=True)
 
     def execute(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
+        if V73_INPUT_STALE.acts(self.settings):
+            with _host_writes_unseen(dsp, op.node):
+                return self._execute(dsp, octx, op, batch)
+        return self._execute(dsp, octx, op, batch)
+
+    def _execute(self, dsp: Dsp, octx: OpContext, op: OpDesc, batch: OpBatch) -> OpRecord:
         node = op.node
         if node.op == "MUL_MAT":
             return self.matmul.op_matmul(dsp, octx, op, batch)
