@@ -26,6 +26,7 @@ from kazeia.backends.htp import (
     hvx_matmul_seconds,
 )
 from kazeia.backends.htp import PROFILES as HTP_PROFILES
+from kazeia.debug.check.buffers import buffer_lines
 from kazeia.debug.check.op_risks import OpRisk, op_risks
 from kazeia.debug.check.outcomes import SEVERITY, Config, Planner, Range
 from kazeia.debug.check.weights import ModelHeader, WeightClass, read_header
@@ -59,6 +60,7 @@ class CheckReport:
     ctx: int
     results: list[ConfigResult]
     classes: list[WeightClass]
+    buffers: list[str] = field(default_factory=list)  # the weights' HTP buffers at load time (buffers.py)
 
     def result(self, profile: str, arch: int, vtcm: int | None = None, ubatch: int | None = None) -> ConfigResult:
         for r in self.results:
@@ -97,7 +99,9 @@ def check_model(path: str, profiles: tuple[str, ...] = PROFILES, archs: tuple[in
                             res.verdict = min([res.verdict, *(o.outcome for o in res.ops)],
                                               key=SEVERITY.__getitem__)
                         results.append(res)
-    return CheckReport(header, ctx, results, header.classes)
+    mbuf = HtpSettings.from_env(profile=profiles[0]).mbuf_mib * MiB
+    gens = tuple(get_profile(p).generation for p in profiles)
+    return CheckReport(header, ctx, results, header.classes, buffer_lines(f, gens, archs, mbuf))
 
 
 def _scenario(f, n_prompt: int, ub: int) -> ScenarioCost | str:

@@ -122,7 +122,12 @@ def text(report: CheckReport) -> str:
         out.append(f"  {c.generation} {'/'.join(dict.fromkeys(archs))}: budget {v['budget'] / MiB:.0f} MiB, weights "
                    f"{v['weights'] / MiB:.0f} + KV {v['kv'] / MiB:.0f} MiB: "
                    + ("fits" if v["fits"] else "does not fit at once: batches flush and the DSP drops and remakes "
-                      "mappings (on v73, #26123's address-space hypothesis: kazeia's, unverified)"))
+                      "mappings (on v73, #26123's address-space hypothesis: kazeia's, unverified; GenieX #1155: \"a "
+                      "single NPU (HTP) can use only ~3.5GB\", and two HTPs, GGML_HEXAGON_DEVICES=2 with --device "
+                      "HTP0,HTP1, ran Gemma-4-E4B there)"))
+    if report.buffers:
+        out += ["", "Buffers (load time: the weights in the HTP buffer type, packed as llama.cpp allocates them):",
+                *report.buffers]
     return "\n".join(out)
 
 
@@ -157,7 +162,7 @@ def to_dict(report: CheckReport) -> dict:
                         "decode_tps": r.decode_tps, "vmem": r.vmem, "safest": safest_settings(r, report),
                         "weights": weights})
     return {"model": h.path, "arch": h.arch, "n_layer": h.n_layer, "ctx": report.ctx, "matmul_id": h.matmul_id,
-            "not_placed": h.not_placed, "configs": configs}
+            "not_placed": h.not_placed, "buffers": report.buffers, "configs": configs}
 
 
 def heatmap_html(report: CheckReport) -> str:

@@ -1,0 +1,120 @@
+"""The weights' HTP buffers at load time, from the header: what each weight takes in the HTP buffer type, how the
+host packs them into buffers, and the size rules those buffers meet.
+
+- Size of a weight: October's `ggml_backend_hexagon_buffer_type_get_alloc_size` (ggml-hexagon.cpp): the repack types
+  (Q4_0, Q4_1, Q8_0, IQ4_NL, MXFP4, Q6_K, Q4_K, Q5_K) in their tiled rows, K and N rounded up to 32 (Q6_K / Q4_K /
+  Q5_K tiles keep their scales unpacked: 28 / 20 / 24 bytes per 32 values); anything else ggml_nbytes. May's code
+  keeps ggml's sizes (its repack keeps the blocks' bytes).
+- Packing: llama.cpp allocates a buffer type's tensors in buffers of at most `get_max_size` (GGML_HEXAGON_MBUF,
+  1 GiB), cutting at tensor boundaries in file order (ggml_backend_alloc_ctx_tensors_from_buft); a tensor larger
+  than that cannot be allocated at all.
+- llama.cpp #21071 (merged): on v73 and older the DSP maps a buffer with HAP_mmap, which takes at most 2 GiB
+  (htp/main.c: "mmap failed : size %llu exceeds 2GB limit for HAP_mmap", then abort()); with the default 1 GiB
+  buffers no buffer comes near it: it applies when GGML_HEXAGON_MBUF is above 2048.
+- After 2026-10, llama.cpp #29197 lowered the largest HTP buffer to 256 MiB: #29123's thread reports Qwen3.5-4B
+  Q4_0 failing to load with "HTP0:0 buffer size 556236800 exceeds max_bufsize 268435456" (its Q6_K output.weight
+  in the tiled layout). A later upstream change, not modelled as a profile yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kazeia.gguf.reader import GGUFFile
+from kazeia.graph.tensor import GGMLType, row_size
+
+MiB = 1 << 20
+GiB = 1 << 30
+HAP_MMAP_MAX = 2 * GiB            # htp/main.c HTP_MMAP_MAX_VMEM, for __HVX_ARCH__ <= 73 (#21071)
+HAP_MMAP_MAX_ARCH = 73
+AFTER_OCTOBER_MAX = 256 * MiB     # max_bufsize after #29197 (#29123's thread)
+ALIGN = 128                       # ggml_backend_hexagon_buffer_type_get_alignment
+REPACK_TYPES = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4", "q6_k", "q4_k", "q5_k")
+TILED_BYTES_PER_32 = {"q6_k": 896 // 32, "q4_k": 640 // 32, "q5_k": 768 // 32}  # HTP_MM_WEIGHT_TILE_SIZE_* / 32
+
+
+@dataclass(frozen=True)
+class Buffers:
+    """The weights' HTP buffers under one version and buffer cap, and the largest tensors."""
+
+    generation: str
+    cap: int                          # the largest buffer (get_max_size)
+    sizes: tuple[int, ...]            # the buffers, in allocation order
+    too_large: tuple[tuple[str, int], ...]   # tensors larger than `cap`: they cannot be allocated
+    largest: tuple[str, int]          # the largest tensor and its bytes
+    tensor_sizes: tuple[tuple[str, int], ...] = ()   # every device tensor's bytes in the buffer type
+
+    def over(self, limit: int) -> tuple[tuple[str, int], ...]:
+        """The tensors larger than `limit` bytes."""
+        return tuple((n, b) for n, b in self.tensor_sizes if b > limit)
+
+
+def alloc_size(qtype: str, ne: tuple[int, ...], nbytes: int, generation: str) -> int:
+    """The bytes one weight takes in the HTP buffer type under `generation`."""
+    if generation != "2026-10" or qtype not in REPACK_TYPES:
+        return nbytes
+    k, n = -(-ne[0] // 32) * 32, -(-ne[1] // 32) * 32
+    rest = 1
+    for d in ne[2:]:
+        rest *= d
+    per_row = (k // 32 * TILED_BYTES_PER_32[qtype] if qtype in TILED_BYTES_PER_32
+               else row_size(GGMLType[qtype.upper()], k))
+    return per_row * n * rest
+
+
+def device_tensors(f: GGUFFile) -> list[tuple[str, str, tuple[int, ...], int]]:
+    """(name, type, ne, bytes) of the tensors a full offload puts on the HTP: every tensor but the token embeddings
+    (the CPU's GET_ROWS), and a tied lm_head's copy of them (check/weights.py counts the same)."""
+    out = [(n, t.type.name.lower(), tuple(t.ne), t.nbytes) for n, t in f.tensors.items()
+           if not n.startswith("token_embd")]
+    emb = f.tensors.get("token_embd.weight")
+    if "output.weight" not in f.tensors and emb is not None and emb.ne[1] > 1:
+        out.append(("output.weight (tied: token_embd.weight)", emb.type.name.lower(), tuple(emb.ne), emb.nbytes))
+    return out
+
+
+def weight_buffers(f: GGUFFile, generation: str, cap: int) -> Buffers:
+    """The HTP buffers of the device's weights under `generation` with buffers of at most `cap` bytes."""
+    sizes = [(n, alloc_size(q, ne, b, generation)) for n, q, ne, b in device_tensors(f)]
+    bufs, cur = [], 0
+    for _, b in sizes:
+        b = -(-b // ALIGN) * ALIGN
+        if b > cap:
+            continue
+        if cur and cur + b > cap:
+            bufs.append(cur)
+            cur = 0
+        cur += b
+    if cur:
+        bufs.append(cur)
+    largest = max(sizes, key=lambda s: s[1]) if sizes else ("-", 0)
+    return Buffers(generation, cap, tuple(bufs), tuple(s for s in sizes if s[1] > cap), largest, tuple(sizes))
+
+
+def buffer_lines(f: GGUFFile, generations: tuple[str, ...], archs: tuple[int, ...], mbuf: int) -> list[str]:
+    """The report's load-time lines: per version the buffers and the tensors too large for them, #21071's
+    per-mapping rule on v73 and older, and the post-October cap."""
+    out = []
+    for gen in dict.fromkeys(generations):
+        b = weight_buffers(f, gen, mbuf)
+        big = max(b.sizes, default=0)
+        out.append(f"  {gen}: {len(b.sizes)} weight buffer(s) of at most {mbuf / MiB:.0f} MiB (GGML_HEXAGON_MBUF), "
+                   f"the largest {big / MiB:.1f} MiB; largest tensor {b.largest[0]} {b.largest[1] / MiB:.1f} MiB")
+        for name, size in b.too_large:
+            out.append(f"    cannot load: {name} takes {size} B, more than the largest buffer ({mbuf} B): llama.cpp "
+                       f"cannot allocate it")
+        old = [a for a in archs if a <= HAP_MMAP_MAX_ARCH]
+        if old:
+            verdict = ("within it" if big <= HAP_MMAP_MAX else
+                       "a buffer exceeds it: the DSP aborts when it maps it ('mmap failed : size ... exceeds 2GB "
+                       "limit for HAP_mmap')")
+            out.append(f"    {'/'.join(f'v{a}' for a in old)}: HAP_mmap maps at most 2 GiB a buffer (llama.cpp #21071, "
+                       f"htp/main.c): largest buffer {big / MiB:.1f} MiB, {verdict}")
+    b = weight_buffers(f, "2026-10", AFTER_OCTOBER_MAX)
+    over = b.over(AFTER_OCTOBER_MAX)
+    if over:
+        names = ", ".join(f"{n} ({s} B)" for n, s in over[:4]) + (f" +{len(over) - 4}" if len(over) > 4 else "")
+        out.append(f"  after 2026-10: llama.cpp #29197 lowered the largest HTP buffer to 256 MiB (a later upstream "
+                   f"change, not modelled as a profile yet): {names} exceed it, so the model does not load there "
+                   f"('buffer size ... exceeds max_bufsize 268435456', #29123's thread)")
+    return out
