@@ -37,6 +37,7 @@ def test_buffers_are_cut_at_the_cap_in_file_order(qwen35_4b):
     assert [n for n, _ in b.over(AFTER_OCTOBER_MAX)] == ["output.weight (tied: token_embd.weight)"]
 
 
+@pytest.mark.slow  # five CLI runs
 def test_check_names_the_mapping_rule_and_the_post_october_cap(qwen35_4b):
     r = kazeia_clean("check", "-m", qwen35_4b)
     assert r.returncode in (0, 1), r.stderr
@@ -51,6 +52,7 @@ def test_check_names_the_mapping_rule_and_the_post_october_cap(qwen35_4b):
     assert "HAP_mmap" not in newer.stdout  # the 2 GiB rule is v73 and older's
 
 
+@pytest.mark.slow
 def test_a_small_model_meets_no_buffer_rule(tmp_path):
     path = str(tmp_path / "q4b2.gguf")
     assert kazeia_clean("make-model", "--preset", "qwen3-4b", "--layers", "2", "--vocab", "1024", "--header-only",

@@ -201,7 +201,8 @@ def compare_runs(runs: list[HashedRun], spec: RunSpec | None = None) -> Determin
     det = not diffs and logits_equal is not False and same_end
     n_ops = len(runs[0].records) if runs else 0
     if det:
-        how = "all ok" if sigs and sigs[0] == "ok" else f"every run ended: {sigs[0]}"
+        how = ("every run finished with finite logits, not judged against a reference" if sigs and sigs[0] == "ok"
+               else f"every run ended: {sigs[0]}")
         msg = (f"deterministic: {len(runs)} runs, {n_ops} op outputs bitwise identical"
                + (", logits bitwise identical" + _nonfinite_note(runs) if logits_equal else "") + f" ({how})")
     else:
