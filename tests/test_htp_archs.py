@@ -153,3 +153,36 @@ def test_an_op_over_the_vmem_budget(q4b1):
     assert october.returncode == 3 and "op does not fit into empty batch" in october.stderr, october.stderr
     may = _kazeia(*args, "--htp-profile", "2026-05", env={"GGML_HEXAGON_VMEM": "48"})
     assert may.returncode == 0, may.stderr[-2000:]
+
+
+@pytest.mark.parametrize("arch, dies", [(73, True), (69, True), (75, False), (79, False)])
+def test_a_mapping_past_hap_mmaps_2_gib_aborts_the_dsp_on_v73_and_older(arch, dies):
+    """main.c mmap_buf (both versions, llama.cpp #21071): below v75 HAP_mmap takes at most 2 GiB a buffer and the DSP
+    aborts on a larger one. The host's weight buffers are cut at GGML_HEXAGON_MBUF (1 GiB by default), so only an
+    MBUF above 2048 MiB reaches it."""
+    import numpy as np
+
+    from kazeia.backends.htp.device import Dsp
+    from kazeia.backends.htp.msg import DspFault, OpBatch
+    from kazeia.backends.htp.ops.executor import Executor
+    from kazeia.backends.htp.profiles import get_profile
+    from kazeia.graph import builder as gb
+    from kazeia.graph.tensor import Buffer, BufferUsage, GGMLType, make_tensor
+
+    weights = Buffer("weights", np.zeros(5 * (1 << 29), dtype=np.uint8), BufferUsage.WEIGHTS)  # 2.5 GiB, untouched
+    compute = Buffer("compute", np.zeros(1 << 20, dtype=np.uint8), BufferUsage.COMPUTE)
+    w = make_tensor(GGMLType.F32, (256, 4), buffer=weights, offset=0)
+    node = gb.mul_mat(w, make_tensor(GGMLType.F32, (256, 8), buffer=compute, offset=0), "m")
+    node.buffer, node.offset = compute, 65536
+    profile = get_profile("2026-10")
+    for mbuf, over in ((1 << 30, False), (3 << 30, True)):
+        settings = HtpSettings.from_env({"GGML_HEXAGON_ARCH": f"v{arch}", "GGML_HEXAGON_MBUF": str(mbuf >> 20)})
+        dsp = Dsp(settings, profile, Executor(settings, profile))
+        batch = OpBatch(mbuf=mbuf)
+        op = batch.add_op(node, 0, None)
+        if over and dies:
+            with pytest.raises(DspFault, match="exceeds 2GB limit for HAP_mmap"):
+                dsp._map_buffers(batch, op)
+        else:
+            dsp._map_buffers(batch, op)
+        assert (dsp.mmap_max is not None) == (arch <= 73)

@@ -28,6 +28,7 @@ VMEM_DEFAULT = 3_355_443_200       # htp-ops.h HTP_OP_MAX_VMEM_DEFAULT (3200 MiB
 VMEM_BELOW_V75 = 3000 * MiB        # ggml_hexagon_init: opt_vmem = opt_arch >= 75 ? DEFAULT : 3000 * MiB
 MMAP_SLOTS = {"2026-05": 16, "2026-10": 64}   # htp-ctx.h HTP_MAX_MMAPS
 VTCM_ASSUMED = 8 * MiB             # main.c vtcm_alloc's fallback when HAP_compute_res_query_VTCM fails
+HAP_MMAP_MAX = 2 * 1024 * MiB      # htp-ops.h HTP_MMAP_MAX_VMEM: HAP_mmap's per-mapping limit (v73 and older, #21071)
 
 
 def october_shm_bytes(opbatch: int = 1280, opqueue: int = 32) -> int:
@@ -61,6 +62,7 @@ class ArchProfile:
     defrag: bool           # a failed DSP mapping drops every 32-bit mapping and retries once before abort()
     dma64: bool            # 64-bit "extended" weight mappings (not counted in VMEM)
     vtcm_bytes: int        # VTCM the DSP reports (assumed: no per-arch figure is public)
+    mmap_max_bytes: int | None = None  # one mapping's limit: HAP_mmap's 2 GiB at v73 and below (HAP_mmap2 above)
 
     @property
     def opens(self) -> bool:
@@ -77,7 +79,7 @@ def arch_profile(arch: int, generation: str) -> ArchProfile:
         arch=arch, generation=generation, skel=arch in SKELS[generation], hmx=arch in HMX_SKELS[generation],
         ieee_f32_add=arch >= 79, vmem_bytes=VMEM_DEFAULT if arch >= 75 else VMEM_BELOW_V75,
         mmap_slots=MMAP_SLOTS[generation], defrag=caps.mapping_defrag, dma64=arch > caps.dma64_above_arch,
-        vtcm_bytes=VTCM_ASSUMED)
+        vtcm_bytes=VTCM_ASSUMED, mmap_max_bytes=HAP_MMAP_MAX if arch <= 73 else None)
 
 
 def parse_arch(raw: str, where: str = "GGML_HEXAGON_ARCH") -> int:
@@ -126,6 +128,10 @@ SOURCES = (
      "ggml_hexagon_session::allocate (max_vmem)"),
     ("mappings", "2026-05: 16 cached DSP mappings, abort on a failed mmap; 2026-10: 64, one defrag pass, then "
      "abort", "htp/htp-ctx.h HTP_MAX_MMAPS; htp/main.c prep_op_bufs, mmap_buf"),
+    ("mapping size", "v73 and older map with HAP_mmap, at most 2 GiB a buffer: a larger one aborts the DSP ('mmap "
+     "failed : size ... exceeds 2GB limit for HAP_mmap'); the host's buffers are at most GGML_HEXAGON_MBUF (1 GiB), "
+     "so only an MBUF above 2048 reaches it (llama.cpp #21071)", "htp/main.c mmap_buf (both versions), htp-ops.h "
+     "HTP_MMAP_MAX_VMEM"),
     ("DMA64", "2026-10 above v79: weights mapped extended (not counted in VMEM)",
      "ggml-hexagon.cpp ggml_hexagon_init (opt_dma64 = opt_arch > 79 && ...)"),
     ("VTCM", "8 MiB on every arch: assumed (no per-arch figure is public; 8 MiB is main.c's fallback and what "

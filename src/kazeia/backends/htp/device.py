@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kazeia.backends.htp.archs import arch_profile
 from kazeia.backends.htp.l2 import L2Recorder
 from kazeia.backends.htp.msg import (
     STATUS_OK,
@@ -28,6 +29,7 @@ from kazeia.backends.htp.msg import (
     OpRecord,
     OpRunner,
     SilentListener,
+    vmem_span,
 )
 from kazeia.backends.htp.profiles import Profile
 from kazeia.backends.htp.settings import HtpSettings
@@ -58,6 +60,7 @@ class Dsp:
         self.in_fused = False  # running the later nodes of a fused op (their inputs come from inside the op)
         # fault v73-input-stale (GenieX #1429): the roots of the compute tensors the DSP itself wrote (id -> tensor)
         self.device_written: dict[int, object] = {}
+        self.mmap_max = arch_profile(settings.arch, profile.generation).mmap_max_bytes
         # timing races (fault injections only) come from here: run-dependent unless KAZEIA_HTP_RACE_SEED is set
         self.race = np.random.default_rng(settings.race_seed)
         self.injector = None  # test deaths (engine/recovery.py: DeathInjector): tick() before each op
@@ -112,6 +115,21 @@ class Dsp:
             self.in_fused = False
         return OpRecord(rec.path, status, rec.detail)
 
+    def _map_buffers(self, batch: OpBatch, op) -> None:
+        """prep_op_bufs' mappings (main.c mmap_buf): on v73 and older HAP_mmap takes at most 2 GiB a buffer and the
+        DSP aborts on a larger one (llama.cpp #21071). Only a weight buffer cut larger than that reaches it
+        (GGML_HEXAGON_MBUF above 2048); compute buffers that large are not modelled."""
+        if self.mmap_max is None:  # HAP_mmap2 (v75 and later)
+            return
+        for d in (op, *op.fused):
+            for i in (*d.src, d.dst):
+                if i is None:
+                    continue
+                _, size = vmem_span(batch.tensors[i].tensor, batch.mbuf)
+                if size > self.mmap_max:
+                    raise DspFault("abort", f"mmap failed : size {size} exceeds 2GB limit for HAP_mmap",
+                                   {"mapping_bytes": size})
+
     def process_batch(self, batch: OpBatch) -> list[int]:
         """Run every op of the batch; returns per-op statuses. Sets self.death and stops on a fault."""
         if self.death is not None:
@@ -134,6 +152,8 @@ class Dsp:
                 self.l2.op(*spans)
             listener.op_started(op, batch)
             try:
+                if self.mmap_max is not None and batch.mbuf > self.mmap_max:
+                    self._map_buffers(batch, op)
                 injected = self.injector.tick(op.node.name) if self.injector is not None else None
                 if injected:
                     raise DspFault("abort", injected)

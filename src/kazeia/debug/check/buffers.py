@@ -8,7 +8,8 @@ host packs them into buffers, and the size rules those buffers meet.
 - Packing: llama.cpp allocates a buffer type's tensors in buffers of at most `get_max_size` (GGML_HEXAGON_MBUF,
   1 GiB), cutting at tensor boundaries in file order (ggml_backend_alloc_ctx_tensors_from_buft); a tensor larger
   than that cannot be allocated at all.
-- llama.cpp #21071 (merged): on v73 and older the DSP maps a buffer with HAP_mmap, which takes at most 2 GiB
+- llama.cpp #21071 (merged; the arch profiles' `mmap_max_bytes`, which the emulated DSP applies too): on v73 and
+  older the DSP maps a buffer with HAP_mmap, which takes at most 2 GiB
   (htp/main.c: "mmap failed : size %llu exceeds 2GB limit for HAP_mmap", then abort()); with the default 1 GiB
   buffers no buffer comes near it: it applies when GGML_HEXAGON_MBUF is above 2048.
 - After 2026-10, llama.cpp #29197 lowered the largest HTP buffer to 256 MiB: #29123's thread reports Qwen3.5-4B
@@ -20,13 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kazeia.backends.htp import arch_profile
 from kazeia.gguf.reader import GGUFFile
 from kazeia.graph.tensor import GGMLType, row_size
 
 MiB = 1 << 20
 GiB = 1 << 30
-HAP_MMAP_MAX = 2 * GiB            # htp/main.c HTP_MMAP_MAX_VMEM, for __HVX_ARCH__ <= 73 (#21071)
-HAP_MMAP_MAX_ARCH = 73
 AFTER_OCTOBER_MAX = 256 * MiB     # max_bufsize after #29197 (#29123's thread)
 ALIGN = 128                       # ggml_backend_hexagon_buffer_type_get_alignment
 REPACK_TYPES = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4", "q6_k", "q4_k", "q5_k")
@@ -103,9 +103,10 @@ def buffer_lines(f: GGUFFile, generations: tuple[str, ...], archs: tuple[int, ..
         for name, size in b.too_large:
             out.append(f"    cannot load: {name} takes {size} B, more than the largest buffer ({mbuf} B): llama.cpp "
                        f"cannot allocate it")
-        old = [a for a in archs if a <= HAP_MMAP_MAX_ARCH]
+        limits = {a: arch_profile(a, gen).mmap_max_bytes for a in archs}  # the arch profiles' rule (#21071)
+        old = [a for a, lim in limits.items() if lim is not None]
         if old:
-            verdict = ("within it" if big <= HAP_MMAP_MAX else
+            verdict = ("within it" if big <= min(limits[a] for a in old) else
                        "a buffer exceeds it: the DSP aborts when it maps it ('mmap failed : size ... exceeds 2GB "
                        "limit for HAP_mmap')")
             out.append(f"    {'/'.join(f'v{a}' for a in old)}: HAP_mmap maps at most 2 GiB a buffer (llama.cpp #21071, "
