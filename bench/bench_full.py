@@ -4,6 +4,8 @@
     python bench/bench_full.py -m q4b.gguf -r 3 --skip hvx,investigate
 
 Rows, each measured in a child process (peak RSS from the child's rusage, os.wait4):
+- bench/stream.py: the CPU's vector extensions and the native kernels' target, the streaming read rate and the CPU
+  device's GEMV rate over the model's layer weights (issue 38), printed above the table;
 - llama.cpp `llama-bench -p 128 -n 16 -t T` on the same file (the peer; bench/peer.py finds it), right before and
   right after kazeia's CPU row (the ratios use their mean; the two show how much the shared machine's load moved);
 - kazeia CPU pp128 / tg16 (`kazeia bench`), HTP0 robust (HMX) and HTP0 with GGML_HEXAGON_USE_HMX=0 (HVX), HTP0
@@ -146,13 +148,32 @@ def fmt(x, unit="") -> str:
     return "-" if x is None else f"{x:.2f}{unit}"
 
 
+def stream(model: str, threads: int) -> dict:
+    """bench/stream.py in a child: the vector extensions, the streaming read (GB/s) and the CPU device's GEMV
+    (GB/s of layer weights, M = 1) measured now."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, os.path.join(here, "stream.py"), "-m", model, "-t", str(threads), "-r", "3"],
+                       capture_output=True, text=True, timeout=1800)
+    out = {"isa": "", "read_gbs": None, "gemv_gbs": None}
+    for line in r.stdout.splitlines():
+        if line.startswith("CPU flags:"):
+            out["isa"] = line
+        elif line.startswith("stream read"):
+            out["read_gbs"] = float(line.split()[2])
+        elif line.startswith("CPU GEMV"):
+            out["gemv_gbs"] = float(line.split()[2])
+    if r.returncode:
+        out["error"] = r.stderr.strip().splitlines()[-1:] or ["failed"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default=None)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repetitions", type=int, default=2)
-    ap.add_argument("--skip", default="", help="comma list of: peer, cpu, hmx, hvx, oct, ttft, investigate, "
-                    "gate, upgrade, check")
+    ap.add_argument("--skip", default="", help="comma list of: stream, peer, cpu, hmx, hvx, oct, ttft, "
+                    "investigate, gate, upgrade, check")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the CPU, robust and 2026-10 rows this many times, interleaved (cpu, robust, 2026-10, "
                          "cpu, ...), and report each figure's median and every round's HTP/CPU ratios: on a shared "
@@ -165,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"model": model, "gguf_gib": gguf_gib, "threads": a.threads, "load_before": os.getloadavg()[0]}
     exe = None if "peer" in skip else find_tool("llama-bench")
     res["peer"] = exe
+    if "stream" not in skip:  # issue 38: the ISA, the streaming read and the CPU device's GEMV rate, this run
+        res["stream"] = stream(model, a.threads)
+        progress("stream", res["stream"])
     def peer() -> dict:
         pr = llama_bench(exe, model, [128], [16], a.threads, a.repetitions)
         return {**{k: statistics.fmean(v) for k, v in pr.items()}, "load": os.getloadavg()[0]}
@@ -244,6 +268,12 @@ def report(res: dict) -> None:
     ll, cpu, hmx, hvx = res.get("llama", {}), res.get("cpu", {}), res.get("hmx", {}), res.get("hvx", {})
     print(f"model {res['model']} ({res['gguf_gib']:.2f} GiB), {res['threads']} threads; "
           f"peer: {res['peer'] or 'not available'}; load average {res['load_before']:.2f} -> {res['load_after']:.2f}")
+    st = res.get("stream")
+    if st:
+        print(st["isa"])
+        if st.get("read_gbs") and st.get("gemv_gbs"):
+            print(f"streaming read {st['read_gbs']:.1f} GB/s; kazeia CPU GEMV {st['gemv_gbs']:.1f} GB/s of layer "
+                  f"weights ({st['gemv_gbs'] / st['read_gbs']:.0%} of it; issue 38's target 85%)")
     print()
     print("| run | pp128 t/s | tg16 t/s | modeled pp / tg t/s | peak RSS GiB | 1-min load after |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

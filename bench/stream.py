@@ -1,0 +1,104 @@
+"""This machine's streaming bandwidth, measured now, beside the GEMV bandwidth of kazeia's CPU device (issue 38).
+
+    python bench/stream.py [-m qwen3-4b-q4_0.gguf] [-t 2] [-r 5] [--mib 1024]
+
+- read: every byte of a buffer far larger than the caches read once by T threads (a native kernel sums it as
+  <4 x i64> lanes, so no load can be dropped), best of R passes: the rate a decode's weight stream cannot beat;
+- copy: numpy's copyto of the same buffer (one thread; read plus write bytes);
+- GEMV: with -m, the CPU device's decode GEMV (`backends/cpu/qmatmul.weight_matmul`, M = 1, its activation
+  quantization included) over every layer weight of the model, in file order, at T threads: the weight bytes it
+  streams per second, and that as a share of the read rate.
+
+It also prints the vector extensions the CPU has and those the native kernels are compiled for (the host's LLVM
+features). Timings on a shared machine move between runs: the ratios are those of this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+
+import numpy as np
+
+from kazeia.native.compile import available, host_has
+from kazeia.native.stream import read_gbs
+from kazeia.native.threads import set_threads, threads
+
+ISA = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni")
+
+
+def isa_line() -> str:
+    try:
+        flags = next(ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = []
+    cpu = " ".join(f for f in ISA if f.replace("avx512vnni", "avx512_vnni") in flags or f in flags)
+    llvm = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni")
+                    if host_has(f))
+    return f"CPU flags: {cpu or '?'}; the native kernels are compiled for: {llvm or 'the portable twins'}"
+
+
+def copy_gbs(buf: np.ndarray, reps: int) -> float:
+    dst = np.empty_like(buf)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.copyto(dst, buf)
+        best = min(best, time.perf_counter() - t)
+    return 2 * buf.nbytes / best / 1e9
+
+
+LAYER_WEIGHT = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+
+
+def gemv_gbs(model: str, reps: int) -> tuple[float, int, float]:
+    """(GB/s, bytes, seconds a pass) of the CPU device's M = 1 GEMV over every layer weight of `model`."""
+    from kazeia.backends.cpu.qmatmul import weight_matmul
+    from kazeia.gguf.reader import load_gguf
+
+    f = load_gguf(model)
+    ws = []
+    for name, t in f.tensors.items():
+        if LAYER_WEIGHT.search(name):
+            k, n = t.ne[0], t.ne[1]
+            ws.append((f.data[t.offset:t.offset + t.nbytes].reshape(n, -1), t.type, k))
+    rng = np.random.default_rng(0)
+    xs = {k: rng.standard_normal((1, k)).astype(np.float32) for _, _, k in ws}
+    outs = {id(raw): np.empty((1, raw.shape[0]), dtype=np.float32) for raw, _, _ in ws}
+    total = sum(raw.nbytes for raw, _, _ in ws)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        for raw, qtype, k in ws:
+            weight_matmul(raw, qtype, k, xs[k], outs[id(raw)])
+        best = min(best, time.perf_counter() - t)
+    return total / best / 1e9, total, best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", help="a GGUF whose layer weights the GEMV row streams (e.g. the 36-layer "
+                                          "Qwen3-4B-shaped Q4_0)")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--reps", type=int, default=5)
+    ap.add_argument("--mib", type=int, default=1024, help="the streamed buffer (MiB), far past the caches")
+    args = ap.parse_args()
+    set_threads(args.threads)
+    print(isa_line())
+    if not available():
+        print("native kernels not available here (KAZEIA_SIMD=0 or no AVX2): no read rate")
+        return
+    buf = np.ones(args.mib << 20, dtype=np.uint8)  # touched: every page is there before the timing
+    read = read_gbs(buf, args.reps)
+    print(f"stream read  {read:6.1f} GB/s  ({threads()} threads, {args.mib} MiB, best of {args.reps})")
+    print(f"stream copy  {copy_gbs(buf, args.reps):6.1f} GB/s  (numpy copyto, one thread, read + write)")
+    del buf
+    if args.model:
+        gbs, total, sec = gemv_gbs(args.model, args.reps)
+        print(f"CPU GEMV     {gbs:6.1f} GB/s  ({total / 1e9:.2f} GB of layer weights in {sec * 1e3:.1f} ms, M = 1, "
+              f"{threads()} threads): {gbs / read:.0%} of the read rate")
+
+
+if __name__ == "__main__":
+    main()
