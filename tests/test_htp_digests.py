@@ -5,8 +5,9 @@
 and off) with `kazeia run --dump '.*'` and compares a sha256 over every op's output blob with the digests
 committed in tests/data/htp_digests.json. Another machine (another CPU family, BLAS, thread count) running this
 test checks the same bits. `test_host_switches_leave_the_bits` reruns a subset under -t 1/2/3, OPENBLAS_CORETYPE,
-OPENBLAS_NUM_THREADS=1, KAZEIA_SIMD=0, KAZEIA_NO_BIND=1 and numpy's SIMD dispatch lowered to the x86-64 baseline
-(NPY_DISABLE_CPU_FEATURES, as on a host without AVX2), and requires identical digests.
+OPENBLAS_NUM_THREADS=1, KAZEIA_SIMD=0, KAZEIA_NO_BIND=1, KAZEIA_ISA=avx2 (the kernels as an AVX2-only host
+compiles them) and numpy's SIMD dispatch lowered to the x86-64 baseline (NPY_DISABLE_CPU_FEATURES, as on a host
+without AVX2), and requires identical digests.
 
 The models are made by `kazeia make-model` from fixed seeds. To record the digests after a deliberate change of the
 device model's numerics: RECORD_HTP_DIGESTS=1 pytest tests/test_htp_digests.py -k travel (and say so in the
@@ -84,6 +85,7 @@ SWITCHES = {  # name -> (environment, run arguments)
     "OPENBLAS_NUM_THREADS=1": ({"OPENBLAS_NUM_THREADS": "1"}, []),
     "KAZEIA_SIMD=0": ({"KAZEIA_SIMD": "0"}, []),
     "KAZEIA_NO_BIND=1": ({"KAZEIA_NO_BIND": "1"}, []),
+    "KAZEIA_ISA=avx2": ({"KAZEIA_ISA": "avx2"}, []),  # the kernels as an AVX2-only host compiles them
     "numpy baseline SIMD": ({"NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR"}, []),
 }
 

@@ -9,6 +9,7 @@ same for the GGML_HEXAGON_* switches of one HTP session).
 | KAZEIA_GATE_CACHE | where `gate --auto` keeps validated policies | ~/.cache/kazeia/gates |
 | KAZEIA_CPU_NODE_RANGE | default of --cpu-node-range (set by `bisect ops` for its --check commands) | none |
 | KAZEIA_NO_BIND | 1: every "bind once, replay" layer runs its general path (the oracle of the bound ones) | 0 |
+| KAZEIA_ISA | what the native kernels are compiled for: `native` (the host's) or `avx2` (AVX-512 off) | native |
 
 A bad value is one line naming the variable. `get()` reads the environment on first use (inside the command's
 error handling, so a bad value never becomes a traceback) and keeps it; `reload()` reads it again (tests).
@@ -31,6 +32,7 @@ class Settings:
     gate_cache: str | None = None
     cpu_node_range: str | None = None
     no_bind: bool = False
+    isa: str = "native"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -39,7 +41,19 @@ class Settings:
                    weight_cache_mb=_mib(env, "KAZEIA_WEIGHT_CACHE_MB", 768.0),
                    gate_cache=env.get("KAZEIA_GATE_CACHE") or None,
                    cpu_node_range=env.get("KAZEIA_CPU_NODE_RANGE") or None,
-                   no_bind=_flag(env, "KAZEIA_NO_BIND", False))
+                   no_bind=_flag(env, "KAZEIA_NO_BIND", False), isa=_choice(env, "KAZEIA_ISA", ISAS))
+
+
+ISAS = ("native", "avx2")  # the first: the default
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return choices[0]
+    if raw not in choices:
+        raise KazeiaError(f"{name}={raw[:40]!r} must be one of {', '.join(choices)}")
+    return raw
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:

@@ -36,6 +36,7 @@ from pathlib import Path
 from kazeia import settings
 
 NEEDED = ("avx2", "fma", "f16c")
+NOT_AVX2 = ("avx512", "avxvnni", "avxifma", "avxneconvert", "amx", "avx10", "evex512")  # KAZEIA_ISA=avx2 turns off
 # "large": every reference to a constant, another section or a process symbol is a 64-bit absolute address.
 # With the small model a rip-relative 32-bit offset must reach them, and the JIT's memory manager may place a
 # library's sections (or libc) more than 2 GB apart once a multi-GB GGUF is mapped: LLVM then aborts the
@@ -57,6 +58,8 @@ def _host_features() -> dict[str, bool]:
             import llvmlite.binding as llvm
 
             _features = {k: bool(v) for k, v in llvm.get_host_cpu_features().items()}
+            if settings.get().isa == "avx2":  # KAZEIA_ISA=avx2: what an AVX2-only host compiles, on this one
+                _features = {k: v and not k.startswith(NOT_AVX2) for k, v in _features.items()}
         except Exception:  # noqa: BLE001 - no llvmlite / unknown host: the portable path
             _features = {}
     return _features
@@ -150,8 +153,13 @@ def _source_digest(module: str) -> str:
     h.update(llvmlite.__version__.encode())
     h.update(CODE_MODEL.encode())
     h.update(llvm.get_host_cpu_name().encode())
-    h.update(llvm.get_host_cpu_features().flatten().encode())
+    h.update(_feature_string().encode())
     return h.hexdigest()[:24]
+
+
+def _feature_string() -> str:
+    """The features the kernels are compiled with: the host's, less what KAZEIA_ISA turns off."""
+    return ",".join(("+" if v else "-") + k for k, v in sorted(_host_features().items()))
 
 
 # --- compile and link ---------------------------------------------------------------------------------------
@@ -162,7 +170,7 @@ def _target_machine():
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     target = llvm.Target.from_default_triple()
-    return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
+    return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=_feature_string(),
                                         opt=3, reloc="pic", codemodel=CODE_MODEL)
 
 
