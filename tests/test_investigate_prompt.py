@@ -33,6 +33,7 @@ def test_names_a_prompt_independent_output_not_a_non_finite_one(q4b2, tmp_path):
     assert inv.fault_found and "The output is prompt-independent" in inv.verdict, inv.verdict
     assert _hyp(inv, "prompt-independent output").status == "confirmed"
     assert "not finite" not in inv.verdict
+    assert "no gate by op kind was validated here; the CPU (-dev CPU) computes it" in inv.verdict
     # the same arch without the fault: the output follows the prompt (and nothing is wrong)
     clean = investigate(spec.with_(faults=[]), str(tmp_path / "b"), progress=lambda _: None)
     assert not clean.fault_found and "prompt-independent" not in clean.verdict

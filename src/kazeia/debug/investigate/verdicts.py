@@ -36,6 +36,10 @@ def _with_gate(cx: Context, parts: list[str]) -> str:
     if g:
         checked = "validated by a rerun" if g.get("validated") else "NOT validated"
         parts = [*parts, f"Gate: {g['description'].split('. ')[0]} ({checked})."]
+    pd = cx.findings.prompt_dependence
+    if pd is not None and pd[0] and not (g and g.get("validated")):
+        parts = [*parts, "An output that ignores the prompt points at what reaches the device rather than at one op: "
+                         "no gate by op kind was validated here; the CPU (-dev CPU) computes it."]
     return " ".join(parts)
 
 
