@@ -14,6 +14,7 @@ import pytest
 
 from kazeia.backends import libm
 from kazeia.backends.htp.kernels.expf import DSP_MATH, exp_f32
+from kazeia.native.compile import portable_only
 
 RNG = np.random.default_rng(34)
 WIDE = np.concatenate([RNG.standard_normal(20000) * 30, RNG.uniform(-700, 700, 20000),
@@ -63,6 +64,15 @@ def test_special_values():
         assert np.isnan(libm.log(np.array([-1.0, np.nan]))).all() and np.isnan(libm.tanh(np.array([np.nan]))).all()
     with pytest.raises(ValueError):
         libm.power(-2.0, np.ones(2))
+
+
+def test_the_native_tanh_gives_the_rule_s_bits():
+    x = np.concatenate([RNG.standard_normal(300_001) * 3, RNG.standard_normal(5000) * 1e-4, RNG.uniform(-30, 30, 5000),
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 22.0, -22.0, 0.25, 1e-30, -1e-40]]).astype(np.float32)
+    want = libm.f32(libm.tanh, x).view(np.uint32)
+    assert np.array_equal(DSP_MATH.tanh(x).view(np.uint32), want)
+    with portable_only():
+        assert np.array_equal(DSP_MATH.tanh(x).view(np.uint32), want)
 
 
 def test_the_dsp_math_keeps_its_float32_exp_rule():

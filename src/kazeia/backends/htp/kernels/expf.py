@@ -18,6 +18,7 @@ import math
 import numpy as np
 from llvmlite import ir
 
+from kazeia.backends import libm
 from kazeia.backends.libm import OwnedMath
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library, available
@@ -126,9 +127,72 @@ def _swiglu_kernel(module: ir.Module) -> None:
     k.ret()
 
 
+def _horner4(k: Kernel, z: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
+    b = k.b
+    p = splat(V4F64, coeffs[0])
+    for c in coeffs[1:]:
+        p = b.fadd(b.fmul(p, z), splat(V4F64, c))
+    return p
+
+
+def tanh4(k: Kernel, x: ir.Value) -> ir.Value:
+    """<4 x double> (float32 values, no NaN) -> backends/libm.tanh's value, its steps in its order: a = min(|x|, 22),
+    em1 = expm1(2a) (Taylor below 0.5, else libm.exp's rule minus 1), em1 / (em1 + 2), 1 from 22 on, x's sign."""
+    b = k.b
+    a = k.call("llvm.fabs.v4f64", V4F64, x)
+    a = b.select(b.fcmp_ordered(">", a, splat(V4F64, 22.0)), splat(V4F64, 22.0), a)
+    t = b.fmul(splat(V4F64, 2.0), a)
+    small = b.fcmp_ordered("<", t, splat(V4F64, 0.5))
+    series = b.fmul(t, _horner4(k, t, libm.EXPM1_COEFFS))
+    n = k.call("llvm.rint.v4f64", V4F64, b.fmul(t, splat(V4F64, libm.LOG2E)))
+    r = b.fsub(b.fadd(b.fsub(t, b.fmul(n, splat(V4F64, libm.LN2_HI))), splat(V4F64, 0.0)),
+               b.fmul(n, splat(V4F64, libm.LN2_LO)))
+    e = b.shl(b.add(b.fptosi(n, V4I64), splat(V4I64, 1023)), splat(V4I64, 52))
+    big = b.fsub(b.fmul(_horner4(k, r, libm.EXP_COEFFS), b.bitcast(e, V4F64)), splat(V4F64, 1.0))
+    em1 = b.select(small, series, big)
+    th = b.fdiv(em1, b.fadd(em1, splat(V4F64, 2.0)))
+    th = b.select(b.fcmp_ordered(">=", a, splat(V4F64, 22.0)), splat(V4F64, 1.0), th)
+    return k.call("llvm.copysign.v4f64", V4F64, th, x)
+
+
+def _tanh_kernel(module: ir.Module) -> None:
+    """tanh_f32(x, y, n, r0, r1): y[i] = float32(libm.tanh(x[i])) for i in [ROW*r0, min(ROW*r1, n)); NaN stays."""
+    k = Kernel(module, "tanh_f32", [("x", ptr(F32)), ("y", ptr(F32)), ("n", I64), ("r0", I64), ("r1", I64)],
+               noalias=False)
+    b, a = k.b, k.a
+    lo = b.mul(a.r0, i64(ROW))
+    hi = b.mul(a.r1, i64(ROW))
+    hi = b.select(b.icmp_signed("<", hi, a.n), hi, a.n)
+    hi4 = b.add(lo, b.mul(b.sdiv(b.sub(hi, lo), i64(4)), i64(4)))
+    v4f32 = vec(F32, 4)
+
+    def one(x: ir.Value) -> ir.Value:
+        nan = b.fcmp_unordered("uno", x, x)
+        y = b.fptrunc(tanh4(k, b.fpext(b.select(nan, ir.Constant(v4f32, [0.0] * 4), x), V4F64)), v4f32)
+        return b.select(nan, x, y)
+
+    with k.loop(lo, hi4, 4, name="i") as i:
+        k.store_vec(one(k.load_vec(a.x, v4f32, i)), a.y, i)
+    with k.loop(hi4, hi, name="t") as i:
+        x4 = k.broadcast(k.load(a.x, i), 4)
+        k.store(b.extract_element(one(x4), ir.Constant(ir.IntType(32), 0)), a.y, i)
+    k.ret()
+
+
 LIB = Library(__name__, "kazeia_htp_expf")
 EXP = LIB.kernel("exp_f32", _exp_kernel, par=True)
 SWIGLU = LIB.kernel("swiglu_f32", _swiglu_kernel, par=True)
+TANH = LIB.kernel("tanh_f32", _tanh_kernel, par=True)
+
+
+def tanh_f32(x: np.ndarray) -> np.ndarray:
+    """float32(libm.tanh(x)) of a float32 array by the native kernel, or libm's numpy statement without it."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if not available() or x.size == 0:
+        return libm.f32(libm.tanh, x)
+    y = np.empty(x.shape, dtype=np.float32)
+    run_rows(TANH, (addr(x), addr(y), x.size), -(-x.size // ROW), 16, x.size >= PARALLEL_MIN_ELEMS)
+    return y
 
 
 def swiglu_f32(a: np.ndarray, g: np.ndarray, out: np.ndarray, linger: bool = False) -> bool:
@@ -201,11 +265,16 @@ def exp_rule_numpy(x: np.ndarray) -> np.ndarray:
 
 
 class DspMath(OwnedMath):
-    """The device model's transcendental functions: backends/libm.py's rules, float32's exp by this module's."""
+    """The device model's transcendental functions: backends/libm.py's rules (float32's tanh by its native kernel,
+    the same bits), float32's exp by this module's."""
 
     def exp(self, x) -> np.ndarray:
         x = np.asarray(x)
         return exp_f32(x) if x.dtype == np.float32 else super().exp(x)
+
+    def tanh(self, x) -> np.ndarray:
+        x = np.asarray(x)
+        return tanh_f32(x) if x.dtype == np.float32 else super().tanh(x)
 
 
 DSP_MATH = DspMath()
