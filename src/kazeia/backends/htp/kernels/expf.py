@@ -60,14 +60,20 @@ def exp8(k: Kernel, x: ir.Value) -> ir.Value:
     return k.shuffle(halves[0], halves[1], list(range(8)))
 
 
-def _exp_kernel(module: ir.Module) -> None:
-    """exp_f32(x, y, n, r0, r1): y[i] = exp(x[i]) by the rule for i in [ROW*r0, min(ROW*r1, n)) (x == y allowed)."""
-    k = Kernel(module, "exp_f32", [("x", ptr(F32)), ("y", ptr(F32)), ("n", I64), ("r0", I64), ("r1", I64)],
+def _elementwise(module: ir.Module, name: str) -> tuple[Kernel, ir.Value, ir.Value]:
+    """A kernel name(x, y, n, r0, r1) over float32 elements [ROW*r0, min(ROW*r1, n)) (x == y allowed): it, and that
+    range's ends."""
+    k = Kernel(module, name, [("x", ptr(F32)), ("y", ptr(F32)), ("n", I64), ("r0", I64), ("r1", I64)],
                noalias=False)
     b, a = k.b, k.a
-    lo = b.mul(a.r0, i64(ROW))
     hi = b.mul(a.r1, i64(ROW))
-    hi = b.select(b.icmp_signed("<", hi, a.n), hi, a.n)
+    return k, b.mul(a.r0, i64(ROW)), b.select(b.icmp_signed("<", hi, a.n), hi, a.n)
+
+
+def _exp_kernel(module: ir.Module) -> None:
+    """exp_f32(x, y, n, r0, r1): y[i] = exp(x[i]) by the rule for i in [ROW*r0, min(ROW*r1, n)) (x == y allowed)."""
+    k, lo, hi = _elementwise(module, "exp_f32")
+    b, a = k.b, k.a
     span = b.sub(hi, lo)
     hi8 = b.add(lo, b.mul(b.sdiv(span, i64(8)), i64(8)))
     hi32 = b.add(lo, b.mul(b.sdiv(span, i64(UNROLL * 8)), i64(UNROLL * 8)))
@@ -157,12 +163,8 @@ def tanh4(k: Kernel, x: ir.Value) -> ir.Value:
 
 def _tanh_kernel(module: ir.Module) -> None:
     """tanh_f32(x, y, n, r0, r1): y[i] = float32(libm.tanh(x[i])) for i in [ROW*r0, min(ROW*r1, n)); NaN stays."""
-    k = Kernel(module, "tanh_f32", [("x", ptr(F32)), ("y", ptr(F32)), ("n", I64), ("r0", I64), ("r1", I64)],
-               noalias=False)
+    k, lo, hi = _elementwise(module, "tanh_f32")
     b, a = k.b, k.a
-    lo = b.mul(a.r0, i64(ROW))
-    hi = b.mul(a.r1, i64(ROW))
-    hi = b.select(b.icmp_signed("<", hi, a.n), hi, a.n)
     hi4 = b.add(lo, b.mul(b.sdiv(b.sub(hi, lo), i64(4)), i64(4)))
     v4f32 = vec(F32, 4)
 
