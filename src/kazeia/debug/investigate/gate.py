@@ -4,7 +4,7 @@ run must complete and its logits must pass the judge against the CPU reference."
 from __future__ import annotations
 
 from kazeia.backends.htp import MAX_SRC1_ROWS
-from kazeia.debug.investigate.common import cpu_nodes_spec, rerun
+from kazeia.debug.investigate.common import cpu_nodes_spec, cpu_ops_spec, rerun
 from kazeia.debug.investigate.facts import OpPlan, dies
 from kazeia.debug.investigate.table import Context, StepDef
 from kazeia.debug.investigate.vtcm import failing_ranges, m_limit, runs
@@ -75,7 +75,7 @@ def numeric_gate(cx: Context) -> tuple[str, str]:
     spec = cpu_nodes_spec(cx, same)
     what = f"the {len(same)} {first.op} node{'s' if len(same) > 1 else ''} that ran on {first.backend}/{first.path}"
     if len(spec.cpu_nodes) > MAX_PATTERN:  # a node list past kazeia's own regex limit: the class rule instead
-        spec = cx.spec.with_(cpu_ops=first.op)
+        spec = cpu_ops_spec(cx, first.op)  # (beside the user's own --cpu-ops)
         what = (f"every {first.op} node (a class rule: a list of its {len(same)} nodes would exceed the "
                 f"{MAX_PATTERN} characters of --cpu-nodes)")
     ok = validate(cx, spec, f"route {what} to the CPU")
