@@ -7,17 +7,19 @@ from __future__ import annotations
 import pytest
 
 from cli_utils import kazeia_clean
-from kazeia.debug.check.buffers import AFTER_OCTOBER_MAX, alloc_size, weight_buffers
+from kazeia.backends.htp import alloc_size
+from kazeia.debug.check.buffers import AFTER_OCTOBER_MAX, weight_buffers
 from kazeia.gguf.reader import load_gguf
+from kazeia.graph.tensor import GGMLType as T
 
 
 def test_the_tiled_q6k_output_is_the_buffer_the_thread_reports():
     # Qwen3.5-4B's Q6_K output.weight (2560 x 248320): "buffer size 556236800 exceeds max_bufsize 268435456"
-    assert alloc_size("q6_k", (2560, 248320, 1, 1), 521_472_000, "2026-10") == 556_236_800
-    assert alloc_size("q6_k", (2560, 248320, 1, 1), 521_472_000, "2026-05") == 521_472_000  # May: ggml's bytes
-    assert alloc_size("q4_0", (2560, 9728, 1, 1), 14_008_320, "2026-10") == 14_008_320     # same as the blocks
-    assert alloc_size("q4_0", (2500, 100, 1, 1), 140_800, "2026-10") == 2528 // 32 * 18 * 128  # K, N up to 32
-    assert alloc_size("f16", (2560, 100, 1, 1), 512_000, "2026-10") == 512_000
+    assert alloc_size(T.Q6_K, (2560, 248320, 1, 1), 521_472_000, "2026-10") == 556_236_800
+    assert alloc_size(T.Q6_K, (2560, 248320, 1, 1), 521_472_000, "2026-05") == 521_472_000  # May: ggml's bytes
+    assert alloc_size(T.Q4_0, (2560, 9728, 1, 1), 14_008_320, "2026-10") == 14_008_320     # same as the blocks
+    assert alloc_size(T.Q4_0, (2500, 100, 1, 1), 140_800, "2026-10") == 2528 // 32 * 18 * 128  # K, N up to 32
+    assert alloc_size(T.F16, (2560, 100, 1, 1), 512_000, "2026-10") == 512_000
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ _FACE = {
     "kazeia.backends.htp.host.support": ("K_QUANTS", "MAX_SRC1_ROWS", "MAX_WEIGHT_ROWS", "OCTOBER_QUANT_TYPES",
                                          "supports_op"),
     "kazeia.backends.htp.host.repack": ("RepackedWeight",),
+    "kazeia.backends.htp.host.buffer_type": ("BUFFER_ALIGN", "alloc_size"),
     "kazeia.backends.htp.vtcm.matmul.record": ("MatmulPlan", "QTYPES"),
     "kazeia.backends.htp.vtcm.matmul.dispatch": ("matmul_node", "plan_for_node", "plan_matmul", "src_layout"),
     "kazeia.backends.htp.cost": ("DEFAULT", "PHONE_CPU", "CostModel", "graph_seconds", "hmx_matmul_seconds",
@@ -70,6 +71,7 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
         op_seconds,
     )
     from kazeia.backends.htp.gates import VtcmPlanGate
+    from kazeia.backends.htp.host.buffer_type import BUFFER_ALIGN, alloc_size
     from kazeia.backends.htp.host.repack import RepackedWeight
     from kazeia.backends.htp.host.support import (
         K_QUANTS,

@@ -1,10 +1,9 @@
 """The weights' HTP buffers at load time, from the header: what each weight takes in the HTP buffer type, how the
 host packs them into buffers, and the size rules those buffers meet.
 
-- Size of a weight: October's `ggml_backend_hexagon_buffer_type_get_alloc_size` (ggml-hexagon.cpp): the repack types
-  (Q4_0, Q4_1, Q8_0, IQ4_NL, MXFP4, Q6_K, Q4_K, Q5_K) in their tiled rows, K and N rounded up to 32 (Q6_K / Q4_K /
-  Q5_K tiles keep their scales unpacked: 28 / 20 / 24 bytes per 32 values); anything else ggml_nbytes. May's code
-  keeps ggml's sizes (its repack keeps the blocks' bytes).
+- Size of a weight: the HTP buffer type's (`backends/htp/host/buffer_type.alloc_size`, October's
+  `ggml_backend_hexagon_buffer_type_get_alloc_size`: the repack types in their tiled rows, K and N rounded up to 32);
+  May's code keeps ggml's sizes.
 - Packing: llama.cpp allocates a buffer type's tensors in buffers of at most `get_max_size` (GGML_HEXAGON_MBUF,
   1 GiB), cutting at tensor boundaries in file order (ggml_backend_alloc_ctx_tensors_from_buft); a tensor larger
   than that cannot be allocated at all.
@@ -21,64 +20,51 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kazeia.backends.htp import arch_profile
+from kazeia.backends.htp import BUFFER_ALIGN, alloc_size, arch_profile
 from kazeia.gguf.reader import GGUFFile
-from kazeia.graph.tensor import GGMLType, row_size
 
 MiB = 1 << 20
-GiB = 1 << 30
 AFTER_OCTOBER_MAX = 256 * MiB     # max_bufsize after #29197 (#29123's thread)
-ALIGN = 128                       # ggml_backend_hexagon_buffer_type_get_alignment
-REPACK_TYPES = ("q4_0", "q4_1", "q8_0", "iq4_nl", "mxfp4", "q6_k", "q4_k", "q5_k")
-TILED_BYTES_PER_32 = {"q6_k": 896 // 32, "q4_k": 640 // 32, "q5_k": 768 // 32}  # HTP_MM_WEIGHT_TILE_SIZE_* / 32
 
 
 @dataclass(frozen=True)
 class Buffers:
-    """The weights' HTP buffers under one version and buffer cap, and the largest tensors."""
+    """The weights' HTP buffers under one buffer cap, from every device tensor's bytes in the buffer type."""
 
-    generation: str
-    cap: int                          # the largest buffer (get_max_size)
-    sizes: tuple[int, ...]            # the buffers, in allocation order
-    too_large: tuple[tuple[str, int], ...]   # tensors larger than `cap`: they cannot be allocated
-    largest: tuple[str, int]          # the largest tensor and its bytes
-    tensor_sizes: tuple[tuple[str, int], ...] = ()   # every device tensor's bytes in the buffer type
+    cap: int                                   # the largest buffer (get_max_size)
+    sizes: tuple[int, ...]                     # the buffers, in allocation order
+    tensor_sizes: tuple[tuple[str, int], ...]  # (name, bytes) of every device tensor, in file order
 
     def over(self, limit: int) -> tuple[tuple[str, int], ...]:
         """The tensors larger than `limit` bytes."""
         return tuple((n, b) for n, b in self.tensor_sizes if b > limit)
 
+    @property
+    def too_large(self) -> tuple[tuple[str, int], ...]:
+        """The tensors no buffer can hold: llama.cpp cannot allocate them."""
+        return self.over(self.cap)
 
-def alloc_size(qtype: str, ne: tuple[int, ...], nbytes: int, generation: str) -> int:
-    """The bytes one weight takes in the HTP buffer type under `generation`."""
-    if generation != "2026-10" or qtype not in REPACK_TYPES:
-        return nbytes
-    k, n = -(-ne[0] // 32) * 32, -(-ne[1] // 32) * 32
-    rest = 1
-    for d in ne[2:]:
-        rest *= d
-    per_row = (k // 32 * TILED_BYTES_PER_32[qtype] if qtype in TILED_BYTES_PER_32
-               else row_size(GGMLType[qtype.upper()], k))
-    return per_row * n * rest
+    @property
+    def largest(self) -> tuple[str, int]:
+        return max(self.tensor_sizes, key=lambda s: s[1], default=("-", 0))
 
 
-def device_tensors(f: GGUFFile) -> list[tuple[str, str, tuple[int, ...], int]]:
-    """(name, type, ne, bytes) of the tensors a full offload puts on the HTP: every tensor but the token embeddings
-    (the CPU's GET_ROWS), and a tied lm_head's copy of them (check/weights.py counts the same)."""
-    out = [(n, t.type.name.lower(), tuple(t.ne), t.nbytes) for n, t in f.tensors.items()
-           if not n.startswith("token_embd")]
+def device_tensors(f: GGUFFile) -> list[tuple[str, object]]:
+    """(name, tensor info) of the tensors a full offload puts on the HTP: every tensor but the token embeddings (the
+    CPU's GET_ROWS), and a tied lm_head's copy of them (check/weights.py counts the same)."""
+    out = [(n, t) for n, t in f.tensors.items() if not n.startswith("token_embd")]
     emb = f.tensors.get("token_embd.weight")
     if "output.weight" not in f.tensors and emb is not None and emb.ne[1] > 1:
-        out.append(("output.weight (tied: token_embd.weight)", emb.type.name.lower(), tuple(emb.ne), emb.nbytes))
+        out.append(("output.weight (tied: token_embd.weight)", emb))
     return out
 
 
 def weight_buffers(f: GGUFFile, generation: str, cap: int) -> Buffers:
     """The HTP buffers of the device's weights under `generation` with buffers of at most `cap` bytes."""
-    sizes = [(n, alloc_size(q, ne, b, generation)) for n, q, ne, b in device_tensors(f)]
+    sizes = [(n, alloc_size(t.type, tuple(t.ne), t.nbytes, generation)) for n, t in device_tensors(f)]
     bufs, cur = [], 0
     for _, b in sizes:
-        b = -(-b // ALIGN) * ALIGN
+        b = -(-b // BUFFER_ALIGN) * BUFFER_ALIGN
         if b > cap:
             continue
         if cur and cur + b > cap:
@@ -87,8 +73,7 @@ def weight_buffers(f: GGUFFile, generation: str, cap: int) -> Buffers:
         cur += b
     if cur:
         bufs.append(cur)
-    largest = max(sizes, key=lambda s: s[1]) if sizes else ("-", 0)
-    return Buffers(generation, cap, tuple(bufs), tuple(s for s in sizes if s[1] > cap), largest, tuple(sizes))
+    return Buffers(cap, tuple(bufs), tuple(sizes))
 
 
 def buffer_lines(f: GGUFFile, generations: tuple[str, ...], archs: tuple[int, ...], mbuf: int) -> list[str]:
@@ -111,8 +96,7 @@ def buffer_lines(f: GGUFFile, generations: tuple[str, ...], archs: tuple[int, ..
                        "limit for HAP_mmap')")
             out.append(f"    {'/'.join(f'v{a}' for a in old)}: HAP_mmap maps at most 2 GiB a buffer (llama.cpp #21071, "
                        f"htp/main.c): largest buffer {big / MiB:.1f} MiB, {verdict}")
-    b = weight_buffers(f, "2026-10", AFTER_OCTOBER_MAX)
-    over = b.over(AFTER_OCTOBER_MAX)
+    over = weight_buffers(f, "2026-10", AFTER_OCTOBER_MAX).too_large
     if over:
         names = ", ".join(f"{n} ({s} B)" for n, s in over[:4]) + (f" +{len(over) - 4}" if len(over) > 4 else "")
         out.append(f"  after 2026-10: llama.cpp #29197 lowered the largest HTP buffer to 256 MiB (a later upstream "

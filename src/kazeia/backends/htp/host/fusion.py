@@ -19,6 +19,7 @@ the fused RMS_NORM+MUL params (kazeia's unary layouts are May's).
 
 from __future__ import annotations
 
+from kazeia.backends.htp.host.buffer_type import REPACK
 from kazeia.backends.htp.msg import MAX_INPUTS, OpBatch, OpDesc
 from kazeia.backends.htp.settings import HtpSettings
 from kazeia.backends.htp.vtcm.matmul import hmx_2026_10 as hmx
@@ -28,8 +29,6 @@ from kazeia.backends.htp.vtcm.matmul.record import norm_qtype
 from kazeia.graph.tensor import GGMLType, Tensor, TFlag
 
 MAX_OUTPUTS = 4  # HTP_OP_MAX_OUTPUTS
-REPACK = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.Q4_K,
-          GGMLType.Q5_K, GGMLType.Q6_K)  # ggml_hexagon_is_repack_type
 
 
 def fuseable_nodes(nodes: list[Tensor]) -> set[Tensor]:
