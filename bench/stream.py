@@ -25,17 +25,20 @@ from kazeia.native.compile import available, host_has
 from kazeia.native.stream import read_gbs
 from kazeia.native.threads import set_threads, threads
 
-ISA = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni")
+ISA = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni")  # LLVM's feature names
+CPUINFO_NAME = {"avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni"}  # where /proc/cpuinfo spells them otherwise
 
 
 def isa_line() -> str:
+    """The vector extensions the CPU reports (/proc/cpuinfo) and those the native kernels are compiled for (LLVM's
+    names; KAZEIA_ISA=avx2 turns the AVX-512 ones off)."""
     try:
-        flags = next(ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags"))
+        with open("/proc/cpuinfo") as f:
+            flags = next(ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags"))
     except (OSError, StopIteration):
         flags = []
-    cpu = " ".join(f for f in ISA if f.replace("avx512vnni", "avx512_vnni") in flags or f in flags)
-    llvm = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni")
-                    if host_has(f))
+    cpu = " ".join(f for f in ISA if CPUINFO_NAME.get(f, f) in flags)
+    llvm = " ".join(f for f in ISA if host_has(f))
     return f"CPU flags: {cpu or '?'}; the native kernels are compiled for: {llvm or 'the portable twins'}"
 
 
