@@ -149,6 +149,9 @@ class DeterminismReport:
     logits_groups: dict[str, list[int]] = field(default_factory=dict)
     signatures: list[str] = field(default_factory=list)  # per run: "ok" or how it failed
     spec: str = ""
+    # the prompt's first greedy token -> runs giving it ("non-finite": logits with NaN or inf)
+    first_tokens: dict[str, list[int]] = field(default_factory=dict)
+    mechanism: str | None = None  # the modelled mechanism the runs' differences follow, when the evidence fits
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -173,8 +176,52 @@ def _nonfinite_note(runs: list[HashedRun]) -> str:
     return f" (but {int((~np.isfinite(a)).sum())} of {a.size} logits are NaN/inf)"
 
 
-def compare_runs(runs: list[HashedRun], spec: RunSpec | None = None) -> DeterminismReport:
-    """The op-by-op comparison of hashed runs (run 0's execution order; ops only other runs have come last)."""
+def _first_token(logits: np.ndarray | None) -> str | None:
+    """The prompt's first greedy token (argmax of the last logits row), "non-finite" when that row is not."""
+    if logits is None:
+        return None
+    row = np.asarray(logits).reshape(-1, np.asarray(logits).shape[-1])[-1]
+    return str(int(np.argmax(row))) if np.isfinite(row).all() else "non-finite"
+
+
+def _runs(ix: list[int]) -> str:
+    return f"run{'s' if len(ix) > 1 else ''} {','.join(map(str, ix))}"
+
+
+def _build_mechanism(specs: list[RunSpec], lgroups: dict[str, list[int]]) -> str | None:
+    """The queue-narrowing builds, named when the runs' logits follow their builds' skipped HMX queue workers (runs
+    that skip the same workers agree) and the runs did not all skip the same."""
+    from kazeia.backends.htp import build_skips, describe_skips
+
+    skips = []
+    for sp in specs:
+        st = sp.htp_settings()
+        sk = build_skips(st) if st is not None else frozenset()
+        if sk is None:
+            return None
+        skips.append(sk)
+    by_skip: dict[frozenset, set[str]] = {}
+    digest_of = {i: d for d, ix in lgroups.items() for i in ix}
+    for i, sk in enumerate(skips):
+        by_skip.setdefault(sk, set()).add(digest_of.get(i, "none"))
+    if len(by_skip) < 2 or any(len(d) > 1 for d in by_skip.values()):
+        return None  # (runs of one build differ: something else moves them; two builds may agree where a skipped
+        # worker had no job, e.g. the matmul worker below M = 32)
+    runs_of: dict[frozenset, list[int]] = {}
+    for i, sk in enumerate(skips):
+        runs_of.setdefault(sk, []).append(i)
+    per = "; ".join(f"{_runs(ix)} skip{'' if len(ix) > 1 else 's'} {describe_skips(sk)}" for sk, ix in runs_of.items())
+    return ("the runs' outputs follow their builds: fault hmx-queue-narrowing (May's hmx-queue.c: "
+            "hmx_queue_process casts a job's function pointer to a one-byte enum, so a worker whose address ends in "
+            "0x00 is taken for HMX_QUEUE_NOOP, skipped and marked done; fixed by llama.cpp #25677): " + per +
+            ". Each run models another clean build of the same code (a per-build layout, not a per-run race: "
+            "runs of one build agree); that #24389's good and bad builds are this defect is kazeia's hypothesis")
+
+
+def compare_runs(runs: list[HashedRun], spec: RunSpec | None = None,
+                 specs: list[RunSpec] | None = None) -> DeterminismReport:
+    """The op-by-op comparison of hashed runs (run 0's execution order; ops only other runs have come last);
+    `specs`: each run's own spec (its seeds), to name the mechanism the differences follow."""
     order: list[dict] = []
     seen: set[str] = set()
     for r in runs:
@@ -196,9 +243,15 @@ def compare_runs(runs: list[HashedRun], spec: RunSpec | None = None) -> Determin
         lgroups.setdefault(_logits_digest(r.logits), []).append(i)
     have_logits = any(r.logits is not None for r in runs)
     logits_equal = (len(lgroups) == 1) if have_logits else None
+    tgroups: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        tok = _first_token(r.logits)
+        if tok is not None:
+            tgroups.setdefault(tok, []).append(i)
     sigs = [r.signature for r in runs]
     same_end = len(set(sigs)) == 1
     det = not diffs and logits_equal is not False and same_end
+    mechanism = None
     n_ops = len(runs[0].records) if runs else 0
     if det:
         how = ("every run finished with finite logits, not judged against a reference" if sigs and sigs[0] == "ok"
@@ -217,11 +270,29 @@ def compare_runs(runs: list[HashedRun], spec: RunSpec | None = None) -> Determin
         else:
             parts.append("logits differ (" + "; ".join(f"runs {','.join(map(str, r))}" for r in lgroups.values())
                          + ")")
+        if len(tgroups) > 1:
+            parts.append("the first token changes: " + "; ".join(f"{_runs(ix)} -> {t}" for t, ix in tgroups.items()))
         if not same_end:
             parts.append("runs end differently: " + "; ".join(f"run {i}: {s}" for i, s in enumerate(sigs)))
+        mechanism = _build_mechanism(specs, lgroups) if specs and have_logits else None
+        if mechanism:
+            parts.append(mechanism)
         msg = "\n  ".join(parts)
     return DeterminismReport(det, msg, len(runs), n_ops, len(diffs), diffs[0] if diffs else None, logits_equal,
-                             lgroups if have_logits else {}, sigs, spec.command() if spec else "")
+                             lgroups if have_logits else {}, sigs, spec.command() if spec else "", tgroups,
+                             None if det else mechanism)
+
+
+def build_seeded(spec: RunSpec, n_runs: int, base: int = 1) -> list[RunSpec]:
+    """`spec` once per run, run i with the build layout seed base + i where the spec injects a bad build whose
+    layout nothing pins (fault hmx-queue-narrowing): each run then models another clean build of the same code,
+    as the runs a team makes between rebuilds, and a report made from them is the same every time."""
+    from kazeia.backends.htp import build_skips
+
+    htp = spec.htp_settings()
+    if htp is None or build_skips(htp) is not None:
+        return [spec] * n_runs
+    return [spec.with_(env={**spec.env, "KAZEIA_HTP_BUILD_SEED": str(base + i)}) for i in range(n_runs)]
 
 
 def timing_seeded(spec: RunSpec, n_runs: int, base: int = 1) -> list[RunSpec]:
@@ -229,9 +300,10 @@ def timing_seeded(spec: RunSpec, n_runs: int, base: int = 1) -> list[RunSpec]:
     already pins one: the runs still differ by their timing, as free runs do, but a report made from them is
     the same every time it is made (free runs would make a race's evidence itself a matter of luck)."""
     htp = spec.htp_settings()  # (the environment and the spec's overrides, read as the HTP backend reads them)
+    specs = build_seeded(spec, n_runs, base)
     if htp is None or htp.race_seed is not None:
-        return [spec] * n_runs
-    return [spec.with_(env={**spec.env, "KAZEIA_HTP_RACE_SEED": str(base + i)}) for i in range(n_runs)]
+        return specs
+    return [s.with_(env={**s.env, "KAZEIA_HTP_RACE_SEED": str(base + i)}) for i, s in enumerate(specs)]
 
 
 def check_determinism(spec: RunSpec, n_runs: int = 3, isolate: bool = False, timeout: float = 600.0,
@@ -250,7 +322,7 @@ def check_determinism(spec: RunSpec, n_runs: int = 3, isolate: bool = False, tim
         runs.append(r)
         if log:
             log(f"run {i}: {r.signature}, {len(r.records)} op outputs hashed")
-    return compare_runs(runs, spec)
+    return compare_runs(runs, spec, specs)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,18 @@ def _one_line(e: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def chat_prompt_ids(tok: GGUFTokenizer, user_text: str, enable_thinking: bool | None = None,
+                    system: str | None = None, n_ctx: int | None = None) -> list[int]:
+    """The token ids of a one-turn chat (`kazeia run -cnv -st`'s first turn): the model's template rendered with
+    the generation prompt, then encoded."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_text}]
+    text = render_chat(tok.chat_template, messages, tok, True, enable_thinking, n_ctx=n_ctx)
+    if not text.strip():
+        raise KazeiaError(f"{template_name(tok, tok.chat_template)}: the chat template rendered nothing for this "
+                          f"conversation")
+    return tok.encode(text, add_bos=tok.add_bos)
+
+
 class ChatSession:
     """Keeps the conversation and the tokens already in the KV cache; feeds only what is new."""
 

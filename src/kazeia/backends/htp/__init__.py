@@ -32,7 +32,7 @@ _FACE = {
     "kazeia.backends.htp.settings": ("HtpSettings", "DEFAULT_HVX_THREADS", "DEFAULT_VTCM", "MAX_HVX_THREADS"),
     "kazeia.backends.htp.profiles": ("FAULTS", "GENERATIONS", "LATEST_PROFILE", "PROFILES", "REPORTED",
                                      "Capabilities", "Fault", "Profile", "V73_HMX_QUANT_INF", "L2_LAZY_STALE",
-                                     "HMX_BIAS_STALE", "capabilities",
+                                     "HMX_BIAS_STALE", "HMX_QUEUE_NARROWING", "capabilities",
                                      "check_faults", "get_profile"),
     "kazeia.backends.htp.archs": ("KNOWN_ARCHS", "arch_profile", "describe_archs", "host_vmem_budget",
                                   "october_shm_bytes", "parse_arch", "session_refusal"),
@@ -48,6 +48,7 @@ _FACE = {
     "kazeia.backends.htp.ops.matmul": ("WeightStore",),
     "kazeia.backends.htp.vtcm.hybrid_layouts": ("ssm_conv_scratch",),
     "kazeia.backends.htp.vtcm.src1_shortcut": ("src1_cache_effect",),
+    "kazeia.backends.htp.hmx.queue": ("QUEUE_WORKERS", "build_skips", "describe_skips"),
 }
 
 if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly (never at run time)
@@ -71,6 +72,7 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
         op_seconds,
     )
     from kazeia.backends.htp.gates import VtcmPlanGate
+    from kazeia.backends.htp.hmx.queue import QUEUE_WORKERS, build_skips, describe_skips
     from kazeia.backends.htp.host.buffer_type import BUFFER_ALIGN, alloc_size
     from kazeia.backends.htp.host.repack import RepackedWeight
     from kazeia.backends.htp.host.support import (
@@ -86,6 +88,7 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
         FAULTS,
         GENERATIONS,
         HMX_BIAS_STALE,
+        HMX_QUEUE_NARROWING,
         L2_LAZY_STALE,
         LATEST_PROFILE,
         PROFILES,

@@ -107,6 +107,9 @@ class Profile:
     # OPBATCH and OPQUEUE when the env does not set them (ggml-hexagon.cpp opt_opbatch / opt_opqueue)
     default_opbatch: int = 1024
     default_opqueue: int = 16
+    # hmx_queue_process compares a job's whole function pointer with the signals (#25677); 2026-05 casts it to the
+    # one-byte enum (hmx/queue.py), so a build can skip a worker's jobs (fault hmx-queue-narrowing)
+    queue_signal_full_width: bool = True
 
     # which llama.cpp graph its users build: "2026-05" (May's llama.cpp: an F32 KQ mask and its F16 cast, before
     # #23764) or "2026-10" (today's); robust is May's backend under today's llama.cpp
@@ -132,6 +135,7 @@ PROFILES: dict[str, Profile] = {
         hmx_failure="reenter",
         surface_status=False,
         llama_graph="2026-05",
+        queue_signal_full_width=False,
     ),
     "robust": Profile(
         name="robust",
@@ -259,6 +263,16 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "the same failing plan forever and the host waits in dspqueue_read: a hang (llama.cpp #24963's symptom; "
           "which builds do this is kazeia's hypothesis).",
           only_in="2026-05"),
+    Fault("hmx-queue-narrowing",
+          "A bad build of the 2026-05 code: htp/hmx-queue.c: hmx_queue_process casts each job's function pointer to "
+          "the one-byte enum hmx_queue_signal (clang's -fshort-enums on Hexagon), so a worker whose entry address "
+          "ends in 0x00 is taken for HMX_QUEUE_NOOP: never run, still marked done, and the op reports success. Its "
+          "output stays as VTCM held it: the quantized HMX matmul's output chunks (M >= 32), or HMX flash "
+          "attention's S or O tiles (pipelined: >= 3 KV blocks). Which workers the build's link layout decides "
+          "(each 1/16; KAZEIA_HTP_BUILD_SEED or KAZEIA_HTP_NARROWED pin it); fixed by llama.cpp #25677 (ggml "
+          "86f41a97, July 2026): under 2026-10 and robust (Profile.queue_signal_full_width) a build skips nothing. "
+          "The link to #24389's good and bad builds is kazeia's hypothesis.",
+          path="hmx"),
     Fault("dma-unbalanced",
           "HVX matmul leaves one DMA descriptor outstanding at the end of the op; the next op's first DMA pop "
           "returns that stale completion and its first weight row is read before it arrived. Upstream balances "
@@ -284,6 +298,7 @@ L2_LAZY_STALE = FAULTS["l2-lazy-stale"]
 REENTRY_TAIL_CALL = FAULTS["reentry-tail-call"]
 DMA_UNBALANCED = FAULTS["dma-unbalanced"]
 V73_INPUT_STALE = FAULTS["v73-input-stale"]
+HMX_QUEUE_NARROWING = FAULTS["hmx-queue-narrowing"]
 
 # faults that inject a public report's symptom whose cause is not published: the report they stand for
 REPORTED = {f.name: f.report for f in FAULTS.values() if f.report}

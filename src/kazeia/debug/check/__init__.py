@@ -29,6 +29,7 @@ from kazeia.backends.htp import PROFILES as HTP_PROFILES
 from kazeia.debug.check.buffers import buffer_lines
 from kazeia.debug.check.op_risks import OpRisk, op_risks
 from kazeia.debug.check.outcomes import SEVERITY, Config, Planner, Range
+from kazeia.debug.check.queue import queue_exposure
 from kazeia.debug.check.weights import ModelHeader, WeightClass, read_header
 from kazeia.debug.modeled import ScenarioCost
 from kazeia.errors import KazeiaError
@@ -61,6 +62,7 @@ class CheckReport:
     results: list[ConfigResult]
     classes: list[WeightClass]
     buffers: list[str] = field(default_factory=list)  # the weights' HTP buffers at load time (buffers.py)
+    queue: list[str] = field(default_factory=list)  # the HMX job queue's per-build exposure (queue.py)
 
     def result(self, profile: str, arch: int, vtcm: int | None = None, ubatch: int | None = None) -> ConfigResult:
         for r in self.results:
@@ -101,7 +103,8 @@ def check_model(path: str, profiles: tuple[str, ...] = PROFILES, archs: tuple[in
                         results.append(res)
     mbuf = HtpSettings.from_env(profile=profiles[0]).mbuf_mib * MiB
     gens = tuple(get_profile(p).generation for p in profiles)
-    return CheckReport(header, ctx, results, header.classes, buffer_lines(f, gens, archs, mbuf))
+    return CheckReport(header, ctx, results, header.classes, buffer_lines(f, gens, archs, mbuf),
+                       queue_exposure(f.tensors, profiles, max(ubatches)))
 
 
 def _scenario(f, n_prompt: int, ub: int) -> ScenarioCost | str:

@@ -10,6 +10,7 @@ emulator runs (issue 37): May's defects that act on other ops.
   backends/htp/vtcm/src1_shortcut.py): the MUL_MAT after them multiplies stale activations only when its src1
   lands at the address of the last quantized src1, which the graph allocator decides, not the header: "depends",
   with the command that finds out (`kazeia upgrade` / `kazeia investigate` on the scenario).
+(The HMX job queue's per-build skips are an exposure, not a predicted outcome: check/queue.py.)
 """
 
 from __future__ import annotations
@@ -81,3 +82,4 @@ def _ssm_conv(conv, vtcm: int, ubatch: int) -> OpRisk | None:
                   f"the HVX kernel (from 32 tokens) stages {rows} channels a thread ({d_inner} / "
                   f"{DEFAULT_HVX_THREADS} threads, made even), not a multiple of 32 floats: tap j reads the weights "
                   f"(j x {rows}) % 32 channels early", "llama.cpp #24470", gate="--cpu-ops SSM_CONV")
+

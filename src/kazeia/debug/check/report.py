@@ -128,6 +128,8 @@ def text(report: CheckReport) -> str:
     if report.buffers:
         out += ["", "Buffers (load time: the weights in the HTP buffer type, packed as llama.cpp allocates them):",
                 *report.buffers]
+    if report.queue:
+        out += ["", *report.queue]
     return "\n".join(out)
 
 
@@ -162,7 +164,7 @@ def to_dict(report: CheckReport) -> dict:
                         "decode_tps": r.decode_tps, "vmem": r.vmem, "safest": safest_settings(r, report),
                         "weights": weights})
     return {"model": h.path, "arch": h.arch, "n_layer": h.n_layer, "ctx": report.ctx, "matmul_id": h.matmul_id,
-            "not_placed": h.not_placed, "buffers": report.buffers, "configs": configs}
+            "not_placed": h.not_placed, "buffers": report.buffers, "hmx_queue": report.queue, "configs": configs}
 
 
 def heatmap_html(report: CheckReport) -> str:

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from kazeia.backends.htp.device import Dsp
+from kazeia.backends.htp.hmx.queue import FA_WORKERS
 from kazeia.backends.htp.hvx.dot_sequential import quantize_q8_0_rows
 from kazeia.backends.htp.kernels.expf import DSP_MATH
 from kazeia.backends.htp.kernels.rounding import f16_to_f32, round_hw
 from kazeia.backends.htp.msg import STATUS_OK, STATUS_VTCM_TOO_SMALL, OpBatch, OpContext, OpDesc, OpRecord
 from kazeia.backends.htp.ops.bound_ops import compute_for
+from kazeia.backends.htp.ops.fa_pipeline import flash_attn_skipping
 from kazeia.backends.htp.ops.flash_attn import flash_attn
 from kazeia.backends.htp.ops.hybrid_ops import KERNELS_DSP
 from kazeia.backends.htp.ops.matmul import MatmulUnit, WeightStore
@@ -190,6 +192,9 @@ def _host_writes_unseen(dsp: Dsp, node: Tensor):
         dsp.device_written[id(out)] = out
 
 
+FA_JOBS = frozenset(FA_WORKERS)
+
+
 class Executor:
     """The DSP's OpRunner (msg.py): one op through the MUL_MAT unit, the bound fast path or the general kernels."""
 
@@ -237,7 +242,10 @@ class Executor:
             dsp.farf("ERROR", f"{node.desc()}: VTCM reservation {sc.vtcm} is too small, needed {sc.used}")
             return OpRecord(path=path, status=STATUS_VTCM_TOO_SMALL)
         if node.op == "FLASH_ATTN_EXT":
-            flash_attn(self.io, node, use_hmx=path == "hmx")
+            if path == "hmx" and dsp.skipped_workers & FA_JOBS and sc.info.get("pipeline"):
+                flash_attn_skipping(self.io, dsp, node, sc)  # a bad build's queue (hmx-queue-narrowing)
+            else:
+                flash_attn(self.io, node, use_hmx=path == "hmx")
             if path == "hmx":
                 dsp.hmx_scale = float(node.params["scale"])  # its qk-scale block is the last one loaded
         elif node.op in KERNELS_DSP:  # SSM_CONV, GATED_DELTA_NET, CONCAT: their own VTCM use and numerics
