@@ -1,5 +1,5 @@
 """The seed's first token across runs and builds under fault hmx-queue-narrowing (issue 39): May's HMX queue
-skipping the jobs of workers whose address ends in 0x00 (backends/htp/hmx/queue.py).
+skipping the jobs of workers whose address ends in 0x00 (backends/htp/build_layout.py).
 
 For each prompt (the seed's 12- and 16-word lines through the Qwen3 chat template, `--reasoning off`) and HTP race
 seed, two tables of first greedy tokens (or how the run ended):
@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 
-from kazeia.backends.htp.hmx import queue
+from kazeia.backends.htp import build_layout as queue
 from kazeia.debug.runner import run
 from kazeia.engine.chat import chat_prompt_ids
 from kazeia.engine.session import RunSpec, build_context, close_backends, load_model, shared_cache, tokenizer

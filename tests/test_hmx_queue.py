@@ -1,5 +1,5 @@
 """Issue 39: May's HMX job queue taking a job whose worker's address ends in 0x00 for HMX_QUEUE_NOOP (fault
-hmx-queue-narrowing, backends/htp/hmx/queue.py): the build layout, what a skipped job leaves, and the tools."""
+hmx-queue-narrowing, backends/htp/build_layout.py): the build layout, what a skipped job leaves, and the tools."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kazeia.backends.htp import HtpSettings, build_skips
-from kazeia.backends.htp.hmx import queue
+from kazeia.backends.htp import build_layout as queue
 from kazeia.backends.htp.ops.fa_pipeline import _Pipeline
 from kazeia.debug.determinism import build_seeded, check_determinism
 from kazeia.debug.runner import run

@@ -141,8 +141,8 @@ def test_no_import_runs_up_the_house():
 
 HTP = "kazeia.backends.htp"
 # the HTP model's units from the bottom up (htp/__init__.py): a unit imports only units below it (and itself)
-HTP_UNITS = ["profiles", "archs", "settings", "fp16", "msg", "l2", "kernels", "vtcm", "host", "cost", "gates", "device",
-             "hvx", "hmx", "ops", "backend", "forensics"]
+HTP_UNITS = ["profiles", "build_layout", "archs", "settings", "fp16", "msg", "l2", "kernels", "vtcm", "host", "cost",
+             "gates", "device", "hvx", "hmx", "ops", "backend", "forensics"]
 
 
 def _unit(mod: str) -> str | None:

@@ -5,8 +5,8 @@ face of the internals the forensic tools read). Names load lazily: `from kazeia.
 settings.py only, not the whole device model.
 
 The units, from the bottom up (each imports only those below it; tests/test_layering.py):
-- profiles.py, archs.py (what each Hexagon arch sets per version), settings.py, fp16.py, msg.py (what host and
-  DSP exchange: upstream htp-msg.h / htp-ops.h), l2.py (2026-10's dirty-range L2 table);
+- profiles.py, build_layout.py (a build's HMX queue layout), archs.py (what each Hexagon arch sets per version),
+  settings.py, fp16.py, msg.py (what host and DSP exchange: upstream htp-msg.h / htp-ops.h), l2.py (2026-10's dirty-range L2 table);
 - kernels/: the native kernels of the numerics (one family per file: IR, front, portable twin);
 - vtcm/: the VTCM arena, its areas, the MUL_MAT plan (May's on the DSP, October's on the host) and every other
   op's scratch layout;
@@ -48,7 +48,7 @@ _FACE = {
     "kazeia.backends.htp.ops.matmul": ("WeightStore",),
     "kazeia.backends.htp.vtcm.hybrid_layouts": ("ssm_conv_scratch",),
     "kazeia.backends.htp.vtcm.src1_shortcut": ("src1_cache_effect",),
-    "kazeia.backends.htp.hmx.queue": ("QUEUE_WORKERS", "build_skips", "describe_skips"),
+    "kazeia.backends.htp.build_layout": ("QUEUE_WORKERS", "build_skips", "describe_skips"),
 }
 
 if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly (never at run time)
@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
         session_refusal,
     )
     from kazeia.backends.htp.backend import HtpBackend
+    from kazeia.backends.htp.build_layout import QUEUE_WORKERS, build_skips, describe_skips
     from kazeia.backends.htp.cost import (
         DEFAULT,
         PHONE_CPU,
@@ -72,7 +73,6 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
         op_seconds,
     )
     from kazeia.backends.htp.gates import VtcmPlanGate
-    from kazeia.backends.htp.hmx.queue import QUEUE_WORKERS, build_skips, describe_skips
     from kazeia.backends.htp.host.buffer_type import BUFFER_ALIGN, alloc_size
     from kazeia.backends.htp.host.repack import RepackedWeight
     from kazeia.backends.htp.host.support import (

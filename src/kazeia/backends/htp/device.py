@@ -63,14 +63,14 @@ class Dsp:
         self.mmap_max = arch_profile(settings.arch, profile.generation).mmap_max_bytes
         # timing races (fault injections only) come from here: run-dependent unless KAZEIA_HTP_RACE_SEED is set
         self.race = np.random.default_rng(settings.race_seed)
-        # fault hmx-queue-narrowing: the HMX queue workers this build skips (hmx/queue.py), fixed at session open
+        # fault hmx-queue-narrowing: the HMX queue workers this build skips (build_layout.py), fixed at session open
         self.skipped_workers = self._skipped_workers(settings)
         self.injector = None  # test deaths (engine/recovery.py: DeathInjector): tick() before each op
         # 2026-10's lazy L2 bookkeeping (l2.py): None under the May profiles
         self.l2 = L2Recorder(n_threads=settings.nhvx) if profile.caps.lazy_l2 else None
 
     def _skipped_workers(self, settings: HtpSettings) -> frozenset[str]:
-        from kazeia.backends.htp.hmx import queue
+        from kazeia.backends.htp import build_layout as queue
         from kazeia.backends.htp.profiles import HMX_QUEUE_NARROWING
 
         if HMX_QUEUE_NARROWING.name not in settings.faults or self.profile.queue_signal_full_width:

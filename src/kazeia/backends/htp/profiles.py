@@ -108,7 +108,7 @@ class Profile:
     default_opbatch: int = 1024
     default_opqueue: int = 16
     # hmx_queue_process compares a job's whole function pointer with the signals (#25677); 2026-05 casts it to the
-    # one-byte enum (hmx/queue.py), so a build can skip a worker's jobs (fault hmx-queue-narrowing)
+    # one-byte enum (build_layout.py), so a build can skip a worker's jobs (fault hmx-queue-narrowing)
     queue_signal_full_width: bool = True
 
     # which llama.cpp graph its users build: "2026-05" (May's llama.cpp: an F32 KQ mask and its F16 cast, before

@@ -6,7 +6,7 @@ VERBOSE>0 logs each op when it is added to a batch). The original team's own swi
 GGML_HEXAGON_OPLOG (1: their log line, 2: with their NaN fix) and GGML_HEXAGON_DUMP (a regex). kazeia adds
 KAZEIA_HTP_PROFILE, KAZEIA_HTP_VTCM, KAZEIA_HTP_FAULTS (comma list), KAZEIA_HTP_RACE_SEED (pins the host/DSP
 timing, timing.py, and the injected races), KAZEIA_HTP_BUILD_SEED / KAZEIA_HTP_NARROWED (the bad build of fault
-hmx-queue-narrowing: its layout seed, or the HMX queue workers it skips, hmx/queue.py), KAZEIA_HTP_DUMP_DIR /
+hmx-queue-narrowing: its layout seed, or the HMX queue workers it skips, build_layout.py), KAZEIA_HTP_DUMP_DIR /
 KAZEIA_HTP_DUMP_LIMIT (where and how many
 GGML_HEXAGON_DUMP files) and GGML_HEXAGON_FARF (show the DSP-side log, which a real device only shows to root).
 
@@ -93,7 +93,7 @@ class HtpSettings:
     ignored: tuple[str, ...] = ()  # switches the profile's upstream no longer reads, set by the user
     vmem_mib: int | None = None  # GGML_HEXAGON_VMEM: the DSP address space for mappings (None: the arch's)
     mbuf_mib: int = 1024  # GGML_HEXAGON_MBUF: the largest weight buffer (get_max_size)
-    # fault hmx-queue-narrowing (hmx/queue.py): the bad build's layout seed, or its skipped workers named outright
+    # fault hmx-queue-narrowing (build_layout.py): the bad build's layout seed, or its skipped workers named outright
     build_seed: int | None = None  # KAZEIA_HTP_BUILD_SEED
     narrowed: tuple[str, ...] | None = None  # KAZEIA_HTP_NARROWED
 
@@ -225,7 +225,7 @@ class HtpSettings:
         build_seed = _int(merged, "KAZEIA_HTP_BUILD_SEED", 0) if merged.get("KAZEIA_HTP_BUILD_SEED") else None
         if build_seed is not None and not 0 <= build_seed < 1 << 63:
             raise KazeiaError(f"KAZEIA_HTP_BUILD_SEED={build_seed} must be an integer in 0 .. 2**63-1")
-        from kazeia.backends.htp.hmx.queue import parse_narrowed
+        from kazeia.backends.htp.build_layout import parse_narrowed
 
         raw_narrowed = merged.get("KAZEIA_HTP_NARROWED")
         narrowed = parse_narrowed(raw_narrowed[:256]) if raw_narrowed else None

@@ -1,4 +1,4 @@
-"""`kazeia check`'s exposure to May's HMX job queue defect (fault hmx-queue-narrowing, backends/htp/hmx/queue.py):
+"""`kazeia check`'s exposure to May's HMX job queue defect (fault hmx-queue-narrowing, backends/htp/build_layout.py):
 which ops of the model, at which M, go through the queue under a profile whose code casts a job's function pointer
 to a one-byte enum. Whether a given build skips them the header cannot say (each worker's address ends in 0x00 in
 1 build of 16, a rebuild draws again), so this is an exposure beside the verdicts, not a predicted outcome.

@@ -124,7 +124,7 @@ class HmxPath:
 
     @staticmethod
     def _skipped_jobs_output(dsp: Dsp, node: Tensor, plan: MatmulPlan, M: int, N: int) -> np.ndarray:
-        """Fault hmx-queue-narrowing, hmx_matmul_worker_fn skipped (hmx/queue.py): hmx_matmul_q_f32 pushes one
+        """Fault hmx-queue-narrowing, hmx_matmul_worker_fn skipped (build_layout.py): hmx_matmul_q_f32 pushes one
         job per (M chunk, column chunk) into output buffer out{i % 2}, the queue marks it done without running it,
         and transfer_output_chunk_threaded converts what that buffer held (fp16 tiles) into dst. Every job of the
         op is skipped (the same function), so each chunk reads the buffer as it was before the op."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kazeia.backends.htp.build_layout import FA_WORKERS
 from kazeia.backends.htp.device import Dsp
-from kazeia.backends.htp.hmx.queue import FA_WORKERS
 from kazeia.backends.htp.hvx.dot_sequential import quantize_q8_0_rows
 from kazeia.backends.htp.kernels.expf import DSP_MATH
 from kazeia.backends.htp.kernels.rounding import f16_to_f32, round_hw

@@ -1,4 +1,4 @@
-"""HMX flash attention's pipeline with some of its queue jobs skipped (fault hmx-queue-narrowing, hmx/queue.py).
+"""HMX flash attention's pipeline with some of its queue jobs skipped (fault hmx-queue-narrowing, build_layout.py).
 
 May's `hmx-flash-attn-ops.c: hmx_flash_attn_ext`, pipelined (>= 3 KV blocks, >= 2 HVX threads), per KV head and
 block of Br query rows (the G heads of the group interleaved: g_br rows), KV blocks of Bc columns:
