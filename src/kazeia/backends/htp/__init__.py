@@ -6,7 +6,8 @@ settings.py only, not the whole device model.
 
 The units, from the bottom up (each imports only those below it; tests/test_layering.py):
 - profiles.py, build_layout.py (a build's HMX queue layout), archs.py (what each Hexagon arch sets per version),
-  settings.py, fp16.py, msg.py (what host and DSP exchange: upstream htp-msg.h / htp-ops.h), l2.py (2026-10's dirty-range L2 table);
+  settings.py, fp16.py, msg.py (what host and DSP exchange: upstream htp-msg.h / htp-ops.h), l2.py (2026-10's
+  dirty-range L2 table);
 - kernels/: the native kernels of the numerics (one family per file: IR, front, portable twin);
 - vtcm/: the VTCM arena, its areas, the MUL_MAT plan (May's on the DSP, October's on the host) and every other
   op's scratch layout;
