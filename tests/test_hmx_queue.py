@@ -117,6 +117,7 @@ def test_a_skipped_o_norm_stores_the_unnormalised_output_before_the_last_block()
     assert np.abs(o - unnormalised).max() < 3e-2 * np.abs(unnormalised).max()
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (stale fp16 bytes hold NaN patterns: they flow on)
 def test_the_matmul_worker_skip_changes_only_hmx_quantized_matmuls(q4b2):
     # M = 70: May's HMX takes the quantized matmuls (M >= 32) and ffn_down's plan fits again past 64
     base = RunSpec(model=q4b2, device="HTP0", htp_profile="2026-05", n_prompt=70, flash_attn=False)
