@@ -50,7 +50,10 @@ TILE_BYTES = 4 << 20     # float32 scratch per dequantized tile (about L3 / 8: B
 SMALL_GEMM_M = 16    # x rows up to which the tiled path's GEMMs run on one BLAS thread
 GEMV_TYPES = (T.Q4_0, T.Q4_1, T.Q8_0)
 KIND = {T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q8_0: "q8_0"}
-GEMV_CHUNK = 64      # weight rows per claimed chunk of the parallel GEMV (a multiple of 8: 8-row groups)
+# weight rows per claimed chunk of the parallel GEMV (a multiple of 8: 8-row groups, so the bits do not depend on it).
+# Each chunk starts its rows' streams cold (the kernel prefetches only the next group inside it): 256 rows read the
+# 36 layers' weights from DRAM ~10 % faster than 64 (2 threads, AVX-512 EPYC, 4 interleaved pairs: 80 vs 89 ms)
+GEMV_CHUNK = 256
 
 _tiles = GrowingScratch(np.float32)  # a reused float32 tile: fresh 4 MiB buffers would be page-faulted in every call
 
