@@ -150,10 +150,10 @@ class Kernel:
         p = self.b.bitcast(self.gep(base, *offsets), ptr(value.type))
         self.b.store(value, p, align=align)
 
-    def prefetch(self, p: ir.Value) -> None:
-        """Prefetch the cache line at I8 pointer p for reading into every cache level (prefetcht0). A prefetch
-        never faults, so p may point past the end of a buffer."""
-        self.call("llvm.prefetch.p0i8", VOID, p, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1))
+    def prefetch(self, p: ir.Value, locality: int = 3) -> None:
+        """Prefetch the cache line at I8 pointer p for reading: locality 3 into every cache level (prefetcht0), 2
+        into L2 and below (prefetcht1). A prefetch never faults, so p may point past the end of a buffer."""
+        self.call("llvm.prefetch.p0i8", VOID, p, ir.Constant(I32, 0), ir.Constant(I32, locality), ir.Constant(I32, 1))
 
     def load(self, base: ir.Value, *offsets) -> ir.Value:
         return self.b.load(self.gep(base, *offsets))
