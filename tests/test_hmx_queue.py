@@ -162,3 +162,22 @@ def test_check_names_the_exposed_ops_under_may_only(q4b2):
     assert "quantized MUL_MAT on HMX (Q4_0), M 32..512" in may and "FLASH_ATTN_EXT on HMX" in may
     for fixed in (("2026-10",), ("robust",)):
         assert "HMX job queue" not in text(check_model(q4b2, profiles=fixed, archs=(79,)))
+
+
+def test_investigate_pins_and_names_the_build(q4b2, tmp_path):
+    from kazeia.debug.investigate import Context, Investigation
+    from kazeia.debug.investigate.verdicts import _build_sentence
+
+    spec = RunSpec(model=q4b2, device="HTP0", htp_profile="2026-05", n_prompt=29, faults=[FAULT],
+                   env={"KAZEIA_HTP_BUILD_SEED": "4"})
+    cx = Context(spec, str(tmp_path), Investigation("t", "", "", False), spec.htp_settings())
+    (line,) = _build_sentence(cx)
+    assert "KAZEIA_HTP_BUILD_SEED=4" in line and "hmx_fa_o_update_worker" in line and "#25677" in line
+    clean = spec.with_(faults=[])
+    assert _build_sentence(Context(clean, str(tmp_path), Investigation("t", "", "", False), clean.htp_settings())) == []
+    from kazeia.backends.htp import pin_build
+
+    unpinned = spec.with_(env={})
+    pinned = pin_build(unpinned.env, unpinned.htp_settings())
+    assert pinned["KAZEIA_HTP_BUILD_SEED"] == pin_build({}, unpinned.htp_settings())["KAZEIA_HTP_BUILD_SEED"]
+    assert pin_build({}, clean.htp_settings()) == {}

@@ -49,7 +49,7 @@ _FACE = {
     "kazeia.backends.htp.ops.matmul": ("WeightStore",),
     "kazeia.backends.htp.vtcm.hybrid_layouts": ("ssm_conv_scratch",),
     "kazeia.backends.htp.vtcm.src1_shortcut": ("src1_cache_effect",),
-    "kazeia.backends.htp.build_layout": ("QUEUE_WORKERS", "build_skips", "describe_skips"),
+    "kazeia.backends.htp.build_layout": ("QUEUE_WORKERS", "build_skips", "describe_skips", "pin_build"),
 }
 
 if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly (never at run time)
@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # what readers and IDEs see: the same names, imported eagerly
         session_refusal,
     )
     from kazeia.backends.htp.backend import HtpBackend
-    from kazeia.backends.htp.build_layout import QUEUE_WORKERS, build_skips, describe_skips
+    from kazeia.backends.htp.build_layout import QUEUE_WORKERS, build_skips, describe_skips, pin_build
     from kazeia.backends.htp.cost import (
         DEFAULT,
         PHONE_CPU,

@@ -88,7 +88,8 @@ def parse_narrowed(raw: str) -> tuple[str, ...]:
 _process_build: list[int] = []  # the build an unpinned process runs: drawn once (every session of it is that build)
 
 
-def _process_build_seed() -> int:
+def process_build_seed() -> int:
+    """The build seed this process runs when nothing pins one (drawn on first use)."""
     if not _process_build:
         _process_build.append(int(np.random.default_rng().integers(0, 1 << 63)))
     return _process_build[0]
@@ -99,7 +100,7 @@ def narrowed_workers(narrowed: tuple[str, ...] | None, build_seed: int | None) -
     build this process runs (drawn once: kazeia does not know which build the user has)."""
     if narrowed is not None:
         return frozenset(narrowed)
-    seed = build_seed if build_seed is not None else _process_build_seed()
+    seed = build_seed if build_seed is not None else process_build_seed()
     return frozenset(w for w, b in skipped_in(seed).items() if b)
 
 
@@ -128,3 +129,11 @@ def build_skips(settings) -> frozenset[str] | None:
 
 QUEUE_WORKERS = WORKERS  # (the face's names)
 describe_skips = describe
+
+
+def pin_build(env: dict[str, str], settings) -> dict[str, str]:
+    """`env` with KAZEIA_HTP_BUILD_SEED set to this process's build when the settings inject a bad build that
+    nothing pins (a tool whose steps run in several processes then sees one build throughout, and names it)."""
+    if build_skips(settings) is None:
+        return {**env, "KAZEIA_HTP_BUILD_SEED": str(process_build_seed())}
+    return env

@@ -80,6 +80,11 @@ def branch(f: Findings) -> Branch:
 
 
 def investigate(spec: RunSpec, out_dir: str, progress: Callable[[str], None] | None = None) -> Investigation:
+    settings = spec.htp_settings()
+    if settings is not None:  # a bad build nothing pins: this process's, named, for every step and child run
+        from kazeia.backends.htp import pin_build
+
+        spec = spec.with_(env=pin_build(spec.env, settings))
     inv = Investigation(title=f"kazeia investigation: {os.path.basename(spec.model_path)} on {spec.device}"
                               f"{' (' + spec.htp_profile + ')' if spec.htp_profile else ''}",
                         command=spec.command(), outcome="", fault_found=False)

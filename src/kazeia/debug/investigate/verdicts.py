@@ -32,6 +32,8 @@ def _with_gate(cx: Context, parts: list[str]) -> str:
             parts = [*parts, f"This run injects {name}, the symptom of {REPORTED[name]} as reported upstream; its "
                              "cause is not published, so the mechanism named here is the injection's, not a "
                              "confirmed one."]
+    if cx.settings is not None:
+        parts = [*parts, *_build_sentence(cx)]
     g = cx.inv.gate
     if g:
         checked = "validated by a rerun" if g.get("validated") else "NOT validated"
@@ -41,6 +43,22 @@ def _with_gate(cx: Context, parts: list[str]) -> str:
         parts = [*parts, "An output that ignores the prompt points at what reaches the device rather than at one op: "
                          "no gate by op kind was validated here; the CPU (-dev CPU) computes it."]
     return " ".join(parts)
+
+
+def _build_sentence(cx: Context) -> list[str]:
+    """The bad build this run injects (fault hmx-queue-narrowing), named with what it skips: the ops this
+    investigation found wrong are then the ones those workers serve, or not."""
+    from kazeia.backends.htp import build_skips, describe_skips
+
+    skips = build_skips(cx.settings)
+    if not skips:
+        return []
+    seed = cx.spec.env.get("KAZEIA_HTP_BUILD_SEED")
+    which = f" (KAZEIA_HTP_BUILD_SEED={seed})" if seed else ""
+    return [f"This run injects hmx-queue-narrowing: a 2026-05 build{which} whose {describe_skips(skips)} entry "
+            "address ends in 0x00, so May's hmx_queue_process takes those jobs for HMX_QUEUE_NOOP, skips them and "
+            "marks them done (fixed by llama.cpp #25677); another build of the same code skips other workers or "
+            "none (`kazeia determinism ... -N 20` runs 20 builds)."]
 
 
 def mechanism(cx: Context) -> str:
