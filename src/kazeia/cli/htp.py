@@ -145,6 +145,8 @@ def run_faults(args: argparse.Namespace) -> int:
                  "archs " + ", ".join(f"v{a}" for a in f.archs) if f.archs else "every arch"]
         if f.path:
             where.append(f"{'quantized ' if f.quantized_only else ''}{f.path.upper()} MUL_MATs")
+        if f.scope:
+            where = [f.scope]
         if f.report:
             where.append(f"stands for {f.report}")
         print(f"  {f.name:20s} {f.description}\n  {'':20s} [{'; '.join(where)}]")

@@ -193,6 +193,7 @@ class Fault:
     archs: tuple[int, ...] = ()         # the archs it acts on (empty: every arch)
     path: str | None = None             # the MUL_MAT path it acts on ("hmx", "hvx"; None: not a MUL_MAT path's)
     quantized_only: bool = False        # only weights in a block format (F16 and F32 weights are spared)
+    scope: str | None = None            # where it acts, in words, when the fields above do not say it
 
     def exists_in(self, generation: str) -> bool:
         """Whether the code of this generation has the structure the fault needs."""
@@ -272,7 +273,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "(each 1/16; KAZEIA_HTP_BUILD_SEED or KAZEIA_HTP_NARROWED pin it); fixed by llama.cpp #25677 (ggml "
           "86f41a97, July 2026): under 2026-10 and robust (Profile.queue_signal_full_width) a build skips nothing. "
           "The link to #24389's good and bad builds is kazeia's hypothesis.",
-          path="hmx"),
+          scope="2026-05 code (accepted under 2026-10 and robust, whose full-width compare leaves it inert); the "
+                "HMX queue's jobs: quantized MUL_MATs (M >= 32) and pipelined FLASH_ATTN_EXT"),
     Fault("dma-unbalanced",
           "HVX matmul leaves one DMA descriptor outstanding at the end of the op; the next op's first DMA pop "
           "returns that stale completion and its first weight row is read before it arrived. Upstream balances "
