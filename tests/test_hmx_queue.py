@@ -140,6 +140,7 @@ def test_determinism_names_the_builds_and_stays_quiet_without_them(q4b2):
     rep = check_determinism(spec, 8, specs=specs)
     assert not rep.deterministic and len(rep.first_tokens) > 1
     assert "the first token changes" in rep.message and rep.mechanism and "#25677" in rep.mechanism
+    assert "with GGML_HEXAGON_USE_HMX=0 runs" in rep.mechanism and rep.mechanism.endswith("HMX queue)")
     # the mechanism's grouping is the builds': runs whose builds skip the same FA workers agree
     fa = [build_skips(s.htp_settings()) & set(queue.FA_WORKERS) for s in specs]
     for i in range(8):

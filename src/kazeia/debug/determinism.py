@@ -322,7 +322,22 @@ def check_determinism(spec: RunSpec, n_runs: int = 3, isolate: bool = False, tim
         runs.append(r)
         if log:
             log(f"run {i}: {r.signature}, {len(r.records)} op outputs hashed")
-    return compare_runs(runs, spec, specs)
+    rep = compare_runs(runs, spec, specs)
+    if rep.mechanism and specs:
+        rep.mechanism += _without_hmx(rep, specs, hooks, share_weights)
+        rep.message = rep.message.rsplit("\n  ", 1)[0] + "\n  " + rep.mechanism
+    return rep
+
+
+def _without_hmx(rep: DeterminismReport, specs: list[RunSpec], hooks: tuple, share_weights: bool) -> str:
+    """The builds' evidence checked once more: two runs whose logits differ, run again with HMX off
+    (GGML_HEXAGON_USE_HMX=0: no job reaches the HMX queue), should then agree."""
+    i, j = (ix[0] for ix in list(rep.logits_groups.values())[:2])
+    off = [hashed_run(specs[x].with_(env={**specs[x].env, "GGML_HEXAGON_USE_HMX": "0"}), hooks, share_weights)
+           for x in (i, j)]
+    same = off[0].logits is not None and off[1].logits is not None and np.array_equal(off[0].logits, off[1].logits)
+    return (f"; with GGML_HEXAGON_USE_HMX=0 runs {i} and {j} " +
+            ("agree (no job goes through the HMX queue)" if same else "still differ: the builds do not explain it"))
 
 
 if __name__ == "__main__":
