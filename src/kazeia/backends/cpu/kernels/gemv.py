@@ -18,6 +18,8 @@ run in 8 x int32 lanes whether x is int8 or int16, so the finer activations cost
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gguf import GGMLQuantizationType
 from llvmlite import ir
@@ -224,16 +226,12 @@ def blocks(raw: np.ndarray, qtype: T, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gemv_portable(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndarray) -> None:
-    """out (M, N) = x @ W^T by the numba twin (Q4_0 / Q4_1 / Q8_0 rows `raw`)."""
+    """out (M, N) = x @ W^T by the numba twin (Q4_0 / Q4_1 / Q8_0 rows `raw`): the native kernel's bits."""
     xq, xd, xs = quantize_activations(x)
     b8, b16 = blocks(raw, qtype, k)
     y = out if out.flags.c_contiguous else np.empty(out.shape, dtype=np.float32)
-    if qtype == T.Q4_0:
-        gemv_q4_0_portable(b8, b16, xq, xd, y, _F16_LUT)
-    elif qtype == T.Q4_1:
-        gemv_q4_1_portable(b8, b16, xq, xd, xs, y, _F16_LUT)
-    else:
-        gemv_q8_0_portable(b8.view(np.int8), b16, xq, xd, y, _F16_LUT)
+    kind = {T.Q4_0: KIND_Q4_0, T.Q4_1: KIND_Q4_1, T.Q8_0: KIND_Q8_0}[T(qtype)]
+    gemv_exact_portable(b8, b16, xq, xd, xs, y, _F16_LUT, kind)
     if y is not out:
         out[...] = y
 
@@ -245,82 +243,82 @@ U15, U4 = np.uint8(15), np.uint8(4)
 ROW_CHUNK = 32
 
 
-@jit(parallel=True, cache=True)
-def gemv_q4_0_portable(w, d, xq, xd, y, lut):
-    """y (M, N) = x @ W^T, W Q4_0 blocks w (N, nb, 18) uint8 / d (N, nb, 9) uint16; x as quantize_x gives it.
-    Lane j of a block holds the exact int32 (q_j - 8) x_j + (q_j+16 - 8) x_j+16, scaled by d_w d_x in float32."""
-    n_rows, nb = w.shape[0], w.shape[1]
-    m_rows = xq.shape[0]
-    for c in prange((n_rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        sc = np.empty(nb, np.float32)  # d_w * d_x per block, gathered first: the block loop vectorizes better
-        acc = np.empty(16, np.float32)
-        for m in range(m_rows):
-            for n in range(c * ROW_CHUNK, min(n_rows, c * ROW_CHUNK + ROW_CHUNK)):
-                for b in range(nb):
-                    sc[b] = lut[d[n, b, 0]] * xd[m, b]
-                acc[:] = 0
-                for b in range(nb):
-                    sb = sc[b]
-                    for j in range(16):
-                        q = w[n, b, 2 + j]
-                        t = ((_i32(q & U15) - _i32(8)) * _i32(xq[m, b, j])
-                             + (_i32(q >> U4) - _i32(8)) * _i32(xq[m, b, 16 + j]))
-                        acc[j] += sb * _f32(_i32(t))
-                s = _f32(0)
-                for j in range(16):
-                    s += acc[j]
-                y[m, n] = s
+KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 = 0, 1, 2
+GROUP = 8  # weight rows the native kernel transposes into the lanes of one vector (_emit_rows8)
+
+
+@jit(cache=True, inline="always")
+def fma32(a, b, c):
+    """fl32(a * b + c), rounded once, as vfmadd: the float64 product of two float32 is exact; the float64 sum is
+    made round-to-odd (TwoSum's error decides the last bit), and rounding that to float32 is then the correctly
+    rounded result (53 >= 24 + 2 bits)."""
+    p = np.float64(a) * np.float64(b)
+    cc = np.float64(c)
+    s = p + cc
+    bp = s - p
+    e = (p - (s - bp)) + (cc - bp)
+    if e != 0.0 and np.isfinite(s):
+        m, ex = math.frexp(s)
+        ulp = math.ldexp(1.0, ex - 53)
+        if np.int64(abs(s) / ulp) % 2 == 0:  # even: the odd neighbour on e's side
+            up = (e > 0.0) == (s > 0.0)      # away from zero
+            step = ulp if up or abs(m) != 0.5 else ulp * 0.5
+            s = s + step if e > 0.0 else s - step
+    return np.float32(s)
+
+
+@jit(cache=True, inline="always")
+def _code(w, n, b, j, kind):
+    """Element j of block b of row n as the kernel widens it: Q4 nibbles raw (0..15), Q8_0 the int8 value."""
+    if kind == KIND_Q8_0:
+        return np.int32(np.int8(w[n, b, 2 + j]))
+    q = w[n, b, (4 if kind == KIND_Q4_1 else 2) + (j & 15)]
+    return np.int32(q >> np.uint8(4)) if j >= 16 else np.int32(q & np.uint8(15))
+
+
+@jit(cache=True, inline="always")
+def _lane(w, xq, n, b, m, lane, kind):
+    """pmaddwd(lo) + pmaddwd(hi), lane `lane`: codes 2l, 2l+1, 16+2l, 17+2l times their activations (exact)."""
+    t = np.int32(0)
+    for j in (2 * lane, 2 * lane + 1, 16 + 2 * lane, 17 + 2 * lane):
+        t += _code(w, n, b, j, kind) * np.int32(xq[m, b, j])
+    return t
 
 
 @jit(parallel=True, cache=True)
-def gemv_q4_1_portable(w, d, xq, xd, xs, y, lut):
-    """Q4_1 blocks w (N, nb, 20) / d (N, nb, 10): value d*q + m. The lanes hold (q - 8) x exactly like Q4_0's
-    (written so, LLVM vectorizes the loop; with q alone it does not), so a block adds
-    d_w d_x sum((q-8) x) + (8 d_w + m_w) d_x sum(x), the second term in a loop of its own."""
+def gemv_exact_portable(w, d, xq, xd, xs, y, lut, kind):
+    """y (M, N) = x @ W^T in the native GEMV's operations and order (kernels above): rows in whole groups of 8
+    (from row 0) take each block's exact int32 dot, then acc = fma(dot, d_w*d_x, acc) in block order; the last
+    N % 8 rows keep 8 lanes (pmaddwd's pair sums, one fma chain each) summed at the end by hsum8's tree; Q4_0 and
+    Q4_1 add their own chain cm = fma(d_w (Q4_0) or m_w (Q4_1), d_x*sum(x_q) (*-8 for Q4_0), cm)."""
     n_rows, nb = w.shape[0], w.shape[1]
     m_rows = xq.shape[0]
-    for c in prange((n_rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        sc = np.empty(nb, np.float32)  # d_w * d_x per block, gathered first: the block loop vectorizes better
-        acc = np.empty(16, np.float32)
+    n_grouped = n_rows - n_rows % GROUP
+    for n in prange(n_rows):
+        lanes = np.empty(8, np.float32)
         for m in range(m_rows):
-            for n in range(c * ROW_CHUNK, min(n_rows, c * ROW_CHUNK + ROW_CHUNK)):
-                for b in range(nb):
-                    sc[b] = lut[d[n, b, 0]] * xd[m, b]
-                acc[:] = 0
-                for b in range(nb):
-                    sb = sc[b]
-                    for j in range(16):
-                        q = w[n, b, 4 + j]
-                        t = ((_i32(q & U15) - _i32(8)) * _i32(xq[m, b, j])
-                             + (_i32(q >> U4) - _i32(8)) * _i32(xq[m, b, 16 + j]))
-                        acc[j] += sb * _f32(_i32(t))
-                cm = _f32(0)
-                for b in range(nb):
-                    cm += (_f32(8) * lut[d[n, b, 0]] + lut[d[n, b, 1]]) * (xd[m, b] * _f32(xs[m, b]))
-                s = _f32(0)
-                for j in range(16):
-                    s += acc[j]
-                y[m, n] = s + cm
-
-
-@jit(parallel=True, cache=True)
-def gemv_q8_0_portable(w, d, xq, xd, y, lut):
-    """Q8_0 blocks w (N, nb, 34) int8 / d (N, nb, 17); 32 lanes (one product each)."""
-    n_rows, nb = w.shape[0], w.shape[1]
-    m_rows = xq.shape[0]
-    for c in prange((n_rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        sc = np.empty(nb, np.float32)  # d_w * d_x per block, gathered first: the block loop vectorizes better
-        acc = np.empty(32, np.float32)
-        for m in range(m_rows):
-            for n in range(c * ROW_CHUNK, min(n_rows, c * ROW_CHUNK + ROW_CHUNK)):
-                for b in range(nb):
-                    sc[b] = lut[d[n, b, 0]] * xd[m, b]
-                acc[:] = 0
-                for b in range(nb):
-                    sb = sc[b]
-                    for j in range(32):
-                        acc[j] += sb * _f32(_i32(w[n, b, 2 + j]) * _i32(xq[m, b, j]))
-                s = _f32(0)
-                for j in range(32):
-                    s += acc[j]
-                y[m, n] = s
+            acc = np.float32(0)
+            cm = np.float32(0)
+            lanes[:] = 0
+            for b in range(nb):
+                dw = lut[d[n, b, 0]]
+                dx = xd[m, b]
+                sc = np.float32(dw * dx)
+                if n < n_grouped:
+                    dot = np.int32(0)
+                    for lane in range(8):
+                        dot += _lane(w, xq, n, b, m, lane, kind)
+                    acc = fma32(np.float32(dot), sc, acc)
+                else:
+                    for lane in range(8):
+                        lanes[lane] = fma32(np.float32(_lane(w, xq, n, b, m, lane, kind)), sc, lanes[lane])
+                if kind != KIND_Q8_0:
+                    dxs = np.float32(dx * np.float32(xs[m, b]))
+                    if kind == KIND_Q4_0:
+                        cm = fma32(dw, np.float32(dxs * np.float32(-8.0)), cm)
+                    else:
+                        cm = fma32(lut[d[n, b, 1]], dxs, cm)
+            if n >= n_grouped:
+                acc = np.float32(np.float32(np.float32(lanes[0] + lanes[4]) + np.float32(lanes[2] + lanes[6]))
+                                 + np.float32(np.float32(lanes[1] + lanes[5]) + np.float32(lanes[3] + lanes[7])))
+            y[m, n] = np.float32(acc + cm) if kind != KIND_Q8_0 else acc
