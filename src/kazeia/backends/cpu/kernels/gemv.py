@@ -3,17 +3,16 @@ reads: AVX2 IR (compiled by native/compile.py), its front, and its portable numb
 
 GEMV (x rows quantized by quantize.py's `quantize_x` to int16 per 32-element block, one float32 scale d_x = amax/32767):
 per block and weight row, the 32 codes are widened to int16 and multiplied with the activations by pmaddwd
-(exact int32 pair sums in 8 lanes), converted to float32 and accumulated by one FMA with d_w*d_x into 8
-float32 lanes that run over the whole row; the lanes are summed once at the end in a fixed tree
-(irkit.Kernel.hsum8). Every output is computed by one call in one fixed order: bitwise the same at any
-thread count. Several weight rows share each activation load (ROWS), and several activation rows (the
-kernel's M) share each weight row's widened codes.
+(exact int32 pair sums in 8 lanes). Weight rows in whole groups of 8 (from the weight's row 0: claimed chunks are
+multiples of 8) sum those lanes to one exact int32 a block and accumulate it with d_w*d_x by one FMA a block, in
+block order, each row in its own lane of one vector (_emit_rows8); the last N % 8 rows keep the 8 lanes, each
+accumulated by its own FMA chain, summed at the end in a fixed tree (irkit.Kernel.hsum8). Q4_0 and Q4_1 add a
+second chain (the -8 bias, or m_w, times d_x * sum(x_q)). Every output is computed by one call in one fixed
+order: bitwise the same at any thread count, and whatever the host's vector width.
 
-The portable twin (numba, `gemv_portable`): integer products kept in int32 explicitly (numba widens small
-integers to int64 otherwise, which defeats SIMD), each block's 16 lanes independent (the float sums keep a fixed
-lane order, so no fastmath is needed or used). The activations are int16 (scale amax/32767): on AVX2 the products
-run in 8 x int32 lanes whether x is int8 or int16, so the finer activations cost nothing and keep the GEMV within
-~1e-9 NMSE of the float product. Blocks: native/idioms.py.
+The portable twin (numba, `gemv_exact_portable`) runs those operations in that order, the FMAs emulated exactly
+(`fma32`): its outputs are the native kernel's bits (tests/test_isa_variants.py). The activations are int16 (scale
+amax/32767), which keeps the GEMV within ~1e-9 NMSE of the float product. Blocks: native/idioms.py.
 """
 
 from __future__ import annotations
