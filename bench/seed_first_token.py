@@ -73,14 +73,15 @@ def main() -> None:
             for sk in builds:
                 r = one_run(a.model, ids, rs, sk)
                 across[r] += 1
-                by_skip[queue.describe(sk)][r] += 1
+                by_skip[queue.describe_skips(sk)][r] += 1
             row = {"prompt": label, "tokens": len(ids), "race_seed": rs,
-                   "within_build": {"build_seed": a.bad_build, "skips": queue.describe(bad), "counts": dict(within)},
+                   "within_build": {"build_seed": a.bad_build, "skips": queue.describe_skips(bad),
+                                    "counts": dict(within)},
                    "across_builds": dict(across), "by_skipped_workers": {k: dict(v) for k, v in by_skip.items()}}
             out.append(row)
             if not a.json:
                 print(f"{label} ({len(ids)} tokens), race seed {rs}: within build {a.bad_build} "
-                      f"({queue.describe(bad)}), {a.runs} runs: {dict(within)}; across {a.builds} builds: "
+                      f"({queue.describe_skips(bad)}), {a.runs} runs: {dict(within)}; across {a.builds} builds: "
                       f"{dict(across)}", flush=True)
                 for k, v in by_skip.items():
                     print(f"    builds skipping {k}: {dict(v)}", flush=True)

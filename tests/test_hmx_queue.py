@@ -28,7 +28,7 @@ def test_a_build_skips_each_worker_one_time_in_sixteen():
     skips = [queue.skipped_in(s, bad_only=False) for s in range(n)]
     bad = sum(any(s.values()) for s in skips) / n
     assert abs(bad - (1 - (15 / 16) ** 4)) < 0.03  # 0.2275: 4 workers, each 1/16
-    for w in queue.WORKERS:
+    for w in queue.QUEUE_WORKERS:
         assert abs(sum(s[w] for s in skips) / n - 1 / 16) < 0.015
     # the fault is a bad build: every seed names at least one skipped worker, the same where its first draw was bad
     for s in range(200):

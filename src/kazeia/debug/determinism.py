@@ -180,7 +180,8 @@ def _first_token(logits: np.ndarray | None) -> str | None:
     """The prompt's first greedy token (argmax of the last logits row), "non-finite" when that row is not."""
     if logits is None:
         return None
-    row = np.asarray(logits).reshape(-1, np.asarray(logits).shape[-1])[-1]
+    a = np.asarray(logits)
+    row = a.reshape(-1, a.shape[-1])[-1]
     return str(int(np.argmax(row))) if np.isfinite(row).all() else "non-finite"
 
 
@@ -200,16 +201,13 @@ def _build_mechanism(specs: list[RunSpec], lgroups: dict[str, list[int]]) -> str
         if sk is None:
             return None
         skips.append(sk)
-    by_skip: dict[frozenset, set[str]] = {}
-    digest_of = {i: d for d, ix in lgroups.items() for i in ix}
-    for i, sk in enumerate(skips):
-        by_skip.setdefault(sk, set()).add(digest_of.get(i, "none"))
-    if len(by_skip) < 2 or any(len(d) > 1 for d in by_skip.values()):
-        return None  # (runs of one build differ: something else moves them; two builds may agree where a skipped
-        # worker had no job, e.g. the matmul worker below M = 32)
     runs_of: dict[frozenset, list[int]] = {}
     for i, sk in enumerate(skips):
         runs_of.setdefault(sk, []).append(i)
+    digest_of = {i: d for d, ix in lgroups.items() for i in ix}
+    if len(runs_of) < 2 or any(len({digest_of.get(i, "none") for i in ix}) > 1 for ix in runs_of.values()):
+        return None  # (runs of one build differ: something else moves them; two builds may agree where a skipped
+        # worker had no job, e.g. the matmul worker below M = 32)
     per = "; ".join(f"{_runs(ix)} skip{'' if len(ix) > 1 else 's'} {describe_skips(sk)}" for sk, ix in runs_of.items())
     return ("the runs' outputs follow their builds: fault hmx-queue-narrowing (May's hmx-queue.c: "
             "hmx_queue_process casts a job's function pointer to a one-byte enum, so a worker whose address ends in "
@@ -324,8 +322,9 @@ def check_determinism(spec: RunSpec, n_runs: int = 3, isolate: bool = False, tim
             log(f"run {i}: {r.signature}, {len(r.records)} op outputs hashed")
     rep = compare_runs(runs, spec, specs)
     if rep.mechanism and specs:
+        named = rep.mechanism
         rep.mechanism += _without_hmx(rep, specs, hooks, share_weights)
-        rep.message = rep.message.rsplit("\n  ", 1)[0] + "\n  " + rep.mechanism
+        rep.message = rep.message.replace(named, rep.mechanism)
     return rep
 
 

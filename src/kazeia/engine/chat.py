@@ -95,9 +95,16 @@ def chat_prompt_ids(tok: GGUFTokenizer, user_text: str, enable_thinking: bool | 
     """The token ids of a one-turn chat (`kazeia run -cnv -st`'s first turn): the model's template rendered with
     the generation prompt, then encoded."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_text}]
-    text = render_chat(tok.chat_template, messages, tok, True, enable_thinking, n_ctx=n_ctx)
+    return conversation_ids(tok, messages, enable_thinking, n_ctx)
+
+
+def conversation_ids(tok: GGUFTokenizer, messages: list[dict], enable_thinking: bool | None = None,
+                     n_ctx: int | None = None) -> list[int]:
+    """The conversation rendered with the model's template and the generation prompt, then encoded."""
+    template = tok.chat_template
+    text = render_chat(template, messages, tok, True, enable_thinking, n_ctx=n_ctx)
     if not text.strip():
-        raise KazeiaError(f"{template_name(tok, tok.chat_template)}: the chat template rendered nothing for this "
+        raise KazeiaError(f"{template_name(tok, template)}: the chat template rendered nothing for this "
                           f"conversation")
     return tok.encode(text, add_bos=tok.add_bos)
 
@@ -115,12 +122,7 @@ class ChatSession:
     def prompt_tokens_for(self, user_text: str) -> list[int]:
         """Append the user's message; return the tokens still to feed (the cache keeps the common prefix)."""
         self.messages.append({"role": "user", "content": user_text})
-        template = self.tok.chat_template
-        text = render_chat(template, self.messages, self.tok, True, self.enable_thinking, n_ctx=self.ctx.n_ctx)
-        if not text.strip():
-            raise KazeiaError(f"{template_name(self.tok, template)}: the chat template rendered nothing for this "
-                              f"conversation")
-        ids = self.tok.encode(text, add_bos=self.tok.add_bos)
+        ids = conversation_ids(self.tok, self.messages, self.enable_thinking, self.ctx.n_ctx)
         common = 0
         for a, b in zip(ids, self.cached):
             if a != b:

@@ -39,7 +39,7 @@ import numpy as np
 from kazeia.errors import KazeiaError
 
 # short name -> the upstream function pushed as the job
-WORKERS: dict[str, str] = {
+QUEUE_WORKERS: dict[str, str] = {
     "matmul": "hmx_matmul_worker_fn",
     "qk": "hmx_fa_qk_dot_worker",
     "o_update": "hmx_fa_o_update_worker",
@@ -56,7 +56,7 @@ def entry_low_bytes(build_seed: int, bad_only: bool = True) -> dict[str, int]:
     bad build; which workers is the build's). A seed whose first layout is bad gives the same one either way."""
     rng = np.random.default_rng((build_seed, _LAYOUT_STREAM))
     while True:
-        low = {w: ENTRY_ALIGN * int(rng.integers(0, 256 // ENTRY_ALIGN)) for w in WORKERS}
+        low = {w: ENTRY_ALIGN * int(rng.integers(0, 256 // ENTRY_ALIGN)) for w in QUEUE_WORKERS}
         if 0 in low.values() or not bad_only:
             return low
 
@@ -74,13 +74,13 @@ def parse_narrowed(raw: str) -> tuple[str, ...]:
     names = [s.strip() for s in raw.split(",") if s.strip()]
     if names == ["none"]:
         return ()
-    by_upstream = {v: k for k, v in WORKERS.items()}
+    by_upstream = {v: k for k, v in QUEUE_WORKERS.items()}
     out = []
     for n in names:
-        short = n if n in WORKERS else by_upstream.get(n)
+        short = n if n in QUEUE_WORKERS else by_upstream.get(n)
         if short is None:
-            raise KazeiaError(f"KAZEIA_HTP_NARROWED: unknown HMX queue worker {n!r} (have: {', '.join(WORKERS)}, "
-                              f"or none)")
+            raise KazeiaError(f"KAZEIA_HTP_NARROWED: unknown HMX queue worker {n!r} (have: "
+                              f"{', '.join(QUEUE_WORKERS)}, or none)")
         out.append(short)
     return tuple(dict.fromkeys(out))
 
@@ -109,26 +109,29 @@ def skipped_in(build_seed: int, bad_only: bool = True) -> dict[str, bool]:
     return {w: taken_for_noop(b) for w, b in entry_low_bytes(build_seed, bad_only).items()}
 
 
-def describe(skipped: frozenset[str]) -> str:
+def describe_skips(skipped: frozenset[str]) -> str:
     """The skipped workers by their upstream names, in queue order."""
-    return ", ".join(WORKERS[w] for w in WORKERS if w in skipped) or "none"
+    return ", ".join(QUEUE_WORKERS[w] for w in QUEUE_WORKERS if w in skipped) or "none"
+
+
+def _bad_build(settings) -> bool:
+    """The fault is injected and the profile's code has the narrowing cast (not #25677's full-width compare)."""
+    from kazeia.backends.htp.profiles import HMX_QUEUE_NARROWING, get_profile
+
+    return HMX_QUEUE_NARROWING.name in settings.faults and not get_profile(settings.profile).queue_signal_full_width
+
+
+def session_skips(settings) -> frozenset[str]:
+    """The workers a session of these settings skips (the device asks once, at session open)."""
+    return narrowed_workers(settings.narrowed, settings.build_seed) if _bad_build(settings) else frozenset()
 
 
 def build_skips(settings) -> frozenset[str] | None:
-    """The workers the run of these settings skips, when that is fixed before it runs (the fault injected in a
-    2026-05 session, its workers named or its build seed pinned); None when no build is modelled or it is drawn
-    at session open. (The device asks `narrowed_workers` itself; the tools ask here.)"""
-    from kazeia.backends.htp.profiles import HMX_QUEUE_NARROWING, get_profile
-
-    if HMX_QUEUE_NARROWING.name not in settings.faults or get_profile(settings.profile).queue_signal_full_width:
-        return frozenset()
-    if settings.narrowed is None and settings.build_seed is None:
+    """`session_skips`, when it is fixed before the run (its workers named or its build seed pinned); None when
+    the build is this process's draw. (The tools ask here, before they run.)"""
+    if _bad_build(settings) and settings.narrowed is None and settings.build_seed is None:
         return None
-    return narrowed_workers(settings.narrowed, settings.build_seed)
-
-
-QUEUE_WORKERS = WORKERS  # (the face's names)
-describe_skips = describe
+    return session_skips(settings)
 
 
 def pin_build(env: dict[str, str], settings) -> dict[str, str]:

@@ -70,14 +70,12 @@ class Dsp:
         self.l2 = L2Recorder(n_threads=settings.nhvx) if profile.caps.lazy_l2 else None
 
     def _skipped_workers(self, settings: HtpSettings) -> frozenset[str]:
-        from kazeia.backends.htp import build_layout as queue
-        from kazeia.backends.htp.profiles import HMX_QUEUE_NARROWING
+        from kazeia.backends.htp.build_layout import describe_skips, session_skips
 
-        if HMX_QUEUE_NARROWING.name not in settings.faults or self.profile.queue_signal_full_width:
-            return frozenset()
-        skipped = queue.narrowed_workers(settings.narrowed, settings.build_seed)
-        self.farf("HIGH", f"hmx-queue: this build's {queue.describe(skipped)} entry address ends in 0x00: taken for "
-                          f"HMX_QUEUE_NOOP (skipped, marked done)")
+        skipped = session_skips(settings)
+        if skipped:
+            self.farf("HIGH", f"hmx-queue: this build's {describe_skips(skipped)} entry address ends in 0x00: taken "
+                              f"for HMX_QUEUE_NOOP (skipped, marked done)")
         return skipped
 
     def snapshot(self) -> DeviceState:
