@@ -37,9 +37,8 @@ from kazeia.native.pool import run_rows
 from kazeia.native.portable import jit, prange
 
 PANEL = 32             # activation rows per packed panel: [mpad/32][K][32], one HMX tile of rows
-KC = 512              # K per block: the panel's block (64 KB) and a block of weight rows (96 KB) stay in L2
-SUB = 48               # weight rows dequantized together (a multiple of both tilings' NR)
-CHUNK = 48             # weight rows a thread claims
+KC = 512              # K per block: the panel's block (64 KB) and a block of weight rows (96-128 KB) stay in L2
+SUB_TILES = 8          # micro-tiles of weight rows dequantized together, and claimed by a thread at a time
 SOURCES = ("f32", "f16") + KINDS   # float32 rows (given), F16 rows, ggml blocks
 BLOCK_BYTES = {"f16": 2 * QK, **block_bytes(KINDS)}
 CANONICAL_NAN = np.uint32(0x7FC00000).view(np.float32)
@@ -49,9 +48,17 @@ PARALLEL_MIN_PACK = 1 << 16  # activation elements from which the panels are pac
 
 def _tiling() -> tuple[int, int, int]:
     """(float lanes a vector, m lanes a micro-tile, weight rows a micro-tile) for this host's registers: 16
-    zmm-wide lanes x 2 x 12 rows with AVX-512 (24 accumulators of 32), else 8 x 2 x 6 (12 of 16 ymm)."""
+    zmm-wide lanes x 2 x 8 rows with AVX-512 (16 accumulators of 32), else 8 x 2 x 6 (12 of 16 ymm). With zmm,
+    8 rows ran at 79-80 % of the FMA peak on a Zen 5 (bench/bench_hmx_gemm.py, one and two threads) where 12 rows
+    (24 accumulators, more broadcast streams per k) ran at 66-69 %; only which outputs a tile holds changes."""
     vl = f32_lanes()
-    return vl, 2 * vl, 12 if vl == 16 else 6
+    return vl, 2 * vl, 8 if vl == 16 else 6
+
+
+def _sub_rows() -> int:
+    """Weight rows dequantized together (a block of SUB_TILES micro-tiles) and claimed by a thread at a time: 64
+    with AVX-512 (48 rows ran at 74-75 % of the peak there, 64 at 78-79 %), 48 else."""
+    return SUB_TILES * _tiling()[2]
 
 
 # --- HMX MUL_MAT: lanes over m ------------------------------------------------------------------------------
@@ -101,10 +108,10 @@ def _micro(k: Kernel, vt: ir.VectorType, nv: int, rows: list, apan: ir.Value, kc
 def _hmx_gemm(module: ir.Module, src: str) -> None:
     """hmx_gemm_<src>(ap, mpad, k, w, wstride, ct, r0, r1): ct[n, m] = sum_k a[m, k] * w[n, k] for the weight rows
     n in [r0, r1) and every m < mpad, in the one order (module doc). ap: the activation panels [mpad/32][k][32];
-    w: the weight rows (wstride bytes apart) as float32, F16 or ggml blocks, dequantized here per block of SUB
-    rows x KC into a stack buffer; ct: (N, mpad) float32."""
+    w: the weight rows (wstride bytes apart) as float32, F16 or ggml blocks, dequantized here per block of
+    _sub_rows() rows x KC into a stack buffer; ct: (N, mpad) float32."""
     vl, lanes, nr = _tiling()
-    vt, nv = vec(F32, vl), lanes // vl
+    vt, nv, sub = vec(F32, vl), lanes // vl, _sub_rows()
     k = Kernel(module, f"hmx_gemm_{src}", [("ap", ptr(F32)), ("mpad", I64), ("k", I64), ("w", ptr(I8)),
                                            ("wstride", I64), ("ct", ptr(F32)), ("r0", I64), ("r1", I64)])
     b, a = k.b, k.a
@@ -117,9 +124,9 @@ def _hmx_gemm(module: ir.Module, src: str) -> None:
             emit_hmx_weight(module, src, deq_name)
         deq = module.globals[deq_name]
         deq.linkage = "internal"
-        tmp = b.bitcast(k.var(ir.ArrayType(F32, SUB * KC)), ptr(F32))
-    with k.loop(a.r0, a.r1, SUB, name="s") as s0:
-        s1 = b.add(s0, i64(SUB))
+        tmp = b.bitcast(k.var(ir.ArrayType(F32, sub * KC)), ptr(F32))
+    with k.loop(a.r0, a.r1, sub, name="s") as s0:
+        s1 = b.add(s0, i64(sub))
         s1 = b.select(b.icmp_signed("<", s1, a.r1), s1, a.r1)
         with k.loop(0, a.k, KC, name="kb") as k0:
             rest = b.sub(a.k, k0)
@@ -242,7 +249,7 @@ def hmx_products(a16: np.ndarray, n: int, src: str, w: np.ndarray, wstride: int,
     if available():
         panels = pack_panels(a16)
         parallel = m * n * kdim >= PARALLEL_MIN_MACS
-        run_rows(GEMM[src], (addr(panels), mpad, kdim, addr(w), wstride, addr(ct)), n, CHUNK, parallel)
+        run_rows(GEMM[src], (addr(panels), mpad, kdim, addr(w), wstride, addr(ct)), n, _sub_rows(), parallel)
         return ct
     if src != "f32":
         raise ValueError("the portable HMX product takes float32 weight rows")  # (callers dequantize first)
