@@ -111,3 +111,26 @@ def test_decode_pass_gives_the_same_bits_on_one_thread_and_two():
     finally:
         set_threads(before)
     assert outs[0].tobytes() == outs[1].tobytes()
+
+
+@pytest.mark.parametrize("hmx", [True, False], ids=["hmx", "hvx"])
+def test_kept_call_follows_the_arrays_contents_and_its_scale(hmx):
+    """decode_bound keeps its call by the very arrays (a decode graph's views): each token writes new values into the
+    same q, cache, mask and dst, and the kept call must give decode's bits for them, decline a token decode declines
+    and run the next plain one again; another scale on the same arrays is another call."""
+    q4 = np.empty((1, 8, 1, 32), np.float32)
+    k = np.empty((1, 2, 64, 32), np.float16)
+    v = np.empty((1, 2, 64, 32), np.float16)
+    m4 = np.empty((1, 1, 8, 67), np.float16)
+    dst = np.empty((1, 1, 8, 32), np.float32)
+    for token, special in enumerate(["", "tiny_p", "nan_q", "", "zeros"]):
+        q, kk, vv, m, scale = _case(10 + token, 8, 2, 1, 64, 32, 32, "f16", special, perm=False)
+        q4[0], k[...], v[...], m4[0, 0] = q, kk, vv, m[:8]
+        for sc in (scale, scale * 0.5):
+            want = np.empty_like(dst)
+            with np.errstate(all="ignore"):
+                done = fa_decode.decode(q, kk, vv, m[:8], sc, hmx, want)
+                got = fa_decode.decode_bound(q4, k, v, m4, sc, hmx, dst)
+            assert got == done, (token, special)
+            if done:
+                assert dst.tobytes() == want.tobytes(), (token, special, sc)

@@ -108,8 +108,13 @@ def _decode_pass(n: Tensor, q: np.ndarray, use_hmx: bool) -> bool:
     if k.type != GGMLType.F16 or v.type != GGMLType.F16:
         return False
     m = n.src[3] if len(n.src) > 3 else None
-    mask = None if m is None else array(m)[0, 0]
-    return fa_decode.decode(q, array(k), array(v), mask, float(n.params["scale"]), use_hmx, array(n), linger=True)
+    scale, q4 = float(n.params["scale"]), array(n.src[0])
+    if q4.dtype != np.float32:  # (q: widened by the load)
+        mask = None if m is None else array(m)[0, 0]
+        return fa_decode.decode(q, array(k), array(v), mask, scale, use_hmx, array(n), linger=True)
+    # the tensors' kept views: the pass's arguments are kept by them (q is q4[0])
+    mask4 = None if m is None else array(m)
+    return fa_decode.decode_bound(q4, array(k), array(v), mask4, scale, use_hmx, array(n), linger=True)
 
 
 def _softmax_parts(s: np.ndarray, mask: np.ndarray | None, scale: np.float32,
