@@ -1,16 +1,17 @@
-"""The `cpu` backend's GEMM family, its prefill matmuls: AVX2 IR (compiled by native/compile.py) and its front
-`gemm`. y (M, N) = x (M, K) @ W^T with W in Q4_0 / Q4_1 / Q8_0 blocks and x quantized to int16 per 32-element
-block (gemv.quantize_activations: scale d_x = amax/32767). It has no portable twin: without the native kernels
-qmatmul multiplies dequantized tiles with BLAS.
+"""The `cpu` backend's GEMM family, its prefill matmuls: IR for ymm (AVX2) or zmm (AVX-512 F and BW) compiled by
+native/compile.py, and its front `gemm`. y (M, N) = x (M, K) @ W^T with W in Q4_0 / Q4_1 / Q8_0 blocks and x
+quantized to int16 per 32-element block (gemv.quantize_activations: scale d_x = amax/32767). It has no portable
+twin: without the native kernels qmatmul multiplies dequantized tiles with BLAS.
 
-Per panel of 16 weight rows, the codes are unpacked once into int16 k-pairs interleaved by row (for each pair
-of elements, one <16 x i16> holds the pair of each of 8 rows: a register transpose of the rows), with the rows'
-d (and m) beside them. Then every 3 rows of x run through the panel: per block, 16 steps of one broadcast
-pair of x per row and one pmaddwd per 8 weight rows accumulate the exact int32 block dot of 3 x 16 outputs;
-per block these are converted and accumulated by one FMA with d_w*d_x into float32 (Q4_1: plus
-m_w * d_x * sum(x_q) by a second FMA), so each output is its blocks summed in order: the same at any thread
-count. pmaddwd does 16 multiply-adds where an fp32 FMA does 8: about 1.6x the fp32 BLAS rate per core here,
-with no float copy of the weight.
+Per panel of 2L weight rows (L = 8 int32 lanes with ymm, 16 with zmm: `lanes`), the codes are unpacked once into
+int16 k-pairs interleaved by row (for each pair of elements, one vector holds the pair of each of L rows: register
+transposes of 8 rows, two of them joined for zmm), with the rows' d (and m) beside them. Then every `rows_per_tile`
+rows of x run through the panel: per block, 16 steps of one broadcast pair of x per row and one pmaddwd per L
+weight rows accumulate the exact int32 block dot of each output; per block these are converted and accumulated by
+one FMA with d_w*d_x into float32 (Q4_1: plus m_w * d_x * sum(x_q) by a second FMA), so each output is its blocks
+summed in order: the same at any thread count and either width (tests/test_isa_variants.py). pmaddwd does 2L
+multiply-adds where an fp32 FMA does L, with no float copy of the weight: zmm doubles both (on a Zen 5, Qwen3-4B's
+layer GEMMs at M = 128 and 2 threads: 722 GOP/s with zmm, 364 with ymm).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from llvmlite import ir
 from kazeia.backends.cpu.kernels.gemv import quantize_activations
 from kazeia.gguf.quants import QK, block_bytes
 from kazeia.native.buffers import ptr as addr
-from kazeia.native.compile import Library
+from kazeia.native.compile import Library, f32_lanes, host_has
 from kazeia.native.idioms import transpose8
 from kazeia.native.irkit import (
     F32,
@@ -29,7 +30,6 @@ from kazeia.native.irkit import (
     I16,
     I32,
     I64,
-    V8F32,
     V8I32,
     V16I8,
     V16I16,
@@ -37,10 +37,22 @@ from kazeia.native.irkit import (
     i64,
     ptr,
     splat,
+    vec,
 )
 
-PANEL = 16   # weight rows per panel (two vectors of 8 lanes)
-MR = 3       # rows of x per micro-kernel (3 x 2 int32 + 3 x 2 float32 accumulators, 2 weights, 1 broadcast)
+
+def lanes() -> int:
+    """int32 / float32 lanes of the kernel's vectors on this host: 16 (zmm: AVX-512 F and BW, whose pmaddwd takes
+    32 int16) or 8 (ymm). A panel is two vectors of weight rows. Which outputs sit side by side only: each
+    output's operations and their order are the same at either width."""
+    return 16 if f32_lanes() == 16 and host_has("avx512bw") else 8
+
+
+def rows_per_tile() -> int:
+    """Rows of x per micro-kernel: 3 with ymm (3 x 2 int32 + 3 x 2 float32 accumulators, 2 weights and 1 broadcast:
+    15 of 16 registers), 4 with zmm (19 of 32; on a Zen 5, 722 GOP/s on Qwen3-4B's layer GEMMs at M = 128 against
+    670 for 3 and 687 for 5)."""
+    return 4 if lanes() == 16 else 3
 KINDS = ("q4_0", "q4_1", "q8_0")
 BLOCK_BYTES = block_bytes(KINDS)
 GEMM_ARGS = [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("xq", ptr(I16)), ("xd", ptr(F32)), ("xs", ptr(I32)),
@@ -61,102 +73,115 @@ def _row_pairs(k: Kernel, kind: str, base: ir.Value) -> tuple[ir.Value, ir.Value
 
 
 def _pack(k: Kernel, kind: str, n0: ir.Value, nrows: ir.Value, panel, dpan, mpan) -> None:
-    """Unpack the panel's rows n0 .. n0+16 (rows at or past `nrows` read as zero) into panel[b][pair][half]
-    (<8 x i32> = the pair of 8 rows) and dpan/mpan[b][row] (float32 d, m). The next panel's bytes are
-    prefetched on the way (a panel's micro-kernels take long enough for them to arrive)."""
+    """Unpack the panel's rows n0 .. n0+2L (rows at or past `nrows` read as zero) into panel[b][pair][half]
+    (<L x i32> = the pair of L rows; L = lanes()) and dpan/mpan[b][row] (float32 d, m): 8 rows at a time through
+    a register transpose, two such groups joined into one zmm. The next panel's bytes are prefetched on the way (a
+    panel's micro-kernels take long enough for them to arrive)."""
     b, a = k.b, k.a
+    nl = lanes()
+    npanel = 2 * nl
     bb = BLOCK_BYTES[kind]
     zero = ir.Constant(V8I32, [0] * 8)
-    bases = [k.gep(a.w, b.mul(b.add(n0, i64(r)), a.wstride)) for r in range(PANEL)]
-    live = [b.icmp_signed("<", b.add(n0, i64(r)), nrows) for r in range(PANEL)]
+    bases = [k.gep(a.w, b.mul(b.add(n0, i64(r)), a.wstride)) for r in range(npanel)]
+    live = [b.icmp_signed("<", b.add(n0, i64(r)), nrows) for r in range(npanel)]
     with k.loop(0, a.nb, name="pk") as blk:
         off = b.mul(blk, i64(bb))
         for h in range(2):
-            los, his = [], []
-            for r in range(8 * h, 8 * h + 8):
-                base = k.gep(bases[r], off)
-                k.prefetch(k.gep(base, b.mul(a.wstride, i64(PANEL))))
-                lo_s, hi_s = k.var(V8I32, zero), k.var(V8I32, zero)
-                d_s, m_s = k.var(F32, 0.0), k.var(F32, 0.0)
-                with k.if_(live[r]):
-                    lo, hi = _row_pairs(k, kind, base)
-                    b.store(lo, lo_s)
-                    b.store(hi, hi_s)
-                    b.store(k.half_to_f32(k.load_as(base, I16, 0)), d_s)
+            groups = []  # per 8 rows of the half: the 16 pairs, each <8 x i32> of the 8 rows
+            for r0 in range(nl * h, nl * h + nl, 8):
+                los, his = [], []
+                for r in range(r0, r0 + 8):
+                    base = k.gep(bases[r], off)
+                    k.prefetch(k.gep(base, b.mul(a.wstride, i64(npanel))))
+                    lo_s, hi_s = k.var(V8I32, zero), k.var(V8I32, zero)
+                    d_s, m_s = k.var(F32, 0.0), k.var(F32, 0.0)
+                    with k.if_(live[r]):
+                        lo, hi = _row_pairs(k, kind, base)
+                        b.store(lo, lo_s)
+                        b.store(hi, hi_s)
+                        b.store(k.half_to_f32(k.load_as(base, I16, 0)), d_s)
+                        if kind == "q4_1":
+                            b.store(k.half_to_f32(k.load_as(base, I16, 2)), m_s)
+                    los.append(b.load(lo_s))
+                    his.append(b.load(hi_s))
+                    k.store(b.load(d_s), dpan, b.add(b.mul(blk, i64(npanel)), i64(r)))
                     if kind == "q4_1":
-                        b.store(k.half_to_f32(k.load_as(base, I16, 2)), m_s)
-                los.append(b.load(lo_s))
-                his.append(b.load(hi_s))
-                k.store(b.load(d_s), dpan, b.add(b.mul(blk, i64(PANEL)), i64(r)))
-                if kind == "q4_1":
-                    k.store(b.load(m_s), mpan, b.add(b.mul(blk, i64(PANEL)), i64(r)))
-            for j, v in enumerate(transpose8(k, los) + transpose8(k, his)):
+                        k.store(b.load(m_s), mpan, b.add(b.mul(blk, i64(npanel)), i64(r)))
+                groups.append(transpose8(k, los) + transpose8(k, his))
+            for j in range(16):
+                v = groups[0][j] if nl == 8 else k.shuffle(groups[0][j], groups[1][j], list(range(16)))
                 k.store(v, panel, b.add(b.mul(blk, i64(32)), i64(2 * j + h)))
 
 
 def _micro(k: Kernel, kind: str, m0: ir.Value, mr: int, n0: ir.Value, nrows: ir.Value, panel, dpan, mpan) -> None:
-    """y[m0 .. m0+mr, n0 .. n0+16] from the packed panel (columns at or past nrows are not stored)."""
+    """y[m0 .. m0+mr, n0 .. n0+2L] from the packed panel (columns at or past nrows are not stored)."""
     b, a = k.b, k.a
-    zf, zi = ir.Constant(V8F32, [0.0] * 8), ir.Constant(V8I32, [0] * 8)
-    facc = [[k.var(V8F32, zf) for _ in range(2)] for _ in range(mr)]
+    nl = lanes()
+    npanel = 2 * nl
+    vf, vi, vw = vec(F32, nl), vec(I32, nl), vec(I16, 2 * nl)
+    pmadd = "llvm.x86.avx512.pmaddw.d.512" if nl == 16 else "llvm.x86.avx2.pmadd.wd"
+    zf, zi = ir.Constant(vf, [0.0] * nl), ir.Constant(vi, [0] * nl)
+    facc = [[k.var(vf, zf) for _ in range(2)] for _ in range(mr)]
     xrow = b.mul(a.nb, i64(QK))
     with k.loop(0, a.nb, name="kb") as blk:
-        iacc = [[k.var(V8I32, zi) for _ in range(2)] for _ in range(mr)]
+        iacc = [[k.var(vi, zi) for _ in range(2)] for _ in range(mr)]
         xp = [b.bitcast(k.gep(a.xq, b.add(b.mul(b.add(m0, i64(i)), xrow), b.mul(blk, i64(QK)))), ptr(I32))
               for i in range(mr)]
         pbase = b.mul(blk, i64(32))
         with k.loop(0, 16, name="kp") as j:  # a runtime loop: unrolled, LLVM spills the accumulators
-            ws = [b.bitcast(k.load(panel, b.add(pbase, b.add(b.mul(j, i64(2)), i64(h)))), V16I16) for h in range(2)]
+            ws = [b.bitcast(k.load(panel, b.add(pbase, b.add(b.mul(j, i64(2)), i64(h)))), vw) for h in range(2)]
             for i in range(mr):
-                xb = b.bitcast(k.broadcast(k.load(xp[i], j), 8), V16I16)
+                xb = b.bitcast(k.broadcast(k.load(xp[i], j), nl), vw)
                 for h in range(2):
-                    p = k.call("llvm.x86.avx2.pmadd.wd", V8I32, ws[h], xb)
+                    p = k.call(pmadd, vi, ws[h], xb)
                     b.store(b.add(b.load(iacc[i][h]), p), iacc[i][h])
-        dv = [k.load_vec(dpan, V8F32, b.add(b.mul(blk, i64(PANEL)), i64(8 * h))) for h in range(2)]
-        mv = [k.load_vec(mpan, V8F32, b.add(b.mul(blk, i64(PANEL)), i64(8 * h))) for h in range(2)] \
+        dv = [k.load_vec(dpan, vf, b.add(b.mul(blk, i64(npanel)), i64(nl * h))) for h in range(2)]
+        mv = [k.load_vec(mpan, vf, b.add(b.mul(blk, i64(npanel)), i64(nl * h))) for h in range(2)] \
             if kind == "q4_1" else None
         for i in range(mr):
             bi = b.add(b.mul(b.add(m0, i64(i)), a.nb), blk)
             dxs = k.load(a.xd, bi)
-            dx = k.broadcast(dxs, 8)
+            dx = k.broadcast(dxs, nl)
             if kind == "q4_1":
-                sx = k.broadcast(b.fmul(dxs, b.sitofp(k.load(a.xs, bi), F32)), 8)
+                sx = k.broadcast(b.fmul(dxs, b.sitofp(k.load(a.xs, bi), F32)), nl)
             for h in range(2):
-                acc = k.fma(b.sitofp(b.load(iacc[i][h]), V8F32), b.fmul(dv[h], dx), b.load(facc[i][h]))
+                acc = k.fma(b.sitofp(b.load(iacc[i][h]), vf), b.fmul(dv[h], dx), b.load(facc[i][h]))
                 if kind == "q4_1":
                     acc = k.fma(mv[h], sx, acc)
                 b.store(acc, facc[i][h])
-    full = b.icmp_signed("<=", b.add(n0, i64(PANEL)), nrows)
+    full = b.icmp_signed("<=", b.add(n0, i64(npanel)), nrows)
     for i in range(mr):
         yrow = b.add(b.mul(b.add(m0, i64(i)), a.ystride), n0)
         vals = [b.load(facc[i][h]) for h in range(2)]
         with b.if_else(full) as (then, other):
             with then:
                 for h in range(2):
-                    k.store_vec(vals[h], a.y, b.add(yrow, i64(8 * h)))
+                    k.store_vec(vals[h], a.y, b.add(yrow, i64(nl * h)))
             with other:  # the last, partial panel
-                for c in range(PANEL):
+                for c in range(npanel):
                     with k.if_(b.icmp_signed("<", b.add(n0, i64(c)), nrows)):
-                        k.store(b.extract_element(vals[c // 8], ir.Constant(I32, c % 8)), a.y, b.add(yrow, i64(c)))
+                        k.store(b.extract_element(vals[c // nl], ir.Constant(I32, c % nl)), a.y, b.add(yrow, i64(c)))
 
 
 def _gemm(module: ir.Module, kind: str) -> str:
-    """gemm_<kind>(w, wstride, nb, xq, xd, xs, m, y, ystride, r0, r1): y[0..m, r0..r1]; r0 a multiple of 16
-    (r1 = N or a multiple of 16: chunks are whole panels)."""
+    """gemm_<kind>(w, wstride, nb, xq, xd, xs, m, y, ystride, r0, r1): y[0..m, r0..r1]; r0 a multiple of the panel's
+    2L rows (r1 = N or such a multiple: chunks are whole panels)."""
     name = f"gemm_{kind}"
     k = Kernel(module, name, GEMM_ARGS)
     b, a = k.b, k.a
-    panel = b.alloca(V8I32, size=b.mul(a.nb, i64(32)))
-    dpan = b.alloca(F32, size=b.mul(a.nb, i64(PANEL)))
-    mpan = b.alloca(F32, size=b.mul(a.nb, i64(PANEL))) if kind == "q4_1" else None
-    npanels = b.sdiv(b.add(b.sub(a.r1, a.r0), i64(PANEL - 1)), i64(PANEL))
+    npanel = 2 * lanes()
+    panel = b.alloca(vec(I32, lanes()), size=b.mul(a.nb, i64(32)))
+    dpan = b.alloca(F32, size=b.mul(a.nb, i64(npanel)))
+    mpan = b.alloca(F32, size=b.mul(a.nb, i64(npanel))) if kind == "q4_1" else None
+    npanels = b.sdiv(b.add(b.sub(a.r1, a.r0), i64(npanel - 1)), i64(npanel))
     with k.loop(0, npanels, name="pan") as p:
-        n0 = b.add(a.r0, b.mul(p, i64(PANEL)))
+        n0 = b.add(a.r0, b.mul(p, i64(npanel)))
         _pack(k, kind, n0, a.r1, panel, dpan, mpan)
-        nm = b.sdiv(a.m, i64(MR))
+        mr = rows_per_tile()
+        nm = b.sdiv(a.m, i64(mr))
         with k.loop(0, nm, name="mt") as mt:
-            _micro(k, kind, b.mul(mt, i64(MR)), MR, n0, a.r1, panel, dpan, mpan)
-        with k.loop(b.mul(nm, i64(MR)), a.m, name="mtail") as mt:
+            _micro(k, kind, b.mul(mt, i64(mr)), mr, n0, a.r1, panel, dpan, mpan)
+        with k.loop(b.mul(nm, i64(mr)), a.m, name="mtail") as mt:
             _micro(k, kind, mt, 1, n0, a.r1, panel, dpan, mpan)
     k.ret()
     return name
@@ -164,7 +189,7 @@ def _gemm(module: ir.Module, kind: str) -> str:
 
 LIB = Library(__name__, "kazeia_simd_gemm")
 GEMM = {kind: LIB.kernel(f"gemm_{kind}", _gemm, kind, par=True) for kind in KINDS}
-CHUNK = 32  # weight rows per claimed chunk of the parallel GEMM (a multiple of its 16-row panels)
+CHUNK = 32  # weight rows per claimed chunk of the parallel GEMM (a multiple of its 16- or 32-row panels)
 
 
 def gemm(kind: str, weights, k: int, x: np.ndarray, out: np.ndarray, parallel: bool, parallel_min_bytes: int) -> None:
