@@ -9,6 +9,7 @@ import numpy as np
 
 from kazeia.backends.libm import HOST, HostMath, OwnedMath
 from kazeia.backends.ordered import ordered_batched
+from kazeia.backends.sum_squares import sum_squares
 from kazeia.graph.tensor import Tensor
 
 Kernel = Callable[["NumpyOps", Tensor], None]
@@ -52,6 +53,14 @@ class NumpyOps:
         if a.dtype == np.float32 and b.dtype == np.float32:
             return ordered_batched(a, b)
         return np.matmul(a, b)
+
+    def sum_squares(self, x: np.ndarray) -> np.ndarray:
+        """Each row's sum of squares in float64 (RMS_NORM, L2_NORM: ggml sums in double): float32 rows in the one
+        order of backends/sum_squares.py (numpy einsum's on the builds the device's bits were recorded with, owned
+        so that no numpy build moves them); REF's float64 rows by numpy's einsum."""
+        if x.dtype == np.float32:
+            return sum_squares(x)
+        return np.einsum("...i,...i->...", x, x, dtype=np.float64)
 
     def matvec(self, m: np.ndarray, x: np.ndarray) -> np.ndarray:
         """m (..., R, C) @ x (..., C) -> (..., R) (the gated delta net's state products): numpy's matmul here."""

@@ -33,7 +33,7 @@ def _scale(be: NumpyOps, n: Tensor) -> None:
 def _rms_norm(be: NumpyOps, n: Tensor) -> None:
     x = be.load(n.src[0])
     # sum of squares in float64 whatever the compute dtype (as ggml does), then scale in compute dtype
-    mean = np.einsum("...i,...i->...", x, x, dtype=np.float64) / x.shape[-1]
+    mean = be.sum_squares(x) / x.shape[-1]
     inv = (1.0 / np.sqrt(mean + n.params["eps"])).astype(be.ft)
     be.store(n, x * inv[..., None])
 

@@ -18,7 +18,7 @@ def _concat(be: NumpyOps, n: Tensor) -> None:
 @kernel("L2_NORM")
 def _l2_norm(be: NumpyOps, n: Tensor) -> None:
     x = be.load(n.src[0])
-    ss = np.einsum("...i,...i->...", x, x, dtype=np.float64)  # sum of squares in double, as ggml
+    ss = be.sum_squares(x)  # sum of squares in double, as ggml
     scale = (1.0 / np.maximum(np.sqrt(ss), n.params["eps"])).astype(be.ft)
     be.store(n, x * scale[..., None])
 
