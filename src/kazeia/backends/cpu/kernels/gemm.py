@@ -189,7 +189,12 @@ def _gemm(module: ir.Module, kind: str) -> str:
 
 LIB = Library(__name__, "kazeia_simd_gemm")
 GEMM = {kind: LIB.kernel(f"gemm_{kind}", _gemm, kind, par=True) for kind in KINDS}
-CHUNK = 32  # weight rows per claimed chunk of the parallel GEMM (a multiple of its 16- or 32-row panels)
+# weight rows per claimed chunk of the parallel GEMM (a multiple of the 16- and 32-row panels): a panel's pack
+# prefetches the next panel into its own core's caches, which helps only when that panel is the same thread's. With
+# zmm's 32-row panels, 32-row chunks left every panel of a DRAM-resident weight cold: Qwen3-4B's 36 layers at M = 128
+# ran at 637-660 GOP/s with 32, 684-687 with 64, 687-695 with 128, 703-705 with 256 and 646-653 with 512 (two threads
+# split the 1024-row K/V weights unevenly); ymm: 342-352 with 32 or 256
+CHUNK = 256
 
 
 def gemm(kind: str, weights, k: int, x: np.ndarray, out: np.ndarray, parallel: bool, parallel_min_bytes: int) -> None:
