@@ -11,7 +11,7 @@ import numpy as np
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, freq_factors, gelu_tanh, glu_halves, rope_angles
 from kazeia.graph.builder import ROPE_NEOX, ROPE_NORM
 from kazeia.graph.tensor import SCALAR_DTYPES, GGMLType, Tensor, array
-from kazeia.native.threads import single_blas_thread
+from kazeia.native.threads import single_blas_thread, threads
 
 F32_KERNELS: dict[str, tuple] = {}  # op -> (the plain kernel it stands in for, the float32 kernel)
 FA_ROW_BLOCK = 64  # query rows per block: a causal block only attends to the KV cells its rows can see
@@ -72,18 +72,46 @@ def _fa_blocks(be, kt, vt, qs, mask, seen, out, S, Hkv, g, T, D, H) -> None:
     cols = np.flatnonzero(seen.any(axis=0))
     n_all = int(cols[-1]) + 1 if cols.size else 1  # masked cells beyond the last one seen add exactly nothing
     k_all, v_all = _kv(be, kt, n_all), _kv(be, vt, n_all)  # (S, Hkv, n, D) float32, converted once
+    limits = []
     for t0 in range(0, T, FA_ROW_BLOCK):
         t1 = min(T, t0 + FA_ROW_BLOCK)
         cols = np.flatnonzero(seen[t0:t1].any(axis=0))
-        nv = int(cols[-1]) + 1 if cols.size else 1
-        k, v = k_all[:, :, :nv], v_all[:, :, :nv]
-        qb = qs[:, :, :, t0:t1].reshape(S, Hkv, g * (t1 - t0), D)
-        s = np.matmul(qb, k.swapaxes(-1, -2)).reshape(S, Hkv, g, t1 - t0, nv)
-        s += mask[:, :, None, t0:t1, :nv]
-        with np.errstate(invalid="ignore", over="ignore"):
-            _softmax_inplace(s)
-        o = np.matmul(s.reshape(S, Hkv, g * (t1 - t0), nv), v).reshape(S, H, t1 - t0, -1)
-        out[:, t0:t1] = o.transpose(0, 2, 1, 3)
+        limits.append((t0, t1, int(cols[-1]) + 1 if cols.size else 1))
+
+    def heads(h0: int, h1: int) -> None:
+        """The KV heads [h0, h1) and their query heads: each head's products are its own BLAS calls, so which
+        thread runs a head never changes its bits."""
+        for t0, t1, nv in limits:
+            k, v = k_all[:, h0:h1, :nv], v_all[:, h0:h1, :nv]
+            qb = qs[:, h0:h1, :, t0:t1].reshape(S, h1 - h0, g * (t1 - t0), D)
+            s = np.matmul(qb, k.swapaxes(-1, -2)).reshape(S, h1 - h0, g, t1 - t0, nv)
+            s += mask[:, :, None, t0:t1, :nv]
+            with np.errstate(invalid="ignore", over="ignore"):
+                _softmax_inplace(s)
+            o = np.matmul(s.reshape(S, h1 - h0, g * (t1 - t0), nv), v).reshape(S, (h1 - h0) * g, t1 - t0, -1)
+            out[:, t0:t1, h0 * g:h1 * g] = o.transpose(0, 2, 1, 3)
+
+    half = Hkv // 2
+    if threads() < 2 or half == 0 or T * n_all < FA_SPLIT_MIN:
+        heads(0, Hkv)
+        return
+    other = _fa_pool().submit(heads, half, Hkv)  # numpy releases the GIL in the products and the softmax
+    heads(0, half)
+    other.result()
+
+
+FA_SPLIT_MIN = 64 * 64  # query rows x KV cells from which the KV heads are split between two threads
+_FA_POOL = None
+
+
+def _fa_pool():
+    """One helper thread for the second half of a prefill flash attention's KV heads (made on first use)."""
+    global _FA_POOL
+    if _FA_POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _FA_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kazeia-fa")
+    return _FA_POOL
 
 
 _rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
