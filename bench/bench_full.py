@@ -38,7 +38,8 @@ from peer import find_tool, llama_bench  # bench/peer.py
 
 KAZEIA = [sys.executable, "-m", "kazeia"]
 GIB = float(1 << 30)
-TARGETS = {"cpu_tg": 0.5, "cpu_pp": 0.4, "htp_pp": 0.8, "htp_tg": 0.8, "cpu_rss_gib": 3.6,
+# the open issues' targets: the CPU against llama.cpp (issue 38, an AVX-512 host), HTP0 against kazeia's CPU (issue 34)
+TARGETS = {"cpu_tg": 1.0, "cpu_pp": 1.2, "htp_pp": 0.6, "htp_tg": 0.8, "cpu_rss_gib": 3.6,
            "inv_s": 15.0, "inv_rss_gib": 4.0, "ttft_s": 1.0, "gate_s": 30.0, "upgrade_s": 30.0}
 TOOLS = ("gate", "upgrade", "check")  # the tool rows besides investigate
 
@@ -300,12 +301,12 @@ def report(res: dict) -> None:
             q = a / b
             checks.append(f"{name}: {q:.2f}x (target >= {target}x) {'ok' if q >= target else 'BELOW'}")
 
-    ratio("CPU decode vs llama.cpp", cpu.get("tg16"), ll.get("tg16"), TARGETS["cpu_tg"])
-    ratio("CPU prefill vs llama.cpp", cpu.get("pp128"), ll.get("pp128"), TARGETS["cpu_pp"])
-    ratio("HTP0 robust prefill vs kazeia CPU", hmx.get("pp128"), cpu.get("pp128"), TARGETS["htp_pp"])
-    ratio("HTP0 robust decode vs kazeia CPU", hmx.get("tg16"), cpu.get("tg16"), TARGETS["htp_tg"])
-    ratio("HTP0 2026-10 prefill vs kazeia CPU", oct_.get("pp128"), cpu.get("pp128"), TARGETS["htp_pp"])
-    ratio("HTP0 2026-10 decode vs kazeia CPU", oct_.get("tg16"), cpu.get("tg16"), TARGETS["htp_tg"])
+    ratio("CPU decode vs llama.cpp (issue 38)", cpu.get("tg16"), ll.get("tg16"), TARGETS["cpu_tg"])
+    ratio("CPU prefill vs llama.cpp (issue 38)", cpu.get("pp128"), ll.get("pp128"), TARGETS["cpu_pp"])
+    ratio("HTP0 robust prefill vs kazeia CPU (issue 34)", hmx.get("pp128"), cpu.get("pp128"), TARGETS["htp_pp"])
+    ratio("HTP0 robust decode vs kazeia CPU (issue 34)", hmx.get("tg16"), cpu.get("tg16"), TARGETS["htp_tg"])
+    ratio("HTP0 2026-10 prefill vs kazeia CPU (issue 34)", oct_.get("pp128"), cpu.get("pp128"), TARGETS["htp_pp"])
+    ratio("HTP0 2026-10 decode vs kazeia CPU (issue 34)", oct_.get("tg16"), cpu.get("tg16"), TARGETS["htp_tg"])
     if cpu.get("rss"):
         g = cpu["rss"] / GIB
         checks.append(f"CPU peak RSS {g:.2f} GiB (target <= {TARGETS['cpu_rss_gib']}) "
