@@ -124,16 +124,37 @@ def sum_squares(x: np.ndarray) -> np.ndarray:
     return out.reshape(x.shape[:-1])
 
 
-def rms_scale_rows(x: np.ndarray, y: np.ndarray, eps: float) -> bool:
+class RmsRows:
     """y = RMS_NORM(x) (the module's sum, then numpy's steps) in one native pass over float32 rows of unit element
-    stride; False (nothing written) where the kernel does not run: the caller's numpy steps give the same bits."""
-    if not available() or x.shape != y.shape or y.dtype != np.float32:
+    stride, its arguments worked out once for these two arrays (a decode runs the same norm every token)."""
+
+    __slots__ = ("fn", "args", "keep")
+
+    @staticmethod
+    def of(x: np.ndarray, y: np.ndarray, eps: float) -> RmsRows | None:
+        """The pass for x into y, or None where the kernel does not run (the caller's numpy steps give the same
+        bits)."""
+        if not available() or x.shape != y.shape or y.dtype != np.float32 or not y.flags.writeable:
+            return None
+        xr, yr = _rows(x), _rows(y)
+        if xr is None or yr is None:
+            return None
+        r = RmsRows()
+        r.fn, r.keep = RMS.fn, (x, y)
+        r.args = (xr.ctypes.data, xr.strides[0] // 4, yr.ctypes.data, yr.strides[0] // 4, xr.shape[1], float(eps),
+                  0, xr.shape[0])
+        return r
+
+    def __call__(self) -> None:
+        self.fn(*self.args)
+
+
+def rms_scale_rows(x: np.ndarray, y: np.ndarray, eps: float) -> bool:
+    """`RmsRows.of(x, y, eps)` run once; False (nothing written) where the kernel does not run."""
+    r = RmsRows.of(x, y, eps)
+    if r is None:
         return False
-    xr, yr = _rows(x), _rows(y)
-    if xr is None or yr is None or not y.flags.writeable:
-        return False
-    RMS.fn(xr.ctypes.data, xr.strides[0] // 4, yr.ctypes.data, yr.strides[0] // 4, xr.shape[1], float(eps), 0,
-           xr.shape[0])
+    r()
     return True
 
 

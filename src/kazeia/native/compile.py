@@ -65,9 +65,16 @@ def _host_features() -> dict[str, bool]:
     return _features
 
 
+_host_ok: bool | None = None
+
+
 def host_ok() -> bool:
-    """The host CPU has what the kernels use and llvmlite is there."""
-    return all(host_has(f) for f in NEEDED)
+    """The host CPU has what the kernels use and llvmlite is there (read once, with the features: `available` is
+    asked before every native call of a decode)."""
+    global _host_ok
+    if _host_ok is None:
+        _host_ok = all(host_has(f) for f in NEEDED)
+    return _host_ok
 
 
 def host_has(feature: str) -> bool:

@@ -17,7 +17,7 @@ import numpy as np
 
 from kazeia.backends.htp.kernels.expf import DSP_MATH, exp_f32, swiglu_f32
 from kazeia.backends.numpy_ops import rope_angles
-from kazeia.backends.sum_squares import rms_scale_rows, sum_squares
+from kazeia.backends.sum_squares import RmsRows, sum_squares
 from kazeia.graph.builder import ROPE_NEOX
 from kazeia.graph.tensor import GGMLType, Tensor, array
 
@@ -34,15 +34,17 @@ def compute_for(node: Tensor) -> Callable[[], None] | None:
 
 def _rms_norm(node: Tensor) -> Callable[[], None] | None:
     """numpy_ops._rms_norm: the float64 sum of squares in the one order (backends/sum_squares.py), then the same
-    steps; one native pass over the rows where the kernel runs (rms_scale_rows), else these numpy steps."""
+    steps; one native pass over the rows where the kernel runs (RmsRows, its arguments bound), else these numpy
+    steps."""
     x, dst = array(node.src[0]), array(node)
     if node.src[0].type != GGMLType.F32 or x.shape != dst.shape:
         return None
     eps, k = node.params["eps"], x.shape[-1]
+    native = RmsRows.of(x, dst, eps)
+    if native is not None:
+        return native
 
     def run() -> None:
-        if rms_scale_rows(x, dst, eps):
-            return
         with np.errstate(all="ignore"):  # non-finite rows stay non-finite, as on the device, without a warning
             mean = sum_squares(x) / k
             inv = (1.0 / np.sqrt(mean + eps)).astype(F32)
