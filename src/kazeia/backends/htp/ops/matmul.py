@@ -145,6 +145,12 @@ class MatmulUnit:
         before touching anything. A misfit is an op status (hmx_mm_2d_f32 returns -1 -> INTERNAL-ERROR; the HVX
         kernels return VTCM-TOO-SMALL); dst keeps what it held; the batch goes on."""
         node = op.node
+        placement = op.placement
+        bound = self._bound.peek(node) if placement is not None else None
+        if bound is not None and bound.matches(node, placement) and binding():
+            # a decode's node, bound on an earlier token (only an HVX plan that fits the grant is ever bound)
+            rec = bound.run()
+            return rec if rec is not None else self.hvx.run_host_plan(dsp, octx, op, self._plan(node))
         w = node.src[0]
         plan = self._plan(node)
         granted = self.settings.dsp_vtcm_bytes
@@ -165,7 +171,6 @@ class MatmulUnit:
             dsp.farf("ERROR", f"matmul-{plan.qtype} : current VTCM reservation {granted} is too small, "
                               f"needed {plan.used}")
             return OpRecord("hvx", STATUS_VTCM_TOO_SMALL, {"vtcm_used": plan.used, "vtcm_granted": granted})
-        placement = op.placement
         if placement is not None and binding():  # a decode runs the same nodes every token: bound once
             b = self._bound.get(node, lambda: self._bind_host_plan(node, plan, placement),
                                 lambda b: b is None or b.matches(node, placement))
