@@ -78,6 +78,42 @@ def test_rms_norm_glu_rope_are_the_kernels(seed):
         _same_as_kernel(rope)
 
 
+@pytest.mark.parametrize("cache_type", [GGMLType.F16, F32])
+@pytest.mark.parametrize("id_type", [GGMLType.I64, I32])
+def test_set_rows_is_the_kernel(cache_type, id_type):
+    """A KV-cache store of one row (a decode) and of several (a prefill, duplicate ids included): the bound run
+    writes the kernel's bytes (numpy's fp16 cast: values past 65504, NaN), and raises the kernel's IndexError."""
+    rng = np.random.default_rng(7)
+    for n_rows in (1, 3, 37):
+        src = make_tensor(F32, (1024, n_rows), "k_cur")
+        ids = make_tensor(id_type, (n_rows,), "k_idxs")
+        cache = make_tensor(cache_type, (1024, 256), "cache_k_l0")
+        node = make_tensor(cache_type, (1024, 256), "cache_k_l0 (set)", op="SET_ROWS", src=(src, ids))
+        _place([src, ids, cache], rng)
+        node.buffer, node.offset = cache.buffer, cache.offset  # SET_ROWS writes into the cache view
+        for _ in range(3):  # new rows and ids each token, into the same views
+            array(src)[...] = (rng.standard_normal(array(src).shape) * 100).astype(np.float32)
+            array(src)[0, 0, 0, :4] = [np.nan, 70000.0, -65520.0, 1e-8]
+            array(ids)[...] = rng.integers(0, 256, n_rows)
+            if n_rows > 2:
+                array(ids)[0, 0, 0, 1] = array(ids)[0, 0, 0, 0]
+            before = np.array(array(node))  # (a store writes some rows: both runs start from the same cache)
+            run = dev_ops.compute_for(node)
+            with np.errstate(all="ignore"):
+                run()
+                got = np.array(array(node))
+                array(node)[...] = before
+                KERNELS["SET_ROWS"](X.DspOps(), node)
+            assert got.tobytes() == np.array(array(node)).tobytes()
+            assert not np.array_equal(got, before)
+        array(ids)[0, 0, 0, 0] = 256
+        run = dev_ops.compute_for(node)
+        with pytest.raises(IndexError, match="out of range"):
+            run()
+        with pytest.raises(IndexError, match="out of range"):
+            KERNELS["SET_ROWS"](X.DspOps(), node)
+
+
 def test_other_modes_and_overlaps_are_left_to_the_kernels():
     rng = np.random.default_rng(9)
     q, pos = make_tensor(F32, (128, 4), "q"), make_tensor(I32, (1,), "pos")

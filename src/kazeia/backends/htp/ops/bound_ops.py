@@ -26,6 +26,8 @@ F32 = np.float32
 
 def compute_for(node: Tensor) -> Callable[[], None] | None:
     """A closure computing the node into its dst from its sources' current values, or None (see the module)."""
+    if node.op == "SET_ROWS":
+        return _set_rows(node)
     if node.type != GGMLType.F32 or any(t is None or t.type not in (GGMLType.F32, GGMLType.I32) for t in node.src):
         return None
     make = {"RMS_NORM": _rms_norm, "GLU": _swiglu, "ROPE": _rope}.get(node.op)
@@ -49,6 +51,38 @@ def _rms_norm(node: Tensor) -> Callable[[], None] | None:
             mean = sum_squares(x) / k
             inv = (1.0 / np.sqrt(mean + eps)).astype(F32)
             np.multiply(x, inv[..., None], out=dst)
+
+    return run
+
+
+def _set_rows(node: Tensor) -> Callable[[], None] | None:
+    """numpy_ops._set_rows of float32 rows into an F16 or F32 tensor of one block (a KV-cache store): the same range
+    check, then scatter_rows' one fancy assignment (numpy's float32 -> fp16 cast), without the int64 copy of the
+    ids and its two reductions for a decode's single row; None for other types and layouts (a Q8_0 cache: the
+    DSP's quantizer)."""
+    src, ids = node.src[0], node.src[1]
+    if node.type not in (GGMLType.F16, GGMLType.F32) or src.type != GGMLType.F32 or ids.type not in (
+            GGMLType.I32, GGMLType.I64):
+        return None
+    vals, idx, out = array(src), array(ids), array(node)
+    if vals.shape[:2] != (1, 1) or out.shape[:2] != (1, 1) or idx.shape[:3] != (1, 1, 1):
+        return None
+    sel, rows_in, rows_out, nrows = idx.reshape(-1), vals[0, 0], out[0, 0], node.ne[1]
+
+    def out_of_range() -> IndexError:
+        return IndexError(f"{node.name}: row id out of range [0, {nrows})")
+
+    def run() -> None:
+        if sel.size == 1:
+            i = int(sel[0])
+            if not 0 <= i < nrows:
+                raise out_of_range()
+            rows_out[i] = rows_in[0]
+            return
+        ii = sel.astype(np.int64)
+        if ii.min(initial=0) < 0 or ii.max(initial=0) >= nrows:
+            raise out_of_range()
+        rows_out[ii] = rows_in
 
     return run
 
