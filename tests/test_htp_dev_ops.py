@@ -78,6 +78,32 @@ def test_rms_norm_glu_rope_are_the_kernels(seed):
         _same_as_kernel(rope)
 
 
+@pytest.mark.parametrize("nd", [128, 64])
+def test_a_decodes_rope_in_place_is_the_kernel(nd):
+    """A decode's Q and K rope in place (the allocator gives the rope its source's buffer): the bound run (one
+    native pass where the kernels run) leaves the kernel's bytes, over two tokens' positions."""
+    rng = np.random.default_rng(11)
+    q = make_tensor(F32, (128, 32, 1), "q")
+    pos = make_tensor(I32, (1,), "pos")
+    rope = make_tensor(F32, (128, 32, 1), "rope", op="ROPE", src=(q, pos),
+                       params={"n_dims": nd, "mode": 2, "freq_base": 1e6, "freq_scale": 1.0, "ext_factor": 0.0,
+                               "attn_factor": 1.0})
+    _place([q, pos], rng)
+    rope.buffer, rope.offset = q.buffer, q.offset
+    run = dev_ops.compute_for(rope)
+    assert run is not None
+    for p in (5, 40000):
+        array(pos)[...] = p
+        x = np.array(array(q))
+        with np.errstate(all="ignore"):
+            run()
+            got = np.array(array(rope))
+            array(q)[...] = x
+            KERNELS["ROPE"](X.DspOps(), rope)
+        assert got.tobytes() == np.array(array(rope)).tobytes()
+        assert not np.array_equal(got, x)
+
+
 @pytest.mark.parametrize("cache_type", [GGMLType.F16, F32])
 @pytest.mark.parametrize("id_type", [GGMLType.I64, I32])
 def test_set_rows_is_the_kernel(cache_type, id_type):

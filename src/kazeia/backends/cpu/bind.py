@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kazeia.backends import rope_pass
 from kazeia.backends.cpu.kernels import ops as K
 from kazeia.backends.cpu.kernels.attention import FLASH_ATTN
 from kazeia.backends.cpu.kernels.dequant import NATIVE as NATIVE_DEQUANT
@@ -136,7 +137,7 @@ def _bind_rope(be, n: Tensor, shared: dict) -> Callable | None:
     if (x.nb[0] != 4 or n.nb[0] != 4 or nd % 2 or nd > x.ne[0] or pos.type != GGMLType.I32 or pos.nb[0] != 4
             or pos.ne[0] != x.ne[2]):
         return None
-    fn = (K.ROPE_NEOX if p["mode"] == ROPE_NEOX else K.ROPE_NORM).fn
+    fn = (rope_pass.ROPE_NEOX if p["mode"] == ROPE_NEOX else rope_pass.ROPE_NORM).fn
     tab = _RopeTable.of(shared, n)
     prm = np.array([addr(x), addr(n), tab.cp, tab.sp, x.ne[3], x.ne[2], x.ne[1], x.ne[0], nd, x.nb[1] // 4,
                     x.nb[2] // 4, x.nb[3] // 4, n.nb[1] // 4, n.nb[2] // 4, n.nb[3] // 4], dtype=np.int64)

@@ -9,9 +9,8 @@ on one thread, with a fixed order of every reduction (the same bits at any threa
 - rms_norm: sum of squares in float64 (4 lanes, then a fixed tree), 1/sqrt(mean + eps) rounded to float32, x*inv.
 - add / mul: y = a op b, b row-broadcast (row stride 0) or not; one float32 rounding, as numpy.
 - swiglu: y = a / (1 + exp(-a)) * b (exp: Cephes' polynomial, ~1 ulp; NaN kept, overflow -> inf).
-- rope_norm / rope_neox: ggml_rope's pair rotation with a cos/sin table (T, n_dims/2): x0*c - x1*s and
-  x0*s + x1*c, each product rounded, as numpy; dims past n_dims copied. rope_table makes the table (libm cos/sin of
-  float64 angles, as numpy_ops.rope_angles).
+- rope_table: the cos/sin table (T, n_dims/2) of ggml_rope (libm cos/sin of float64 angles, as
+  numpy_ops.rope_angles); the pair rotation that reads it is backends/rope_pass.py's (shared with the device model).
 - set_rows_f16: rows of float32 -> rows of an F16 tensor at int64 row ids (vcvtps2ph: round to nearest even, as
   numpy's astype(float16)); every id is checked before anything is written (returns -1 when one is out of range).
   With ids 0..n-1 it is also the F32 -> F16 CPY of the KQ mask.
@@ -54,13 +53,6 @@ def exp8(k: Kernel, x: ir.Value) -> ir.Value:
 def exp1(k: Kernel, x: ir.Value) -> ir.Value:
     """exp of one float, by the vector routine (the same bits as a lane of exp8)."""
     return k.b.extract_element(exp8(k, k.broadcast(x, 8)), ir.Constant(I32, 0))
-
-
-class _Fields:
-    """Kernel parameters read from an int64 array, by name (like irkit.Kernel.a)."""
-
-    def __init__(self, d: dict) -> None:
-        self.__dict__.update(d)
 
 
 def vec_loop(k: Kernel, n: ir.Value, body8, body1) -> None:
@@ -143,37 +135,7 @@ def _rms_norm(module: ir.Module) -> None:
     k.ret()
 
 
-# --- rope --------------------------------------------------------------------------------------------------
-
-ROPE_FIELDS = ("x", "y", "cos", "sin", "n3", "T", "H", "D", "nd", "x_h", "x_t", "x_3", "y_h", "y_t", "y_3")
-
-
-def _rope(module: ir.Module, neox: bool) -> None:
-    """rope_<mode>(prm): prm holds ROPE_FIELDS: addresses x, y, cos, sin, sizes n3, T, H, D, nd, x strides (head,
-    token, dim 3), y strides. x (n3, T, H, D) rotated by cos/sin[t, i] (T, nd/2) per pair i: NORM pairs (2i, 2i+1),
-    NEOX pairs (i, i + nd/2)."""
-    k = Kernel(module, "rope_neox" if neox else "rope_norm", [("prm", ptr(I64))])
-    b = k.b
-    a = _Fields({f: k.load(k.a.prm, i) for i, f in enumerate(ROPE_FIELDS)})
-    a.x, a.y, a.cos, a.sin = (b.inttoptr(v, ptr(F32)) for v in (a.x, a.y, a.cos, a.sin))
-    half = b.sdiv(a.nd, i64(2))
-    with k.loop(0, a.n3, name="i3") as i3, k.loop(0, a.T, name="t") as t, k.loop(0, a.H, name="h") as h:
-        px = k.gep(a.x, b.add(b.add(b.mul(i3, a.x_3), b.mul(t, a.x_t)), b.mul(h, a.x_h)))
-        py = k.gep(a.y, b.add(b.add(b.mul(i3, a.y_3), b.mul(t, a.y_t)), b.mul(h, a.y_h)))
-        pc, ps = k.gep(a.cos, b.mul(t, half)), k.gep(a.sin, b.mul(t, half))
-        with k.loop(0, half, name="i") as i:
-            if neox:
-                j0, j1 = i, b.add(i, half)
-            else:
-                j0 = b.mul(i, i64(2))
-                j1 = b.add(j0, i64(1))
-            x0, x1, c, s = k.load(px, j0), k.load(px, j1), k.load(pc, i), k.load(ps, i)
-            k.store(b.fsub(b.fmul(x0, c), b.fmul(x1, s)), py, j0)
-            k.store(b.fadd(b.fmul(x0, s), b.fmul(x1, c)), py, j1)
-        with k.loop(a.nd, a.D, name="rest") as j:
-            k.store(k.load(px, j), py, j)
-    k.ret()
-
+# --- rope (the pair rotation itself is backends/rope_pass.py's, shared with the device model) ------------------
 
 def _rope_table(module: ir.Module) -> None:
     """rope_table(pos, inv, fs, af, T, half, cos, sin): cos/sin[t, i] = (float)cos/sin((pos[t] * fs) * inv[i]) * af
@@ -226,7 +188,5 @@ ADD = LIB.kernel("add", _binary, "add", lambda k, x, y: k.b.fadd(x, y))
 MUL = LIB.kernel("mul", _binary, "mul", lambda k, x, y: k.b.fmul(x, y))
 SWIGLU = LIB.kernel("swiglu", _binary, "swiglu", _swiglu_op)
 RMS_NORM = LIB.kernel("rms_norm", _rms_norm)
-ROPE_NORM = LIB.kernel("rope_norm", _rope, False)
-ROPE_NEOX = LIB.kernel("rope_neox", _rope, True)
 ROPE_TABLE = LIB.kernel("rope_table", _rope_table)
 SET_ROWS_F16 = LIB.kernel("set_rows_f16", _set_rows_f16)

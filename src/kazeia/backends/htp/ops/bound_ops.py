@@ -15,11 +15,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kazeia.backends import rope_pass
 from kazeia.backends.htp.kernels.expf import DSP_MATH, exp_f32, swiglu_f32
 from kazeia.backends.numpy_ops import rope_angles
 from kazeia.backends.sum_squares import RmsRows, sum_squares
 from kazeia.graph.builder import ROPE_NEOX
 from kazeia.graph.tensor import GGMLType, Tensor, array
+from kazeia.native.buffers import ptr
+from kazeia.native.compile import available
 
 F32 = np.float32
 
@@ -134,7 +137,8 @@ def _rope(node: Tensor) -> Callable[[], None] | None:
     """numpy_ops._rope for the NEOX mode: out[:h] = x0*cos - x1*sin, out[h:nd] = x0*sin + x1*cos (each product,
     then the difference or sum, rounded to float32 as there), dims past nd copied; into dst directly when dst
     does not share memory with x. A dst that is x itself (the allocator gave the rope its source's buffer, as for
-    a decode's Q and K) gets the first half through a kept temporary: the kernel reads x0 again after writing it."""
+    a decode's Q and K) gets the first half through a kept temporary: the kernel reads x0 again after writing it.
+    Where the native kernels run, the same operations are one pass (backends/rope_pass.py, `_rope_pass`)."""
     p = node.params
     if p.get("ext_factor", 0.0) != 0.0 or p.get("mode") != ROPE_NEOX or node.src[0].type != GGMLType.F32:
         return None
@@ -153,6 +157,9 @@ def _rope(node: Tensor) -> Callable[[], None] | None:
     if pos.size != x.shape[1] or not posv.flags.c_contiguous:
         return None
     base, scale, attn = p["freq_base"], p["freq_scale"], p.get("attn_factor", 1.0)
+    native = _rope_pass(x, dst, nd, pos, (nd, base, scale, attn))
+    if native is not None:
+        return native
     x0, x1, d0, d1 = x[..., :h], x[..., h:nd], dst[..., :h], dst[..., h:nd]
     t0, t1 = np.empty(x0.shape, F32), np.empty(x0.shape, F32)
     first = np.empty(x0.shape, F32) if in_place else d0  # (in place: written into d0 once x0 is read)
@@ -170,5 +177,26 @@ def _rope(node: Tensor) -> Callable[[], None] | None:
             d0[...] = first
         if tail:
             dst[..., nd:] = x[..., nd:]
+
+    return run
+
+
+def _rope_pass(x: np.ndarray, dst: np.ndarray, nd: int, pos: np.ndarray, table: tuple) -> Callable[[], None] | None:
+    """_rope's operations as backends/rope_pass.py's one native NEOX pass (the same products, rounded, then the same
+    difference and sum; x may be dst itself), reading the table of rope_tables(pos, *table) at each call; None where
+    the kernel does not run or the rows' elements are not adjacent floats."""
+    if not available() or x.strides[3] != 4 or dst.strides[3] != 4 or any(v % 4 for v in x.strides + dst.strides):
+        return None
+    prm = np.array([ptr(x), ptr(dst), 0, 0, *x.shape, nd, x.strides[2] // 4, x.strides[1] // 4, x.strides[0] // 4,
+                    dst.strides[2] // 4, dst.strides[1] // 4, dst.strides[0] // 4], dtype=np.int64)
+    fn, pp = rope_pass.ROPE_NEOX.fn, ptr(prm)
+    held: list = [None, None]  # the table the block points at (kept alive while it does)
+
+    def run() -> None:
+        cos, sin = rope_tables(pos, *table)
+        if cos is not held[0]:
+            prm[2], prm[3] = ptr(cos), ptr(sin)
+            held[0], held[1] = cos, sin
+        fn(pp)
 
     return run
