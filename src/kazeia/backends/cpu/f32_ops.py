@@ -6,6 +6,8 @@ Same results up to float32 rounding order; each falls back to the plain kernel o
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, freq_factors, gelu_tanh, glu_halves, rope_angles
@@ -105,13 +107,22 @@ _FA_POOL = None
 
 
 def _fa_pool():
-    """One helper thread for the second half of a prefill flash attention's KV heads (made on first use)."""
+    """One helper thread for the second half of a prefill flash attention's KV heads (made on first use, and again in
+    a forked child: the parent's thread does not exist there, and work queued to its pool would wait forever)."""
     global _FA_POOL
     if _FA_POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _FA_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kazeia-fa")
     return _FA_POOL
+
+
+def _forget_fa_pool() -> None:
+    global _FA_POOL
+    _FA_POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_fa_pool)
 
 
 _rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
