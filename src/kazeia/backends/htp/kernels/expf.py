@@ -7,8 +7,8 @@ The rule, in float64, every step one IEEE operation (no fused multiply-add):
     n = rint(x * log2(e)); r = (x - n * LN2_HI) - n * LN2_LO      (Cody-Waite, fdlibm's split of ln 2);
     p = Horner of the Taylor series of exp to degree 11 at r       (|r| <= 0.347: relative error < 1e-15);
     exp(x) = float32(p * 2^n)                                      (one rounding; float32's overflow, subnormals).
-A NaN comes out as the same NaN. Native (IR kit, <4 x double> lanes) and its numba twin: the same bits
-(tests/test_htp_expf.py, against this module's numpy statement of the rule too).
+A NaN comes out as the same NaN. Native (IR kit, <4 x double> lanes, <8 x double> with AVX-512) and its numba twin:
+the same bits (tests/test_htp_expf.py, against this module's numpy statement of the rule too).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from llvmlite import ir
 from kazeia.backends import libm
 from kazeia.backends.libm import OwnedMath
 from kazeia.native.buffers import ptr as addr
-from kazeia.native.compile import Library, available
+from kazeia.native.compile import Library, available, f32_lanes
 from kazeia.native.irkit import F32, F64, I64, V8F32, Kernel, i64, ptr, splat, vec
 from kazeia.native.pool import run_rows
 from kazeia.native.portable import jit, prange
@@ -39,29 +39,36 @@ V4F64, V4I64 = vec(F64, 4), vec(I64, 4)
 
 
 def _horner4(k: Kernel, z: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
-    """Horner's rule on <4 x double>, highest degree first: one multiply and one add a step (no FMA)."""
+    """Horner's rule on a double vector (any width), highest degree first: one multiply and one add a step (no
+    FMA)."""
     b = k.b
-    p = splat(V4F64, coeffs[0])
+    p = splat(z.type, coeffs[0])
     for c in coeffs[1:]:
-        p = b.fadd(b.fmul(p, z), splat(V4F64, c))
+        p = b.fadd(b.fmul(p, z), splat(z.type, c))
     return p
 
 
 def exp4(k: Kernel, x: ir.Value) -> ir.Value:
-    """<4 x double> (no NaN) -> <4 x double> p * 2^n, the rule's steps."""
-    b = k.b
-    x = b.select(b.fcmp_ordered(">", x, splat(V4F64, HI)), splat(V4F64, HI), x)
-    x = b.select(b.fcmp_ordered("<", x, splat(V4F64, LO)), splat(V4F64, LO), x)
-    n = k.call("llvm.rint.v4f64", V4F64, b.fmul(x, splat(V4F64, LOG2E)))
-    r = b.fsub(b.fsub(x, b.fmul(n, splat(V4F64, LN2_HI))), b.fmul(n, splat(V4F64, LN2_LO)))
+    """A <w x double> (no NaN; w 4 or 8) -> p * 2^n, the rule's steps lane by lane (the same bits at either
+    width)."""
+    b, t = k.b, x.type
+    w = t.count
+    ti = vec(I64, w)
+    x = b.select(b.fcmp_ordered(">", x, splat(t, HI)), splat(t, HI), x)
+    x = b.select(b.fcmp_ordered("<", x, splat(t, LO)), splat(t, LO), x)
+    n = k.call(f"llvm.rint.v{w}f64", t, b.fmul(x, splat(t, LOG2E)))
+    r = b.fsub(b.fsub(x, b.fmul(n, splat(t, LN2_HI))), b.fmul(n, splat(t, LN2_LO)))
     p = _horner4(k, r, COEFFS)
-    e = b.shl(b.add(b.fptosi(n, V4I64), splat(V4I64, 1023)), splat(V4I64, 52))
-    return b.fmul(p, b.bitcast(e, V4F64))
+    e = b.shl(b.add(b.fptosi(n, ti), splat(ti, 1023)), splat(ti, 52))
+    return b.fmul(p, b.bitcast(e, t))
 
 
 def exp8(k: Kernel, x: ir.Value) -> ir.Value:
-    """<8 x float> (no NaN) -> exp by the rule, as two <4 x double> halves."""
+    """<8 x float> (no NaN) -> exp by the rule: one <8 x double> where the host has zmm (AVX-512), else two <4 x
+    double> halves; each lane's operations are the same either way."""
     b = k.b
+    if f32_lanes() == 16:
+        return b.fptrunc(exp4(k, b.fpext(x, vec(F64, 8))), V8F32)
     halves = [b.fptrunc(exp4(k, b.fpext(k.shuffle(x, None, list(range(j, j + 4))), V4F64)), vec(F32, 4))
               for j in (0, 4)]
     return k.shuffle(halves[0], halves[1], list(range(8)))
