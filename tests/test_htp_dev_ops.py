@@ -50,6 +50,19 @@ def _same_as_kernel(node):
     assert got.tobytes() == np.array(array(node)).tobytes(), node
 
 
+def _bound_and_kernel(run, node, state):
+    """(the starting bytes, the bound run's result, the kernel's result) of `node`, both runs from the same bytes of
+    `state`: the tensor the op changes besides dst (its source, for an op in place; dst itself, for a store that
+    writes some rows)."""
+    before = np.array(array(state))
+    with np.errstate(all="ignore"):
+        run()
+        got = np.array(array(node))
+        array(state)[...] = before
+        KERNELS[node.op](X.DspOps(), node)
+    return before, got, np.array(array(node))
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_rms_norm_glu_rope_are_the_kernels(seed):
     rng = np.random.default_rng(seed)
@@ -94,13 +107,8 @@ def test_a_decodes_rope_in_place_is_the_kernel(nd):
     assert run is not None
     for p in (5, 40000):
         array(pos)[...] = p
-        x = np.array(array(q))
-        with np.errstate(all="ignore"):
-            run()
-            got = np.array(array(rope))
-            array(q)[...] = x
-            KERNELS["ROPE"](X.DspOps(), rope)
-        assert got.tobytes() == np.array(array(rope)).tobytes()
+        x, got, want = _bound_and_kernel(run, rope, q)
+        assert got.tobytes() == want.tobytes()
         assert not np.array_equal(got, x)
 
 
@@ -123,14 +131,8 @@ def test_set_rows_is_the_kernel(cache_type, id_type):
             array(ids)[...] = rng.integers(0, 256, n_rows)
             if n_rows > 2:
                 array(ids)[0, 0, 0, 1] = array(ids)[0, 0, 0, 0]
-            before = np.array(array(node))  # (a store writes some rows: both runs start from the same cache)
-            run = dev_ops.compute_for(node)
-            with np.errstate(all="ignore"):
-                run()
-                got = np.array(array(node))
-                array(node)[...] = before
-                KERNELS["SET_ROWS"](X.DspOps(), node)
-            assert got.tobytes() == np.array(array(node)).tobytes()
+            before, got, want = _bound_and_kernel(dev_ops.compute_for(node), node, node)
+            assert got.tobytes() == want.tobytes()
             assert not np.array_equal(got, before)
         array(ids)[0, 0, 0, 0] = 256
         run = dev_ops.compute_for(node)
@@ -168,15 +170,10 @@ def test_rope_in_place_is_the_kernel(seed):
         _place([q, pos, rope], rng)
         rope.offset = q.offset
         array(pos)[...] = rng.integers(0, 40000, tok)
-        x = np.array(array(q))
         run = dev_ops.compute_for(rope)
         assert run is not None
-        with np.errstate(all="ignore"):
-            run()
-            got = np.array(array(rope))
-            array(q)[...] = x
-            KERNELS["ROPE"](X.DspOps(), rope)
-        assert got.tobytes() == np.array(array(rope)).tobytes()
+        _, got, want = _bound_and_kernel(run, rope, q)
+        assert got.tobytes() == want.tobytes()
 
 
 def _program(rng):

@@ -54,18 +54,18 @@ def test_rms_pass_gives_numpy_steps_bits(n, eps):
         inv = (1.0 / np.sqrt(_einsum(x) / n + eps)).astype(np.float32)
         want = x * inv[:, None]
         y = np.full_like(x, np.nan)
-        assert S.rms_scale_rows(x, y, eps)
+        S.RmsRows.of(x, y, eps)()
         assert y.tobytes() == want.tobytes()
         inplace = x.copy()
-        assert S.rms_scale_rows(inplace, inplace, eps)
+        S.RmsRows.of(inplace, inplace, eps)()
         assert inplace.tobytes() == want.tobytes()
         strided = np.repeat(x, 2, axis=0)[::2]  # rows two apart
         out = np.empty((x.shape[0] * 2, n), np.float32)[::2]
-        assert S.rms_scale_rows(strided, out, eps)
+        S.RmsRows.of(strided, out, eps)()
         assert out.tobytes() == want.tobytes()
 
 
 def test_rms_pass_declines_what_it_cannot_address():
     x = np.ones((4, 8), np.float32)
-    assert not S.rms_scale_rows(x[:, ::2], np.empty((4, 4), np.float32), 1e-6)  # elements not adjacent
-    assert not S.rms_scale_rows(x, np.empty((4, 8), np.float64), 1e-6)
+    assert S.RmsRows.of(x[:, ::2], np.empty((4, 4), np.float32), 1e-6) is None  # elements not adjacent
+    assert S.RmsRows.of(x, np.empty((4, 8), np.float64), 1e-6) is None

@@ -1,5 +1,5 @@
 """The float64 sum of squares of float32 rows that the device model's RMS_NORM and L2_NORM take (as ggml sums in
-double), in one order that kazeia owns: `sum_squares`, and RMS_NORM's whole row in one pass, `rms_scale_rows`.
+double), in one order that kazeia owns: `sum_squares`, and RMS_NORM's whole row in one pass, `RmsRows`.
 
 The order is the one numpy's einsum("...i,...i->...", x, x, dtype=float64) used when the device's bits were first
 recorded (numpy's x86-64-v2 baseline build: einsum's sum_of_products_contig_contig_outstride0_two in two float64
@@ -24,7 +24,7 @@ import numpy as np
 from llvmlite import ir
 
 from kazeia.native.compile import Library, available
-from kazeia.native.irkit import F32, F64, I64, Kernel, i64, ptr, splat, vec
+from kazeia.native.irkit import F32, F64, I64, Kernel, i32, i64, ptr, splat, vec
 from kazeia.native.portable import jit
 
 V2F64, V2F32, V8F32 = vec(F64, 2), vec(F32, 2), vec(F32, 8)
@@ -50,11 +50,10 @@ def _row_sum(k: Kernel, row: ir.Value, n: ir.Value) -> ir.Value:
         b.store(b.fadd(sq(t), b.load(acc)), acc)
     with k.if_(b.icmp_signed("<", n2, n)):  # one element left: its pair's second lane is +0
         x = b.fpext(k.load(row, n2), F64)
-        pair = b.insert_element(splat(V2F64, 0.0), b.fmul(x, x), ir.Constant(ir.IntType(32), 0))
+        pair = b.insert_element(splat(V2F64, 0.0), b.fmul(x, x), i32(0))
         b.store(b.fadd(pair, b.load(acc)), acc)
     s = b.load(acc)
-    lanes = b.fadd(b.extract_element(s, ir.Constant(ir.IntType(32), 0)),
-                   b.extract_element(s, ir.Constant(ir.IntType(32), 1)))
+    lanes = b.fadd(b.extract_element(s, i32(0)), b.extract_element(s, i32(1)))
     return b.fadd(ir.Constant(F64, 0.0), lanes)
 
 
@@ -75,12 +74,10 @@ def _rms_kernel(module: ir.Module) -> str:
     k = Kernel(module, "rms_scale_f32", [("x", ptr(F32)), ("xs", I64), ("y", ptr(F32)), ("ys", I64), ("n", I64),
                                          ("eps", F64), ("r0", I64), ("r1", I64)])
     b, a = k.b, k.a
-    sqrt = k.module.globals.get("llvm.sqrt.f64") or ir.Function(k.module, ir.FunctionType(F64, [F64]),
-                                                                 name="llvm.sqrt.f64")
     with k.loop(a.r0, a.r1, name="r") as r:
         xr, yr = k.gep(a.x, b.mul(r, a.xs)), k.gep(a.y, b.mul(r, a.ys))
         mean = b.fdiv(_row_sum(k, xr, a.n), b.sitofp(a.n, F64))
-        inv = b.fptrunc(b.fdiv(ir.Constant(F64, 1.0), b.call(sqrt, [b.fadd(mean, a.eps)])), F32)
+        inv = b.fptrunc(b.fdiv(ir.Constant(F64, 1.0), k.call("llvm.sqrt.f64", F64, b.fadd(mean, a.eps))), F32)
         n8 = b.mul(b.sdiv(a.n, i64(8)), i64(8))
         iv = k.broadcast(inv, 8)
         with k.loop(0, n8, 8, name="m8") as t:
@@ -147,15 +144,6 @@ class RmsRows:
 
     def __call__(self) -> None:
         self.fn(*self.args)
-
-
-def rms_scale_rows(x: np.ndarray, y: np.ndarray, eps: float) -> bool:
-    """`RmsRows.of(x, y, eps)` run once; False (nothing written) where the kernel does not run."""
-    r = RmsRows.of(x, y, eps)
-    if r is None:
-        return False
-    r()
-    return True
 
 
 @jit(cache=True)

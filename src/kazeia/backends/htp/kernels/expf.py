@@ -38,7 +38,7 @@ PARALLEL_MIN_ELEMS = 1 << 18
 V4F64, V4I64 = vec(F64, 4), vec(I64, 4)
 
 
-def _horner4(k: Kernel, z: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
+def _horner(k: Kernel, z: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
     """Horner's rule on a double vector (any width), highest degree first: one multiply and one add a step (no
     FMA)."""
     b = k.b
@@ -48,7 +48,7 @@ def _horner4(k: Kernel, z: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
     return p
 
 
-def exp4(k: Kernel, x: ir.Value) -> ir.Value:
+def exp_lanes(k: Kernel, x: ir.Value) -> ir.Value:
     """A <w x double> (no NaN; w 4 or 8) -> p * 2^n, the rule's steps lane by lane (the same bits at either
     width)."""
     b, t = k.b, x.type
@@ -58,7 +58,7 @@ def exp4(k: Kernel, x: ir.Value) -> ir.Value:
     x = b.select(b.fcmp_ordered("<", x, splat(t, LO)), splat(t, LO), x)
     n = k.call(f"llvm.rint.v{w}f64", t, b.fmul(x, splat(t, LOG2E)))
     r = b.fsub(b.fsub(x, b.fmul(n, splat(t, LN2_HI))), b.fmul(n, splat(t, LN2_LO)))
-    p = _horner4(k, r, COEFFS)
+    p = _horner(k, r, COEFFS)
     e = b.shl(b.add(b.fptosi(n, ti), splat(ti, 1023)), splat(ti, 52))
     return b.fmul(p, b.bitcast(e, t))
 
@@ -68,8 +68,8 @@ def exp8(k: Kernel, x: ir.Value) -> ir.Value:
     double> halves; each lane's operations are the same either way."""
     b = k.b
     if f32_lanes() == 16:
-        return b.fptrunc(exp4(k, b.fpext(x, vec(F64, 8))), V8F32)
-    halves = [b.fptrunc(exp4(k, b.fpext(k.shuffle(x, None, list(range(j, j + 4))), V4F64)), vec(F32, 4))
+        return b.fptrunc(exp_lanes(k, b.fpext(x, vec(F64, 8))), V8F32)
+    halves = [b.fptrunc(exp_lanes(k, b.fpext(k.shuffle(x, None, list(range(j, j + 4))), V4F64)), vec(F32, 4))
               for j in (0, 4)]
     return k.shuffle(halves[0], halves[1], list(range(8)))
 
@@ -109,7 +109,7 @@ def _exp_kernel(module: ir.Module) -> None:
         nan = b.fcmp_unordered("uno", x, x)
         xs = b.select(nan, ir.Constant(F32, 0.0), x)
         x4 = k.broadcast(b.fpext(xs, F64), 4)
-        y = b.fptrunc(b.extract_element(exp4(k, x4), ir.Constant(ir.IntType(32), 0)), F32)
+        y = b.fptrunc(b.extract_element(exp_lanes(k, x4), ir.Constant(ir.IntType(32), 0)), F32)
         k.store(b.select(nan, x, y), a.y, i)
     k.ret()
 
@@ -155,12 +155,12 @@ def tanh4(k: Kernel, x: ir.Value) -> ir.Value:
     a = b.select(b.fcmp_ordered(">", a, splat(V4F64, 22.0)), splat(V4F64, 22.0), a)
     t = b.fmul(splat(V4F64, 2.0), a)
     small = b.fcmp_ordered("<", t, splat(V4F64, 0.5))
-    series = b.fmul(t, _horner4(k, t, libm.EXPM1_COEFFS))
+    series = b.fmul(t, _horner(k, t, libm.EXPM1_COEFFS))
     n = k.call("llvm.rint.v4f64", V4F64, b.fmul(t, splat(V4F64, libm.LOG2E)))
     r = b.fsub(b.fadd(b.fsub(t, b.fmul(n, splat(V4F64, libm.LN2_HI))), splat(V4F64, 0.0)),
                b.fmul(n, splat(V4F64, libm.LN2_LO)))
     e = b.shl(b.add(b.fptosi(n, V4I64), splat(V4I64, 1023)), splat(V4I64, 52))
-    big = b.fsub(b.fmul(_horner4(k, r, libm.EXP_COEFFS), b.bitcast(e, V4F64)), splat(V4F64, 1.0))
+    big = b.fsub(b.fmul(_horner(k, r, libm.EXP_COEFFS), b.bitcast(e, V4F64)), splat(V4F64, 1.0))
     em1 = b.select(small, series, big)
     th = b.fdiv(em1, b.fadd(em1, splat(V4F64, 2.0)))
     th = b.select(b.fcmp_ordered(">=", a, splat(V4F64, 22.0)), splat(V4F64, 1.0), th)

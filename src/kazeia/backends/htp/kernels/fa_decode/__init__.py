@@ -11,7 +11,7 @@ one KV head, in cache:
     S[r, j] = sum_d q16[r, d] * K[j, d]         d ascending from +0 (backends/ordered.py); fp16 x fp16 products
                                                 are exact, so a fused multiply-add gives the multiply-then-add bits
     x = [rne16](S * scale) + mask[r % T, j]     (fa.py fa_scores; HMX rounds the S read-out)
-    p = exp(x - m), m = row max (-inf -> 0)     (kernels/expf.py's rule, its exp4)
+    p = exp(x - m), m = row max (-inf -> 0)     (kernels/expf.py's rule, its exp_lanes)
     l = numpy's pairwise float32 sum of p       (numpy's pairwise_sum: 8 accumulators over blocks of <= 128,
                                                  halves rounded to 8 above; init +0)
     HMX: o = sum over 128-cell blocks of rne16(sum_j rne16(p)[r, j] * V[j, :]), each block from +0, o from +0
