@@ -132,6 +132,30 @@ def test_native_gemm_every_m_and_partial_panels(qtype, monkeypatch):
 
 
 @pytest.mark.skipif(not HAVE_SIMD, reason="no AVX2/FMA/F16C on this host")
+@pytest.mark.parametrize("qtype", Q.GEMV_TYPES, ids=lambda t: t.name)
+def test_native_gemm_k_chunks_keep_the_bits(qtype, monkeypatch):
+    """The GEMM's K runs in chunks sized to keep x in L2 (gemm.k_chunk), each chunk resuming the sums the earlier
+    ones stored in y: bitwise the product of one chunk, with uneven chunks (K = 1312: 41 blocks in chunks of
+    21 + 20 or 6 x 7 - 1), partial panels (N = 45) and the 1-row tail (M = 23), on a column view of the output
+    (the partial panel's loads must not read the neighbouring columns: they hold NaN here)."""
+    k, n, m = 1312, 45, 23
+    raw, wv = weight_rows(qtype, n, k, seed=7)
+    x = (np.random.default_rng(7).standard_normal((m, k)) * np.linspace(0.1, 20, k)).astype(np.float32)
+    got = {}
+    for budget, kc in ((1 << 30, 41), (21 * G.QK * 2 * m, 21), (1, 7)):  # (the floor of 8 blocks: 6 chunks)
+        monkeypatch.setattr(G, "X_CHUNK_BYTES", budget)
+        assert G.k_chunk(m, k // G.QK) == kc
+        out = np.full((m, n + 9), np.nan, dtype=np.float32)
+        Q.weight_matmul(raw, qtype, k, x, out[:, 4:4 + n])
+        assert np.isnan(out[:, :4]).all() and np.isnan(out[:, 4 + n:]).all()
+        got[budget] = out[:, 4:4 + n].copy()
+    one, *chunked = got.values()
+    assert nmse(one, x.astype(np.float64) @ wv.T) <= 1e-7
+    for c in chunked:
+        assert np.array_equal(c, one)
+
+
+@pytest.mark.skipif(not HAVE_SIMD, reason="no AVX2/FMA/F16C on this host")
 def test_native_activation_codes_are_the_portable_ones(monkeypatch):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((3, 800)) * np.linspace(0.01, 30, 800)).astype(np.float32)
