@@ -288,8 +288,7 @@ def bench_device(args: argparse.Namespace, model: Model, info: ModelInfo, device
                                        threads, args.ubatch_size, args.flash_attn != "off", args.cache_type_k,
                                        args.cache_type_v, test, seconds, extra))
         finally:
-            for b in s.scheduler.backends:
-                b.close()
+            s.close()
     return out
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from kazeia.backends.devices import DeviceOptions, device_settings, llama_graph, make_backends
 from kazeia.backends.ref import WeightCache
+from kazeia.engine import gc_policy
 from kazeia.engine.context import Context, Model
 from kazeia.engine.default_model import default_model_path
 from kazeia.engine.generate import synthetic_prompt
@@ -298,10 +299,13 @@ class Session:
     @classmethod
     def open(cls, spec: RunSpec, model: Model | None = None, cache: WeightCache | None = None) -> Session:
         model = model or load_model(spec.model_path)
-        return cls(model, tokenizer(model), build_context(spec, model, cache), spec)
+        s = cls(model, tokenizer(model), build_context(spec, model, cache), spec)
+        gc_policy.hold()  # released by close
+        return s
 
     def prompt_ids(self) -> list[int]:
         return prompt_ids(self.spec, self.model, self.tok)
 
     def close(self) -> None:
         close_backends(self.ctx)
+        gc_policy.release()
