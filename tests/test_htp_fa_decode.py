@@ -26,7 +26,7 @@ def _case(seed: int, h: int, hkv: int, t: int, n: int, d: int, dv: int, mask: st
     k = (rng.standard_normal((1, cells, hkv, d)) * 2).astype(np.float16).transpose(0, 2, 1, 3)[:, :, :n]
     v = (rng.standard_normal((1, cells, hkv, dv)) * 4).astype(np.float16).transpose(0, 2, 1, 3)[:, :, :n]
     m = np.zeros((-(-t // 8) * 8, n + 3), np.float32)
-    fill = int(rng.integers(1, n + 1))
+    fill = int(rng.integers(1, n + 1)) if not special.startswith("tail") else max(1, n // 3)
     for r in range(m.shape[0]):
         m[r, min(n, fill + r):] = -np.inf
     if mask == "row":
@@ -48,6 +48,13 @@ def _case(seed: int, h: int, hkv: int, t: int, n: int, d: int, dv: int, mask: st
     elif special == "zeros":
         q[...] = 0.0
         q[::2] = -0.0
+    elif special == "tail_nan_k":  # the last cell, masked for every row: what the pass may leave out
+        k[0, -1, n - 1, 0] = np.nan
+    elif special == "tail_inf_v":
+        v[0, 0, n - 1, 2] = np.inf
+    elif special == "tail_big_k":  # finite, but S * scale of a masked cell past fp16 under HMX
+        k[0, :, n - 1] = 65000.0
+        q[...] = np.abs(q) + 100.0
     mk = None if mask == "none" else (m.astype(np.float16) if mask.startswith("f16") or mask == "row" else m)
     return q, k, v, mk, 1 / np.sqrt(d)
 
@@ -64,7 +71,8 @@ def _numpy_form(q, k, v, mask, scale, hmx: bool) -> np.ndarray:
 
 SHAPES = [(32, 8, 1, 256, 128, 128), (32, 8, 1, 29, 128, 128), (8, 2, 3, 129, 32, 32), (4, 4, 8, 13, 16, 16),
           (6, 3, 2, 300, 64, 24), (2, 1, 1, 1, 8, 8), (16, 2, 5, 136, 64, 64)]
-SPECIAL = ["", "nan_q", "huge_q", "big_k", "big_v", "inf_mask", "nan_mask", "tiny_p", "zeros"]
+SPECIAL = ["", "nan_q", "huge_q", "big_k", "big_v", "inf_mask", "nan_mask", "tiny_p", "zeros", "tail", "tail_nan_k",
+           "tail_inf_v", "tail_big_k"]
 
 
 @pytest.mark.parametrize("hmx", [True, False], ids=["hmx", "hvx"])
@@ -81,8 +89,9 @@ def test_decode_pass_stores_the_numpy_forms_bits(shape, mask, hmx):
         if done:
             assert dst.tobytes() == want.tobytes(), (special, int((dst != want).sum()))
         else:
-            assert special not in ("", "tiny_p", "zeros"), f"the pass declined plain inputs ({special!r})"
-            assert special in ("nan_q", "huge_q", "big_k", "big_v", "inf_mask", "nan_mask"), special
+            assert special not in ("", "tiny_p", "zeros", "tail"), f"the pass declined plain inputs ({special!r})"
+            assert special in ("nan_q", "huge_q", "big_k", "big_v", "inf_mask", "nan_mask", "tail_nan_k", "tail_inf_v",
+                               "tail_big_k"), special
 
 
 def test_decode_pass_runs_on_plain_inputs_and_declines_what_it_must():

@@ -32,6 +32,7 @@ MR = 4                    # query rows of a register tile (S and P V)
 BLOCK = 128               # KV cells of one HMX P V block (ops/flash_attn.FA_KV_BLOCK)
 PW_BLOCK = 128            # numpy's PW_BLOCKSIZE
 PARALLEL_MIN_MACS = 1 << 18
+TAIL_AHEAD = 16            # rows the scan of a masked tail prefetches ahead
 
 
 def _widen(k: Kernel, base: ir.Value, byte_off: ir.Value) -> ir.Value:
@@ -132,9 +133,9 @@ def _k_tile(k: Kernel, hd: _Head, j0: ir.Value, groups: int) -> None:
                 k.store_vec(b.bitcast(v, V8F32), hd.tile, b.mul(b.add(d0, i64(c)), i64(width)), 8 * gi)
 
 
-def _scores_product(k: Kernel, hd: _Head) -> None:
-    """p[r, j] = S[r, j] = sum_d q16[r, d] * K[j, d], d ascending from +0 (fused: the products are exact): 16
-    cells, then 8, through a transposed tile; the last n % 8 cells one at a time."""
+def _scores_product(k: Kernel, hd: _Head, nc: ir.Value) -> None:
+    """p[r, j] = S[r, j] = sum_d q16[r, d] * K[j, d] for the cells j < nc, d ascending from +0 (fused: the products
+    are exact): 16 cells, then 8, through a transposed tile; the last nc % 8 cells one at a time."""
     b, a = k.b, k.a
 
     def cells(j0: ir.Value, groups: int) -> None:
@@ -154,13 +155,13 @@ def _scores_product(k: Kernel, hd: _Head) -> None:
                     k.store_vec(b.load(accs[i][v]), hd.p, b.mul(b.add(r0, i64(i)), a.n), j0, 8 * v)
         vec_loop(k, hd.r, tile, MR)
 
-    n16 = b.mul(b.sdiv(a.n, i64(2 * W)), i64(2 * W))
-    n8 = b.mul(b.sdiv(a.n, i64(W)), i64(W))
+    n16 = b.mul(b.sdiv(nc, i64(2 * W)), i64(2 * W))
+    n8 = b.mul(b.sdiv(nc, i64(W)), i64(W))
     with k.loop(0, n16, 2 * W, name="c16") as j0:
         cells(j0, 2)
     with k.loop(n16, n8, W, name="c8") as j0:
         cells(j0, 1)
-    with k.loop(n8, a.n, name="c1") as j:
+    with k.loop(n8, nc, name="c1") as j:
         with k.loop(0, hd.r, name="c1r") as r:
             acc = k.var(F32, f32(0.0), name="acc1")
             with k.loop(0, a.d, 8, name="c1d") as d0:
@@ -171,8 +172,9 @@ def _scores_product(k: Kernel, hd: _Head) -> None:
             k.store(b.load(acc), hd.p, b.mul(r, a.n), j)
 
 
-def _softmax_row(k: Kernel, hd: _Head, r: ir.Value, bad, lsum, hmx: bool) -> None:
-    """Row r of p: the scores' pass (fa_scores), exp, the pairwise row sum into lsum, HMX's rne16(p)."""
+def _softmax_row(k: Kernel, hd: _Head, r: ir.Value, bad, lsum, hmx: bool, nc: ir.Value) -> None:
+    """Row r of p: the scores' pass (fa_scores) over the cells j < nc, -inf (what it gives a masked cell of the
+    tail `_computed_cells` checked) over the rest, exp, the pairwise row sum into lsum, HMX's rne16(p)."""
     b, a = k.b, k.a
     has_mask = b.icmp_unsigned("!=", b.ptrtoint(a.mask, I64), i64(0))
     mf16 = b.icmp_signed("!=", a.mf16, i64(0))
@@ -201,7 +203,9 @@ def _softmax_row(k: Kernel, hd: _Head, r: ir.Value, bad, lsum, hmx: bool) -> Non
         flag_any(k, bad, b.fcmp_unordered("==", x, splat(t, float("inf"))))
         k.store_vec(x, row, j)
         max_update(k, x, vmax, smax)
-    vec_loop(k, a.n, score)
+    vec_loop(k, nc, score)
+    with k.loop(nc, a.n, name="tailx") as j:
+        k.store(f32(float("-inf")), row, j)
     m = row_max(k, vmax, smax)
 
     def expo(j: ir.Value, width: int) -> None:
@@ -218,17 +222,19 @@ def _softmax_row(k: Kernel, hd: _Head, r: ir.Value, bad, lsum, hmx: bool) -> Non
         vec_loop(k, a.n, lambda j, width: k.store_vec(rne16(k, k.load_vec(row, vec(F32, width), j)), row, j))
 
 
-def _pv(k: Kernel, hd: _Head, bad, hmx: bool) -> None:
+def _pv(k: Kernel, hd: _Head, bad, hmx: bool, nc: ir.Value) -> None:
     """out rows = P V over blocks of BLOCK cells, each block's V rows widened into a contiguous buffer first. HMX:
     o = sum of rne16(each block's products from +0); HVX: one sum over every cell (the running sums wait in the
-    out rows between blocks: the same additions in the same order), float32 products. Then / the row sums."""
+    out rows between blocks: the same additions in the same order), float32 products. Then / the row sums. The
+    cells from nc on are left out: their p is +0 and their V finite (`_computed_cells`), so each of their products
+    is a zero, and adding a zero changes no sum here (none is -0: every sum starts from +0)."""
     b, a = k.b, k.a
     with k.loop(0, hd.r, name="zr") as r:
         with k.loop(0, a.dv, W, name="zd") as c:
             k.store_vec(splat(V8F32, 0.0), hd.out_row(k, r), c)
-    with k.loop(0, a.n, BLOCK, name="pb") as j0:
+    with k.loop(0, nc, BLOCK, name="pb") as j0:
         j1 = b.add(j0, i64(BLOCK))
-        j1 = b.select(b.icmp_signed("<", j1, a.n), j1, a.n)
+        j1 = b.select(b.icmp_signed("<", j1, nc), j1, nc)
         with k.loop(j0, j1, name="vw") as j:
             with k.loop(0, a.dv, W, name="vd") as c:
                 k.store_vec(_widen(k, hd.vb, b.add(b.mul(j, a.vnb1), b.mul(c, i64(2)))), hd.vbuf,
@@ -281,6 +287,95 @@ def _pv_block(k: Kernel, hd: _Head, r0, mr: int, outs, c0, nvec: int, j0, j1, hm
             k.store_vec(pv, outs[i], c0, v * W)
 
 
+def _last_seen(k: Kernel) -> ir.Value:
+    """1 + the last cell some query position's mask row does not hold at -inf (n without a mask)."""
+    b, a = k.b, k.a
+    last = k.var(I64, a.n, name="lastseen")
+    with k.if_(b.icmp_unsigned("!=", b.ptrtoint(a.mask, I64), i64(0))):
+        b.store(i64(0), last)
+        mf16 = b.icmp_signed("!=", a.mf16, i64(0))
+        with k.loop(0, a.t, name="mt") as t:
+            mrow = k.gep(a.mask, b.mul(t, a.mst))
+            with k.loop(0, a.n, name="mj") as j:
+                h16 = b.zext(k.load(b.bitcast(mrow, ptr(I16)), j), I32)
+                w32 = k.load(b.bitcast(mrow, ptr(I32)), j)
+                bits = b.select(mf16, h16, w32)
+                ninf = b.select(mf16, ir.Constant(I32, 0xFC00), ir.Constant(I32, 0xFF800000))
+                with k.if_(b.icmp_unsigned("!=", bits, ninf)):
+                    nxt = b.add(j, i64(1))
+                    b.store(b.select(b.icmp_signed(">", nxt, b.load(last)), nxt, b.load(last)), last)
+    return b.load(last)
+
+
+def _tail_max_bits(k: Kernel, base: ir.Value, stride: ir.Value, j0: ir.Value, j1: ir.Value, d: ir.Value) -> ir.Value:
+    """The largest |x| of the fp16 rows j0 .. j1 (d values each, `stride` bytes apart) as its bits (0x7C00 and
+    above: an inf or a NaN among them): four running maxima over 32 values a step, then 8 at a time."""
+    b = k.b
+    zero = ir.Constant(V8I16, [0] * 8)
+    mx = [k.var(V8I16, zero, name=f"tailmax{i}") for i in range(4)]
+    d32 = b.mul(b.sdiv(d, i64(32)), i64(32))
+
+    def fold(row: ir.Value, c: ir.Value, acc) -> None:
+        h = b.and_(k.load_vec(k.gep(row, b.mul(c, i64(2))), V8I16, 0), splat(V8I16, 0x7FFF))
+        m0 = b.load(acc)
+        b.store(b.select(b.icmp_signed(">", h, m0), h, m0), acc)
+
+    with k.loop(j0, j1, name="tj") as j:
+        row = k.gep(base, b.mul(j, stride))
+        ahead = k.gep(base, b.mul(b.add(j, i64(TAIL_AHEAD)), stride))  # (rows a KV row apart: pages apart)
+        with k.loop(0, b.mul(d, i64(2)), 64, name="tpf") as o:
+            k.prefetch(k.gep(ahead, o))
+        with k.loop(0, d32, 32, name="td") as c:
+            for i in range(4):
+                fold(row, b.add(c, i64(8 * i)), mx[i])
+        with k.loop(d32, d, 8, name="td8") as c:
+            fold(row, c, mx[0])
+    v = b.load(mx[0])
+    for i in range(1, 4):
+        w = b.load(mx[i])
+        v = b.select(b.icmp_signed(">", w, v), w, v)
+    out = b.extract_element(v, ir.Constant(I32, 0))
+    for i in range(1, 8):
+        e = b.extract_element(v, ir.Constant(I32, i))
+        out = b.select(b.icmp_signed(">", e, out), e, out)
+    return out
+
+
+def _computed_cells(k: Kernel, hd: _Head, hmx: bool) -> ir.Value:
+    """The cells the pass computes: from `_last_seen` on, every row's mask is -inf, so those cells' scores are
+    -inf and their p +0 whatever K holds, as long as nothing there turns a score into NaN (a non-finite K or
+    scale), a product into NaN (a non-finite V) or, under HMX, the S read-out past 65504 (bounded here by
+    max_r sum_d |q16[r, d]| * max |K| * |scale| with a margin for the float32 sums): where all of this holds, the
+    cells from the last seen one rounded up to 16 on are left out (their K and V are read once to check); else
+    every cell is computed, as before. A decode's cache is padded past its filled cells (256 cells for 17 seen)."""
+    b, a = k.b, k.a
+    nc = k.var(I64, a.n, name="ncells")
+    seen = _last_seen(k)
+    cut = b.mul(b.sdiv(b.add(seen, i64(2 * W - 1)), i64(2 * W)), i64(2 * W))
+    absscale = k.call("llvm.fabs.f32", F32, a.scale)
+    scale_ok = b.fcmp_ordered("<", absscale, f32(float("inf")))
+    with k.if_(b.and_(b.icmp_signed("<", cut, a.n), scale_ok)):
+        kmax = _tail_max_bits(k, hd.kb, a.knb1, cut, a.n, a.d)
+        vmax = _tail_max_bits(k, hd.vb, a.vnb1, cut, a.n, a.dv)
+        finite = b.and_(b.icmp_signed("<", kmax, ir.Constant(I16, 0x7C00)),
+                        b.icmp_signed("<", vmax, ir.Constant(I16, 0x7C00)))
+        if hmx:
+            q1 = k.var(F32, f32(0.0), name="q1max")
+            with k.loop(0, hd.r, name="q1r") as r:
+                acc = k.var(F32, f32(0.0), name="q1")
+                with k.loop(0, a.d, name="q1d") as c:
+                    x = k.call("llvm.fabs.f32", F32, k.load(hd.q16, b.mul(r, a.d), c))
+                    b.store(b.fadd(b.load(acc), x), acc)
+                m0 = b.load(q1)
+                b.store(b.select(b.fcmp_ordered(">", b.load(acc), m0), b.load(acc), m0), q1)
+            kabs = b.fpext(b.bitcast(kmax, F16), F32)
+            bound = b.fmul(b.fmul(b.load(q1), kabs), absscale)
+            finite = b.and_(finite, b.fcmp_ordered("<=", bound, f32(65504.0 * 0.99)))
+        with k.if_(finite):
+            b.store(cut, nc)
+    return b.load(nc)
+
+
 def emit_decode(module: ir.Module, kind: str) -> str:
     """fa_decode_<kind>(ARGS...): the module's pass for the KV heads h in [h0, h1), kind "hmx" or "hvx"; bad[h] = 1
     where it declines."""
@@ -294,10 +389,11 @@ def emit_decode(module: ir.Module, kind: str) -> str:
         bad = k.var(I64, i64(0), name="badh")
         hd = _Head(k, h)
         _round_q(k, hd, bad)
-        _scores_product(k, hd)
+        nc = _computed_cells(k, hd, hmx)
+        _scores_product(k, hd, nc)
         with k.loop(0, hd.r, name="sr") as r:
-            _softmax_row(k, hd, r, bad, k.gep(hd.lsums, r), hmx)
-        _pv(k, hd, bad, hmx)
+            _softmax_row(k, hd, r, bad, k.gep(hd.lsums, r), hmx, nc)
+        _pv(k, hd, bad, hmx, nc)
         k.store(b.load(bad), a.bad, h)
     k.ret()
     return f"fa_decode_{kind}"
