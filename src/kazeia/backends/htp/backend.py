@@ -205,17 +205,27 @@ class HtpBackend(Backend):
                                             batch_index=op.index))
 
     def _batch_seconds(self, batch: OpBatch) -> float:
-        """Modeled DSP time of a batch (cost.py): the round trip plus each op's time."""
-        from kazeia.backends.htp.cost import DEFAULT, op_seconds
+        """Modeled DSP time of a batch (cost.py): the round trip plus each op's time (kept by the op: a decode's
+        replayed batches reuse their ops, ~830 a token)."""
+        from kazeia.backends.htp.cost import DEFAULT
 
         total = DEFAULT.batch_overhead_s
         for op in batch.ops:
-            # a fused ADD or MUL is folded into its op's output pass (no time of its own); MUL_MAT_NX runs every
-            # weight's product (the shared activation conversion is not subtracted: an upper bound)
-            nodes = [op.node, *(s.node for s in op.fused if op.name == "MUL_MAT_NX")]
-            for node in nodes:
-                total += self._op_seconds.get(node, lambda: op_seconds(node, self.settings).seconds)  # noqa: B023
+            secs = op.modeled_s
+            if secs is None or len(secs) != 1 + len(op.fused) * (op.name == "MUL_MAT_NX"):
+                secs = op.modeled_s = self._op_desc_seconds(op)
+            for s in secs:  # (node by node: the same additions as when nothing was kept)
+                total += s
         return total
+
+    def _op_desc_seconds(self, op: OpDesc) -> tuple[float, ...]:
+        from kazeia.backends.htp.cost import op_seconds
+
+        # a fused ADD or MUL is folded into its op's output pass (no time of its own); MUL_MAT_NX runs every
+        # weight's product (the shared activation conversion is not subtracted: an upper bound)
+        nodes = [op.node, *(s.node for s in op.fused if op.name == "MUL_MAT_NX")]
+        return tuple(self._op_seconds.get(n, lambda: op_seconds(n, self.settings).seconds)  # noqa: B023
+                     for n in nodes)
 
     def modeled_graph_seconds(self, graph: Graph) -> float:
         """Modeled on-device time of one graph (cost.py; a calibrated estimate, not a measurement), including

@@ -54,6 +54,7 @@ class OpDesc:
     name: str | None = None  # a fused op's upstream name (RMS_NORM+MUL, MUL_MAT+ADD, MUL_MAT_NX); None: not fused
     fused: list[OpDesc] = field(default_factory=list)  # the nodes merged into this op, run after `node`, in order
     l2_spans: tuple | None = None  # (inputs, outputs) as (address, size) for the L2 table (device.py), once made
+    modeled_s: tuple[float, ...] | None = None  # its nodes' modeled DSP seconds (backend.py), once worked out
 
 
 @dataclass
