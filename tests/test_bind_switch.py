@@ -72,3 +72,21 @@ def test_bound_is_bitwise_the_general_path(case, tiny_qwen3_q4, tiny_hybrid, mon
     assert bound[3] > 0 and unbound[3] == 0, (case, bound[3], unbound[3])  # the switch reached every layer
     assert bound[0].tobytes() == unbound[0].tobytes(), case
     assert bound[1:3] == unbound[1:3], case
+
+
+def test_a_bound_mul_mat_nx_quantizes_its_src1_once(tiny_qwen3_q4, monkeypatch):
+    """2026-10's MUL_MAT_NX (OPFUSION): once every node of the fused op is bound, its head quantizes the shared src1
+    and runs each weight's dot from that image (matmul.py `_nx_members`); the other nodes then only report. The
+    bits are test_bound_is_bitwise_the_general_path's "htp-2026-10" case; here, that the grouped run happened
+    (after the first decode step, which binds every node running alone)."""
+    from kazeia.backends.htp.hvx import bound as hb
+
+    groups, members_alone = [], []
+    run_group, run = hb.BoundHvxHostPlan.run_group, hb.BoundHvxHostPlan.run
+    monkeypatch.setattr(hb.BoundHvxHostPlan, "run_group",
+                        lambda self, ms: groups.append(len(ms)) or run_group(self, ms))
+    monkeypatch.setattr(hb.BoundHvxHostPlan, "run", lambda self: members_alone.append(1) or run(self))
+    spec = RunSpec(model=tiny_qwen3_q4, n_prompt=40, ctx=256, ubatch=64, **CASES["htp-2026-10"])
+    _run(spec, monkeypatch, True)
+    assert groups and all(n >= 1 for n in groups)
+    assert members_alone  # the first decode step binds: every node runs alone

@@ -149,7 +149,7 @@ class BoundHvxHostPlan:
     dst. Its VTCM leaves nothing here either (see `HvxPath.run_host_plan`). `run` returns None where the general path
     must run this call (activations the native quantizer does not take: it has then written nothing)."""
 
-    __slots__ = ("src", "route_path", "placement", "quant", "dot", "img", "pimg", "stride", "pdst", "record")
+    __slots__ = ("src", "route_path", "placement", "quant", "dot", "img", "pimg", "stride", "pdst", "record", "done")
 
     def matches(self, node: Tensor, placement: object) -> bool:
         return placement is self.placement and node.src is self.src and node.route_path == self.route_path
@@ -158,6 +158,21 @@ class BoundHvxHostPlan:
         if not self.quant():
             return None
         self.dot.run(self.img, self.pimg, self.stride, self.pdst)
+        return self.ok()
+
+    def run_group(self, members: list[BoundHvxHostPlan]) -> OpRecord | None:
+        """This node and the `members` of its MUL_MAT_NX (the same src1, each bound): src1 quantized once, then
+        each weight's dot from that image into its own dst, as the fused op does on the DSP (the image is a
+        function of src1 alone, so each dst gets the bits of its own run). None, with nothing written, where the
+        quantizer declines."""
+        if not self.quant():
+            return None
+        self.dot.run(self.img, self.pimg, self.stride, self.pdst)
+        for b in members:
+            b.dot.run(self.img, self.pimg, self.stride, b.pdst)
+        return self.ok()
+
+    def ok(self) -> OpRecord:
         reason, used, kernel, modeled = self.record
         return OpRecord("hvx", STATUS_OK, {"reason": reason, "vtcm_used": used, "kernel": kernel, "modeled_s": modeled})
 
@@ -180,4 +195,5 @@ def bind_hvx_host_plan(unit: HvxPath, node: Tensor, plan: MatmulPlan, modeled_s:
                      sequential=True)
     b.pdst = ptr(dst)
     b.record = (plan.reason, plan.used, plan.info.get("kernel"), modeled_s)
+    b.done = None  # (batch, seq) whose MUL_MAT_NX head already wrote this node's dst (matmul.py)
     return b

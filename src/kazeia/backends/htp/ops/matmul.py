@@ -149,7 +149,14 @@ class MatmulUnit:
         bound = self._bound.peek(node) if placement is not None else None
         if bound is not None and bound.matches(node, placement) and binding():
             # a decode's node, bound on an earlier token (only an HVX plan that fits the grant is ever bound)
-            rec = bound.run()
+            done, bound.done = bound.done, None
+            if done is not None and done[0] is batch and done[1] == batch.seq:
+                return bound.ok()  # a member of the MUL_MAT_NX whose head ran it just before (_nx_members)
+            members = self._nx_members(op, bound) if op.fused and op.name == "MUL_MAT_NX" else None
+            rec = bound.run_group(members) if members else bound.run()
+            if rec is not None and members:
+                for b in members:
+                    b.done = (batch, batch.seq)
             return rec if rec is not None else self.hvx.run_host_plan(dsp, octx, op, self._plan(node))
         w = node.src[0]
         plan = self._plan(node)
@@ -178,6 +185,20 @@ class MatmulUnit:
             if rec is not None:
                 return rec
         return self.hvx.run_host_plan(dsp, octx, op, plan)
+
+    def _nx_members(self, op: OpDesc, head: BoundHvxHostPlan) -> list[BoundHvxHostPlan] | None:
+        """The bound host plans of a MUL_MAT_NX's other nodes when every one is bound under this placement and
+        reads the head's src1 through an image of the head's shape (a decode from its second token on), else None:
+        the head then runs alone and each member on its own, as before."""
+        x = op.node.src[1]
+        out = []
+        for sub in op.fused:
+            b = self._bound.peek(sub.node)
+            if (b is None or not b.matches(sub.node, sub.placement) or sub.node.src[1] is not x
+                    or b.img.shape != head.img.shape):
+                return None
+            out.append(b)
+        return out
 
     def _bind_host_plan(self, node: Tensor, plan: MatmulPlan, placement: object) -> BoundHvxHostPlan | None:
         w, x = node.src[0], node.src[1]
