@@ -22,7 +22,7 @@ A decode's cache is padded past the cells any row sees (a 16-token decode of the
 the last seen cell, rounded up to 16, every row's mask is -inf: those cells' x is -inf and p +0 whatever their K and
 V hold, unless a non-finite K or V (or, under HMX, an S read-out past 65504, bounded by max_r sum_d |q16| * max|K| *
 |scale|) would turn a score, a product or the read-out into what numpy's form declines on. The pass reads that
-tail's K and V once to check this (ir.py `_computed_cells`); where it holds, it leaves those cells out of S and P V
+tail's K and V once to check this (tail.py `computed_cells`); where it holds, it leaves those cells out of S and P V
 (each of their products is a zero, and adding a zero changes no sum that starts from +0) and gives them the -inf
 score they would have had; else it computes every cell. The bits are the same either way (tests/test_htp_fa_decode.py
 puts NaN, inf and fp16-overflowing values in the masked tail). 36-layer decode, flash attention a layer: 118-141 ->

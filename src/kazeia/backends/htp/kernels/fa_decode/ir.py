@@ -7,6 +7,7 @@ from llvmlite import ir
 
 from kazeia.backends.htp.kernels.expf import exp8
 from kazeia.backends.htp.kernels.fa import big_or_nan, flag_any, max_update, rne16, row_max, vec_loop
+from kazeia.backends.htp.kernels.fa_decode.tail import computed_cells
 from kazeia.native.idioms import transpose8
 from kazeia.native.irkit import (
     F16,
@@ -174,7 +175,7 @@ def _scores_product(k: Kernel, hd: _Head, nc: ir.Value) -> None:
 
 def _softmax_row(k: Kernel, hd: _Head, r: ir.Value, bad, lsum, hmx: bool, nc: ir.Value) -> None:
     """Row r of p: the scores' pass (fa_scores) over the cells j < nc, -inf (what it gives a masked cell of the
-    tail `_computed_cells` checked) over the rest, exp, the pairwise row sum into lsum, HMX's rne16(p)."""
+    tail `tail.computed_cells` checked) over the rest, exp, the pairwise row sum into lsum, HMX's rne16(p)."""
     b, a = k.b, k.a
     has_mask = b.icmp_unsigned("!=", b.ptrtoint(a.mask, I64), i64(0))
     mf16 = b.icmp_signed("!=", a.mf16, i64(0))
@@ -226,7 +227,7 @@ def _pv(k: Kernel, hd: _Head, bad, hmx: bool, nc: ir.Value) -> None:
     """out rows = P V over blocks of BLOCK cells, each block's V rows widened into a contiguous buffer first. HMX:
     o = sum of rne16(each block's products from +0); HVX: one sum over every cell (the running sums wait in the
     out rows between blocks: the same additions in the same order), float32 products. Then / the row sums. The
-    cells from nc on are left out: their p is +0 and their V finite (`_computed_cells`), so each of their products
+    cells from nc on are left out: their p is +0 and their V finite (`tail.computed_cells`), so each of their products
     is a zero, and adding a zero changes no sum here (none is -0: every sum starts from +0)."""
     b, a = k.b, k.a
     with k.loop(0, hd.r, name="zr") as r:
@@ -287,95 +288,6 @@ def _pv_block(k: Kernel, hd: _Head, r0, mr: int, outs, c0, nvec: int, j0, j1, hm
             k.store_vec(pv, outs[i], c0, v * W)
 
 
-def _last_seen(k: Kernel) -> ir.Value:
-    """1 + the last cell some query position's mask row does not hold at -inf (n without a mask)."""
-    b, a = k.b, k.a
-    last = k.var(I64, a.n, name="lastseen")
-    with k.if_(b.icmp_unsigned("!=", b.ptrtoint(a.mask, I64), i64(0))):
-        b.store(i64(0), last)
-        mf16 = b.icmp_signed("!=", a.mf16, i64(0))
-        with k.loop(0, a.t, name="mt") as t:
-            mrow = k.gep(a.mask, b.mul(t, a.mst))
-            with k.loop(0, a.n, name="mj") as j:
-                h16 = b.zext(k.load(b.bitcast(mrow, ptr(I16)), j), I32)
-                w32 = k.load(b.bitcast(mrow, ptr(I32)), j)
-                bits = b.select(mf16, h16, w32)
-                ninf = b.select(mf16, ir.Constant(I32, 0xFC00), ir.Constant(I32, 0xFF800000))
-                with k.if_(b.icmp_unsigned("!=", bits, ninf)):
-                    nxt = b.add(j, i64(1))
-                    b.store(b.select(b.icmp_signed(">", nxt, b.load(last)), nxt, b.load(last)), last)
-    return b.load(last)
-
-
-def _tail_max_bits(k: Kernel, base: ir.Value, stride: ir.Value, j0: ir.Value, j1: ir.Value, d: ir.Value) -> ir.Value:
-    """The largest |x| of the fp16 rows j0 .. j1 (d values each, `stride` bytes apart) as its bits (0x7C00 and
-    above: an inf or a NaN among them): four running maxima over 32 values a step, then 8 at a time."""
-    b = k.b
-    zero = ir.Constant(V8I16, [0] * 8)
-    mx = [k.var(V8I16, zero, name=f"tailmax{i}") for i in range(4)]
-    d32 = b.mul(b.sdiv(d, i64(32)), i64(32))
-
-    def fold(row: ir.Value, c: ir.Value, acc) -> None:
-        h = b.and_(k.load_vec(k.gep(row, b.mul(c, i64(2))), V8I16, 0), splat(V8I16, 0x7FFF))
-        m0 = b.load(acc)
-        b.store(b.select(b.icmp_signed(">", h, m0), h, m0), acc)
-
-    with k.loop(j0, j1, name="tj") as j:
-        row = k.gep(base, b.mul(j, stride))
-        ahead = k.gep(base, b.mul(b.add(j, i64(TAIL_AHEAD)), stride))  # (rows a KV row apart: pages apart)
-        with k.loop(0, b.mul(d, i64(2)), 64, name="tpf") as o:
-            k.prefetch(k.gep(ahead, o))
-        with k.loop(0, d32, 32, name="td") as c:
-            for i in range(4):
-                fold(row, b.add(c, i64(8 * i)), mx[i])
-        with k.loop(d32, d, 8, name="td8") as c:
-            fold(row, c, mx[0])
-    v = b.load(mx[0])
-    for i in range(1, 4):
-        w = b.load(mx[i])
-        v = b.select(b.icmp_signed(">", w, v), w, v)
-    out = b.extract_element(v, ir.Constant(I32, 0))
-    for i in range(1, 8):
-        e = b.extract_element(v, ir.Constant(I32, i))
-        out = b.select(b.icmp_signed(">", e, out), e, out)
-    return out
-
-
-def _computed_cells(k: Kernel, hd: _Head, hmx: bool) -> ir.Value:
-    """The cells the pass computes: from `_last_seen` on, every row's mask is -inf, so those cells' scores are
-    -inf and their p +0 whatever K holds, as long as nothing there turns a score into NaN (a non-finite K or
-    scale), a product into NaN (a non-finite V) or, under HMX, the S read-out past 65504 (bounded here by
-    max_r sum_d |q16[r, d]| * max |K| * |scale| with a margin for the float32 sums): where all of this holds, the
-    cells from the last seen one rounded up to 16 on are left out (their K and V are read once to check); else
-    every cell is computed, as before. A decode's cache is padded past its filled cells (256 cells for 17 seen)."""
-    b, a = k.b, k.a
-    nc = k.var(I64, a.n, name="ncells")
-    seen = _last_seen(k)
-    cut = b.mul(b.sdiv(b.add(seen, i64(2 * W - 1)), i64(2 * W)), i64(2 * W))
-    absscale = k.call("llvm.fabs.f32", F32, a.scale)
-    scale_ok = b.fcmp_ordered("<", absscale, f32(float("inf")))
-    with k.if_(b.and_(b.icmp_signed("<", cut, a.n), scale_ok)):
-        kmax = _tail_max_bits(k, hd.kb, a.knb1, cut, a.n, a.d)
-        vmax = _tail_max_bits(k, hd.vb, a.vnb1, cut, a.n, a.dv)
-        finite = b.and_(b.icmp_signed("<", kmax, ir.Constant(I16, 0x7C00)),
-                        b.icmp_signed("<", vmax, ir.Constant(I16, 0x7C00)))
-        if hmx:
-            q1 = k.var(F32, f32(0.0), name="q1max")
-            with k.loop(0, hd.r, name="q1r") as r:
-                acc = k.var(F32, f32(0.0), name="q1")
-                with k.loop(0, a.d, name="q1d") as c:
-                    x = k.call("llvm.fabs.f32", F32, k.load(hd.q16, b.mul(r, a.d), c))
-                    b.store(b.fadd(b.load(acc), x), acc)
-                m0 = b.load(q1)
-                b.store(b.select(b.fcmp_ordered(">", b.load(acc), m0), b.load(acc), m0), q1)
-            kabs = b.fpext(b.bitcast(kmax, F16), F32)
-            bound = b.fmul(b.fmul(b.load(q1), kabs), absscale)
-            finite = b.and_(finite, b.fcmp_ordered("<=", bound, f32(65504.0 * 0.99)))
-        with k.if_(finite):
-            b.store(cut, nc)
-    return b.load(nc)
-
-
 def emit_decode(module: ir.Module, kind: str) -> str:
     """fa_decode_<kind>(ARGS...): the module's pass for the KV heads h in [h0, h1), kind "hmx" or "hvx"; bad[h] = 1
     where it declines."""
@@ -389,7 +301,7 @@ def emit_decode(module: ir.Module, kind: str) -> str:
         bad = k.var(I64, i64(0), name="badh")
         hd = _Head(k, h)
         _round_q(k, hd, bad)
-        nc = _computed_cells(k, hd, hmx)
+        nc = computed_cells(k, hd, hmx)
         _scores_product(k, hd, nc)
         with k.loop(0, hd.r, name="sr") as r:
             _softmax_row(k, hd, r, bad, k.gep(hd.lsums, r), hmx, nc)
