@@ -301,7 +301,7 @@ def emit_decode(module: ir.Module, kind: str) -> str:
         bad = k.var(I64, i64(0), name="badh")
         hd = _Head(k, h)
         _round_q(k, hd, bad)
-        nc = computed_cells(k, hd, hmx)
+        nc = computed_cells(k, hd.kb, hd.vb, hd.q16, hd.r, hmx)  # the KV head's K, V, its rounded Q rows
         _scores_product(k, hd, nc)
         with k.loop(0, hd.r, name="sr") as r:
             _softmax_row(k, hd, r, bad, k.gep(hd.lsums, r), hmx, nc)

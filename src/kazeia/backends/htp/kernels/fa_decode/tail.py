@@ -4,14 +4,9 @@ behind it, so the pass can leave it out with the same bits (fa_decode's docstrin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from llvmlite import ir
 
 from kazeia.native.irkit import F16, F32, I16, I32, I64, V8I16, Kernel, f32, i64, ptr, splat
-
-if TYPE_CHECKING:
-    from kazeia.backends.htp.kernels.fa_decode.ir import _Head
 
 W = 8             # float32 lanes (ir.py's)
 TAIL_AHEAD = 16   # rows the scan of a masked tail prefetches ahead (8: 73 us a cold layer; 16: 68-71)
@@ -71,8 +66,9 @@ def _tail_max_bits(k: Kernel, base: ir.Value, stride: ir.Value, j0: ir.Value, j1
     return out
 
 
-def computed_cells(k: Kernel, hd: _Head, hmx: bool) -> ir.Value:
-    """The cells the pass computes: from `_last_seen` on, every row's mask is -inf, so those cells' scores are
+def computed_cells(k: Kernel, kb: ir.Value, vb: ir.Value, q16: ir.Value, rows: ir.Value, hmx: bool) -> ir.Value:
+    """The cells the pass computes, for the KV head whose K and V rows start at kb and vb and whose `rows` query
+    rows, rounded, are q16: from `_last_seen` on, every row's mask is -inf, so those cells' scores are
     -inf and their p +0 whatever K holds, as long as nothing there turns a score into NaN (a non-finite K or
     scale), a product into NaN (a non-finite V) or, under HMX, the S read-out past 65504 (bounded here by
     max_r sum_d |q16[r, d]| * max |K| * |scale| with a margin for the float32 sums): where all of this holds, the
@@ -85,16 +81,16 @@ def computed_cells(k: Kernel, hd: _Head, hmx: bool) -> ir.Value:
     absscale = k.call("llvm.fabs.f32", F32, a.scale)
     scale_ok = b.fcmp_ordered("<", absscale, f32(float("inf")))
     with k.if_(b.and_(b.icmp_signed("<", cut, a.n), scale_ok)):
-        kmax = _tail_max_bits(k, hd.kb, a.knb1, cut, a.n, a.d)
-        vmax = _tail_max_bits(k, hd.vb, a.vnb1, cut, a.n, a.dv)
+        kmax = _tail_max_bits(k, kb, a.knb1, cut, a.n, a.d)
+        vmax = _tail_max_bits(k, vb, a.vnb1, cut, a.n, a.dv)
         finite = b.and_(b.icmp_signed("<", kmax, ir.Constant(I16, 0x7C00)),
                         b.icmp_signed("<", vmax, ir.Constant(I16, 0x7C00)))
         if hmx:
             q1 = k.var(F32, f32(0.0), name="q1max")
-            with k.loop(0, hd.r, name="q1r") as r:
+            with k.loop(0, rows, name="q1r") as r:
                 acc = k.var(F32, f32(0.0), name="q1")
                 with k.loop(0, a.d, name="q1d") as c:
-                    x = k.call("llvm.fabs.f32", F32, k.load(hd.q16, b.mul(r, a.d), c))
+                    x = k.call("llvm.fabs.f32", F32, k.load(q16, b.mul(r, a.d), c))
                     b.store(b.fadd(b.load(acc), x), acc)
                 m0 = b.load(q1)
                 b.store(b.select(b.fcmp_ordered(">", b.load(acc), m0), b.load(acc), m0), q1)
