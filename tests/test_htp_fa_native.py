@@ -113,3 +113,43 @@ def test_round16_of_a_permuted_view_keeps_values_and_layout():
     x = (np.random.default_rng(5).standard_normal((16, 8, 32)) * 100).astype(np.float32).transpose(1, 0, 2)
     got, want = fa._round16(x), fa.round_fp16(x)
     assert got.strides == want.strides and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+TAIL_SPECIAL = ["", "tail_nan_k", "tail_inf_v", "tail_big_k", "nan_q", "big_v", "zeros"]
+
+
+def _with_masked_tail(seed: int, shape: tuple, special: str) -> _Node:
+    """node()'s causal case with every row's mask -inf from a third of the cells on, and `special` in that tail."""
+    n = node(seed, *shape, False, "causal", special if not special.startswith("tail") else "")
+    q, k, v, m = (t.a for t in n.src)
+    nkv = k.shape[2]
+    m[..., max(1, nkv // 3):] = -np.inf
+    if special == "tail_nan_k":
+        k[0, -1, nkv - 1, 0] = np.nan
+    elif special == "tail_inf_v":
+        v[0, 0, nkv - 1, 2] = np.inf
+    elif special == "tail_big_k":  # finite, but S * scale of a masked cell past fp16 under HMX
+        k[0, :, nkv - 1] = 65000.0
+        n.src[0] = _T(np.abs(q) + 100.0)
+    return n
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_a_left_out_masked_tail_keeps_the_bits(shape, monkeypatch):
+    """A prefill leaves out the tail of cells every row's mask holds at -inf (flash_attn.computed_cells): the same
+    bits, NaN payloads included, as computing every cell, on a plain tail and on tails holding a NaN K, an inf V
+    or (HMX) a K whose scores pass fp16, where nothing may be left out."""
+    calls = []
+    left_out = fa._left_out_tail
+    monkeypatch.setattr(fa, "_left_out_tail", lambda *a: calls.append(a[-2]) or left_out(*a))
+    for special in TAIL_SPECIAL:
+        n = _with_masked_tail(len(special) + shape[2], shape, special)
+        for hmx in (True, False):
+            calls.clear()
+            got = run(n, hmx)
+            if special in ("", "big_v", "zeros") and shape[3] >= 2 * fa.TAIL_CELLS:
+                assert calls, (special, hmx)  # the tail was left out
+            with monkeypatch.context() as mp:
+                mp.setattr(fa, "computed_cells", lambda q16, kt, *a: kt.shape[2])
+                want = run(n, hmx)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (special, hmx)

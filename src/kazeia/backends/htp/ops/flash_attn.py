@@ -83,8 +83,14 @@ def flash_attn(io, n: Tensor, use_hmx: bool) -> None:
     q16 = _round16(q)
     # HMX's tiles are fp16: with an F16 (or Q8_0, dequantized to fp16) cache every product is exact in float32
     fp16_k, fp16_v = (use_hmx and t.type in FP16_CACHE for t in (n.src[1], n.src[2]))
-    s = _grouped(q16, kt, hkv, fp16_k, decode)                        # kt: (Hkv, D, n_kv)
-    p, l, native = _softmax_parts(s, mask, scale, use_hmx)
+    nc = computed_cells(q16, kt, v, mask, scale, use_hmx)
+    parts = _left_out_tail(q16, kt, mask, scale, use_hmx, hkv, fp16_k, nc, decode) if nc < kt.shape[2] else None
+    if parts is not None:  # a masked tail left out: its cells' p is +0 (see computed_cells)
+        p, l, native = parts
+        v = v[:, :nc]
+    else:
+        s = _grouped(q16, kt, hkv, fp16_k, decode)                    # kt: (Hkv, D, n_kv)
+        p, l, native = _softmax_parts(s, mask, scale, use_hmx)
     if use_hmx:
         p16 = round_hw(p) if native else _round16(p)  # (native: p = exp(x <= 0) is in [0, 1], never NaN)
         o = np.zeros(q.shape[:-1] + (v.shape[-1],), dtype=np.float32)
@@ -115,6 +121,49 @@ def _decode_pass(n: Tensor, q: np.ndarray, use_hmx: bool) -> bool:
     # the tensors' kept views: the pass's arguments are kept by them (q is q4[0])
     mask4 = None if m is None else array(m)
     return fa_decode.decode_bound(q4, array(k), array(v), mask4, scale, use_hmx, array(n), linger=True)
+
+
+TAIL_CELLS = 16  # a left-out tail starts at the last seen cell rounded up to this (fa_decode's rule)
+
+
+def computed_cells(q16: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: np.float32,
+                   use_hmx: bool) -> int:
+    """The KV cells a prefill computes: all n_kv, or the cells before a tail that every query row's mask holds at
+    -inf (from the last seen cell, rounded up to TAIL_CELLS) when nothing there can reach the result: Q, K and V
+    finite (a NaN score or product would), a finite scale, and under HMX an S read-out within fp16 (bounded by
+    max_r sum_d |q16[r, d]| * max |K| * |scale|, with a margin for the float32 sums). Such cells' x is -inf and
+    their p +0 (exp_f32(-inf) == +0), and adding their zero products changes no sum, which is fa_decode's
+    argument for a decode too (kernels/fa_decode/tail.py)."""
+    n = kt.shape[2]
+    if mask is None or not np.isfinite(scale):
+        return n
+    seen = np.flatnonzero(~np.isneginf(mask[:q16.shape[1], :n]).all(axis=0))
+    cut = -(-(int(seen[-1]) + 1 if seen.size else 0) // TAIL_CELLS) * TAIL_CELLS
+    if cut >= n:
+        return n
+    kt_tail, v_tail = kt[:, :, cut:], v[:, cut:]
+    if not (np.isfinite(kt_tail).all() and np.isfinite(v_tail).all() and np.isfinite(q16).all()):
+        return n
+    if use_hmx:
+        q1 = float(np.abs(q16).sum(axis=-1, dtype=np.float64).max()) if q16.size else 0.0
+        if q1 * float(np.abs(kt_tail).max(initial=0.0)) * abs(float(scale)) > 0.99 * 65504.0:
+            return n
+    return cut
+
+
+def _left_out_tail(q16: np.ndarray, kt: np.ndarray, mask: np.ndarray | None, scale: np.float32, use_hmx: bool,
+                   hkv: int, fp16_k: bool, nc: int, linger: bool) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """(p, l, True) of the cells before nc, l summed over all n_kv cells (the tail's p, +0, included: numpy's
+    pairwise sum then adds in the same tree as over the whole row); None where the native scores' pass declines
+    on those cells (the caller then computes every cell, as without a tail)."""
+    s = _grouped(q16, kt[:, :, :nc], hkv, fp16_k, linger)
+    x = fast_fa.scores(s, mask, scale, use_hmx)
+    if x is None:
+        return None
+    p = exp_f32(x)
+    full = np.zeros(p.shape[:-1] + (kt.shape[2],), dtype=np.float32)
+    full[..., :nc] = p
+    return p, full.sum(axis=-1, keepdims=True, dtype=np.float32), True
 
 
 def _softmax_parts(s: np.ndarray, mask: np.ndarray | None, scale: np.float32,
