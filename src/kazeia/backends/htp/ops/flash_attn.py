@@ -9,6 +9,7 @@ from kazeia.backends.htp.fp16 import FP16_MAX, round_fp16
 from kazeia.backends.htp.kernels import fa as fast_fa
 from kazeia.backends.htp.kernels import fa_decode
 from kazeia.backends.htp.kernels.expf import exp_f32
+from kazeia.backends.htp.kernels.fa_decode.tail import S_LIMIT, TAIL_CELLS
 from kazeia.backends.htp.kernels.hvx import DECODE_ROWS
 from kazeia.backends.htp.kernels.rounding import ROUND_ROW, round_hw
 from kazeia.backends.ordered import ordered_matmul
@@ -123,9 +124,6 @@ def _decode_pass(n: Tensor, q: np.ndarray, use_hmx: bool) -> bool:
     return fa_decode.decode_bound(q4, array(k), array(v), mask4, scale, use_hmx, array(n), linger=True)
 
 
-TAIL_CELLS = 16  # a left-out tail starts at the last seen cell rounded up to this (fa_decode's rule)
-
-
 def computed_cells(q16: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: np.float32,
                    use_hmx: bool) -> int:
     """The KV cells a prefill computes: all n_kv, or the cells before a tail that every query row's mask holds at
@@ -146,7 +144,7 @@ def computed_cells(q16: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndar
         return n
     if use_hmx:
         q1 = float(np.abs(q16).sum(axis=-1, dtype=np.float64).max()) if q16.size else 0.0
-        if q1 * float(np.abs(kt_tail).max(initial=0.0)) * abs(float(scale)) > 0.99 * 65504.0:
+        if q1 * float(np.abs(kt_tail).max(initial=0.0)) * abs(float(scale)) > S_LIMIT:
             return n
     return cut
 

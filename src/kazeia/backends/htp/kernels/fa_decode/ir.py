@@ -33,7 +33,6 @@ MR = 4                    # query rows of a register tile (S and P V)
 BLOCK = 128               # KV cells of one HMX P V block (ops/flash_attn.FA_KV_BLOCK)
 PW_BLOCK = 128            # numpy's PW_BLOCKSIZE
 PARALLEL_MIN_MACS = 1 << 18
-TAIL_AHEAD = 16            # rows the scan of a masked tail prefetches ahead
 
 
 def _widen(k: Kernel, base: ir.Value, byte_off: ir.Value) -> ir.Value:

@@ -8,7 +8,8 @@ from llvmlite import ir
 
 from kazeia.native.irkit import F16, F32, I16, I32, I64, V8I16, Kernel, f32, i64, ptr, splat
 
-W = 8             # float32 lanes (ir.py's)
+TAIL_CELLS = 16   # a left-out tail starts at the last seen cell rounded up to this (ops/flash_attn.py's too)
+S_LIMIT = 0.99 * 65504.0  # the HMX bound on a tail's |S * scale|: fp16's largest, less a margin for float32 sums
 TAIL_AHEAD = 16   # rows the scan of a masked tail prefetches ahead (8: 73 us a cold layer; 16: 68-71)
 
 
@@ -77,7 +78,7 @@ def computed_cells(k: Kernel, kb: ir.Value, vb: ir.Value, q16: ir.Value, rows: i
     b, a = k.b, k.a
     nc = k.var(I64, a.n, name="ncells")
     seen = _last_seen(k)
-    cut = b.mul(b.sdiv(b.add(seen, i64(2 * W - 1)), i64(2 * W)), i64(2 * W))
+    cut = b.mul(b.sdiv(b.add(seen, i64(TAIL_CELLS - 1)), i64(TAIL_CELLS)), i64(TAIL_CELLS))
     absscale = k.call("llvm.fabs.f32", F32, a.scale)
     scale_ok = b.fcmp_ordered("<", absscale, f32(float("inf")))
     with k.if_(b.and_(b.icmp_signed("<", cut, a.n), scale_ok)):
@@ -96,7 +97,7 @@ def computed_cells(k: Kernel, kb: ir.Value, vb: ir.Value, q16: ir.Value, rows: i
                 b.store(b.select(b.fcmp_ordered(">", b.load(acc), m0), b.load(acc), m0), q1)
             kabs = b.fpext(b.bitcast(kmax, F16), F32)
             bound = b.fmul(b.fmul(b.load(q1), kabs), absscale)
-            finite = b.and_(finite, b.fcmp_ordered("<=", bound, f32(65504.0 * 0.99)))
+            finite = b.and_(finite, b.fcmp_ordered("<=", bound, f32(S_LIMIT)))
         with k.if_(finite):
             b.store(cut, nc)
     return b.load(nc)

@@ -29,9 +29,10 @@ from kazeia.native.irkit import (
 
 KINDS = ("q4_0", "q4_1", "q8_0", "iq4_nl")
 BLOCK_BYTES = block_bytes(KINDS)
-PREFETCH = 8192  # bytes of the weight stream the chunk loop prefetches ahead (the hw prefetchers stop at pages): 8192
-# against 4096 took the 36-layer Qwen3-4B's HVX dots (M = 1, 2 threads, from DRAM) from 1110 to 993 us a layer, the
-# mean of six alternating runs on a Zen 5 (each pair 5-15 % apart); 2048 was 30 % slower than 4096
+# bytes of the weight stream the chunk loop prefetches ahead (the hw prefetchers stop at pages): with 8192 rather than
+# 4096, the 36-layer Qwen3-4B's HVX dots (M = 1, 2 threads, from DRAM) took 993 instead of 1110 us a layer, the mean
+# of six alternating runs on a Zen 5 (each pair 5-15 % apart); 2048 was 30 % slower than 4096
+PREFETCH = 8192
 ROWS_SEQ = 8  # weight rows hvx_dot_seq works on at once (one accumulator lane each)
 SEQ_SLICE = 64  # groups of 8 blocks whose products hvx_dot_seq makes before folding them (16 KB of stack)
 NIBBLES = ("q4_0", "q4_1")  # kinds whose dot reads the image's int8 quants (the others: their int16 widening)
