@@ -37,8 +37,8 @@ from kazeia.native.pool import run_rows
 from kazeia.native.portable import jit, prange
 
 PANEL = 32             # activation rows per packed panel: [mpad/32][K][32], one HMX tile of rows
-KC = 512              # K per block: the panel's block (64 KB) and a block of weight rows (96-128 KB) stay in L2
-SUB_TILES = 8          # micro-tiles of weight rows dequantized together, and claimed by a thread at a time
+KC = 512              # K per block: a panel's block (64 KB) stays in L2, a micro-tile's rows (12-16 KB) in L1
+SUB_TILES = 8          # micro-tiles of weight rows claimed by a thread at a time
 SOURCES = ("f32", "f16") + KINDS   # float32 rows (given), F16 rows, ggml blocks
 BLOCK_BYTES = {"f16": 2 * QK, **block_bytes(KINDS)}
 CANONICAL_NAN = np.uint32(0x7FC00000).view(np.float32)
@@ -56,8 +56,8 @@ def _tiling() -> tuple[int, int, int]:
 
 
 def _sub_rows() -> int:
-    """Weight rows dequantized together (a block of SUB_TILES micro-tiles) and claimed by a thread at a time: 64
-    with AVX-512 (48 rows ran at 74-75 % of the peak there, 64 at 78-79 %), 48 else."""
+    """Weight rows claimed by a thread at a time (SUB_TILES micro-tiles): 64 with AVX-512 (48 rows ran at 74-75 %
+    of the peak there, 64 at 78-79 %), 48 else."""
     return SUB_TILES * _tiling()[2]
 
 
@@ -108,8 +108,9 @@ def _micro(k: Kernel, vt: ir.VectorType, nv: int, rows: list, apan: ir.Value, kc
 def _hmx_gemm(module: ir.Module, src: str) -> None:
     """hmx_gemm_<src>(ap, mpad, k, w, wstride, ct, r0, r1): ct[n, m] = sum_k a[m, k] * w[n, k] for the weight rows
     n in [r0, r1) and every m < mpad, in the one order (module doc). ap: the activation panels [mpad/32][k][32];
-    w: the weight rows (wstride bytes apart) as float32, F16 or ggml blocks, dequantized here per block of
-    _sub_rows() rows x KC into a stack buffer; ct: (N, mpad) float32."""
+    w: the weight rows (wstride bytes apart) as float32, F16 or ggml blocks, dequantized here a micro-tile's rows
+    x KC at a time into a stack buffer, just before the tile runs over the panels (it is then read from L1; with a
+    whole claim's 64 rows dequantized first, the buffer was 128 KB); ct: (N, mpad) float32."""
     vl, lanes, nr = _tiling()
     vt, nv, sub = vec(F32, vl), lanes // vl, _sub_rows()
     k = Kernel(module, f"hmx_gemm_{src}", [("ap", ptr(F32)), ("mpad", I64), ("k", I64), ("w", ptr(I8)),
@@ -124,7 +125,7 @@ def _hmx_gemm(module: ir.Module, src: str) -> None:
             emit_hmx_weight(module, src, deq_name)
         deq = module.globals[deq_name]
         deq.linkage = "internal"
-        tmp = b.bitcast(k.var(ir.ArrayType(F32, sub * KC)), ptr(F32))
+        tmp = b.bitcast(k.var(ir.ArrayType(F32, nr * KC)), ptr(F32))
     with k.loop(a.r0, a.r1, sub, name="s") as s0:
         s1 = b.add(s0, i64(sub))
         s1 = b.select(b.icmp_signed("<", s1, a.r1), s1, a.r1)
@@ -134,10 +135,8 @@ def _hmx_gemm(module: ir.Module, src: str) -> None:
             first = b.icmp_signed("==", k0, i64(0))
             last = b.icmp_signed("<=", rest, i64(KC))
             if deq is not None:
-                blocks = b.sdiv(k0, i64(QK))
-                b.call(deq, [k.gep(a.w, b.mul(blocks, i64(BLOCK_BYTES[src]))), a.wstride, b.sdiv(kc, i64(QK)),
-                             k.gep(tmp, b.mul(s0, i64(-KC))), i64(KC), s0, s1])
-                wbase, wst = tmp, i64(KC)
+                wblocks = k.gep(a.w, b.mul(b.sdiv(k0, i64(QK)), i64(BLOCK_BYTES[src])))
+                wst = i64(KC)
             else:
                 wbase = b.bitcast(k.gep(a.w, b.add(b.mul(s0, a.wstride), b.mul(k0, i64(4)))), ptr(F32))
                 wst = b.sdiv(a.wstride, i64(4))
@@ -145,7 +144,13 @@ def _hmx_gemm(module: ir.Module, src: str) -> None:
             npan = b.sdiv(b.sub(s1, s0), i64(nr))
 
             def tile(n_rel: ir.Value, count: int) -> None:
-                rows = [k.gep(wbase, b.mul(b.add(n_rel, i64(j)), wst)) for j in range(count)]
+                if deq is not None:  # this tile's rows only, just before their use: 8 x KC floats stay in L1
+                    n0 = b.add(s0, n_rel)
+                    b.call(deq, [wblocks, a.wstride, b.sdiv(kc, i64(QK)), k.gep(tmp, b.mul(n0, i64(-KC))), wst,
+                                 n0, b.add(n0, i64(count))])
+                    rows = [k.gep(tmp, i64(j * KC)) for j in range(count)]
+                else:
+                    rows = [k.gep(wbase, b.mul(b.add(n_rel, i64(j)), wst)) for j in range(count)]
                 with k.loop(0, a.mpad, lanes, name="mp") as mp:
                     panel = b.sdiv(mp, i64(PANEL))
                     apan = k.gep(apanels, b.mul(panel, b.mul(a.k, i64(PANEL))), b.srem(mp, i64(PANEL)))

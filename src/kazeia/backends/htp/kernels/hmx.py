@@ -1,8 +1,9 @@
 """The HMX weight-dequant family: rows of ggml blocks -> the fp16 weight values the HMX dequant tasks write into
 weight tiles, as float32: fp16(q*d) (exact float32 product, one hw rounding); Q4_1 fp16(fp16(q*d) + m) with the
-sum exact in float64 and one hw rounding from there (see `_q4_1_sum`). AVX2 IR (compiled by native/compile.py),
-its front `hmx_weight_rows` (host/repack.py's RepackedWeight reads tiles through it) and its portable numba twin:
-the same bits (tests/test_htp_simd.py, tests/test_htp_hmx_weight_lut.py).
+sum exact in float64 and one hw rounding from there (see `_q4_1_sum`). AVX2 IR (Q4_0 / IQ4_NL looked up by vpermps
+where the host has AVX-512: `_lut_block_zmm`) compiled by native/compile.py, its front `hmx_weight_rows`
+(host/repack.py's RepackedWeight reads tiles through it) and its portable numba twin: the same bits
+(tests/test_htp_simd.py, tests/test_htp_hmx_weight_lut.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from llvmlite import ir
 from kazeia.backends.htp.kernels.rounding import hw16, round_f16, round_f16_f32
 from kazeia.gguf.quants import IQ4_NL, QK, block_bytes
 from kazeia.native.buffers import ptr as addr
-from kazeia.native.compile import Library, available
+from kazeia.native.compile import Library, available, f32_lanes
 from kazeia.native.idioms import (
     CODE_OFFSET,
     KIND_CODE,
@@ -141,6 +142,9 @@ def _lut_block(k: Kernel, kind: str, base: ir.Value, outp: ir.Value, o: ir.Value
     float32 the per-element formula gives. Same bits as computing every element, with the conversions done
     for 16 codes instead of 32 elements."""
     b = k.b
+    if f32_lanes() == 16:
+        _lut_block_zmm(k, kind, base, outp, o)
+        return
     h = [b.bitcast(t, V16I8) for t in _code_table(k, kind, base)]
     tlo = k.shuffle(h[0], h[1], list(range(0, 32, 2)))
     thi = k.shuffle(h[0], h[1], list(range(1, 32, 2)))
@@ -152,6 +156,20 @@ def _lut_block(k: Kernel, kind: str, base: ir.Value, outp: ir.Value, o: ir.Value
             bits = k.shuffle(lo, hi, [x for e in range(j, j + 8) for x in (e, 16 + e)])
             v = b.fpext(b.bitcast(bits, vec(F16, 8)), V8F32)
             k.store_vec(v, outp, b.add(o, i64(16 * half + j)))
+
+def _lut_block_zmm(k: Kernel, kind: str, base: ir.Value, outp: ir.Value, o: ir.Value) -> None:
+    """`_lut_block` where the host has AVX-512: the 16 table values widened once into one zmm, each half block's
+    16 codes looked up by one vpermps (a float32 table of 16 entries indexed by the codes). The same table values
+    (`_code_table`), so the same bits; a third of the uops of the pshufb path."""
+    b = k.b
+    v16f, v16i = vec(F32, 16), vec(I32, 16)
+    t = _code_table(k, kind, base)
+    table = b.fpext(b.bitcast(k.shuffle(t[0], t[1], list(range(16))), vec(F16, 16)), v16f)
+    q = b.zext(k.load_vec(base, V16I8, CODE_OFFSET[kind]), v16i)
+    for half, codes in enumerate((b.and_(q, splat(v16i, 15)), b.lshr(q, splat(v16i, 4)))):
+        v = k.call("llvm.x86.avx512.permvar.sf.512", v16f, table, codes)
+        k.store_vec(v, outp, b.add(o, i64(16 * half)))
+
 
 LIB = Library(__name__, "kazeia_htp_hmx")
 WEIGHT = LIB.kernels("hmx_weight", emit_hmx_weight, KINDS, par=True)
