@@ -228,6 +228,11 @@ def emit_dot(module: ir.Module, kind: str) -> str:
                 g = b.add(b.mul(nfull, i64(4)), i64(j))
                 live = b.icmp_signed(">", ntail, i64(j))
                 whole = b.icmp_signed("<=", b.mul(b.add(g, i64(1)), i64(8)), a.nb)
+                if PREFETCH:  # the tail's stream too (K = 2560: a fifth of every row)
+                    with k.if_(live):
+                        pf = k.gep(rowp, b.add(b.mul(g, i64(8 * BLOCK_BYTES[kind])), i64(PREFETCH)))
+                        for q in range(-(-8 * BLOCK_BYTES[kind] // 64)):
+                            k.prefetch(k.gep(pf, 64 * q))
                 with k.if_(b.and_(live, whole)):
                     b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False)), acc[j])
                 with k.if_(b.and_(live, b.not_(whole))):
