@@ -4,7 +4,7 @@ kernels for this host (AVX-512 where it has it), the same kernels compiled as fo
 and their float parts run in one order, so the outputs must agree bit for bit; each variant runs in its own
 process (the switches are read once). The CPU's f32 BLAS paths are not held to this (they follow the host).
 The GEMV (M <= 4, the decode) agrees across all three: the portable twin runs the native kernel's operations in
-its order, FMAs included (kernels/gemv.py: gemv_exact_portable). The GEMM (prefill) agrees between the native
+its order, FMAs included (kernels/gemv/portable.py: gemv_exact_portable). The GEMM (prefill) agrees between the native
 variants only (the last test, a strict xfail, says why)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ set_threads(2)
 rng = np.random.default_rng(38)
 h = hashlib.sha256()
 for qtype in (T.Q4_0, T.Q4_1, T.Q8_0):
-    for k, n in ((256, 72), (2560, 136), (4096, 40)):
+    for k, n in ((256, 72), (2560, 136), (4096, 40), (512, 29)):  # (zmm: groups of 16 rows, of 8, and 29's 5 tail rows)
         raw = quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
         for m in MS:  # the GEMV (M <= 4) or the GEMM
             x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10)).astype(np.float32)

@@ -1,5 +1,5 @@
 """Graph nodes of the `cpu` backend bound to the native small-op kernels (kernels/ops.py, kernels/attention.py) and
-to the GEMV itself (kernels/gemv.py): the front of those families.
+to the GEMV itself (kernels/gemv): the front of those families.
 
 `bind(backend, node)` returns a callable that runs the node with every argument worked out in advance (addresses,
 strides, sizes), or None when the node is outside what the kernels do (the numpy fast paths of f32_ops.py, or

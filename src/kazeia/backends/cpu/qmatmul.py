@@ -44,7 +44,7 @@ from kazeia.native.threads import single_blas_thread, threads
 
 T = GGMLQuantizationType
 GEMV_MAX_M = 4           # rows of x up to which the GEMV beats the native GEMM (measured, bench/README)
-PORTABLE_GEMV_MAX_M = 4  # the numba twin up to the native GEMV's M (its bits: kernels/gemv.py gemv_exact_portable)
+PORTABLE_GEMV_MAX_M = 4  # the numba twin up to the native GEMV's M (its bits: gemv/portable.py)
 GEMV_MAX_K = 1 << 16     # the native GEMV quantizes x on the thread's stack: at most 4 x 64K int16 (512 KiB)
 TILE_BYTES = 4 << 20     # float32 scratch per dequantized tile (about L3 / 8: BLAS packs it anyway)
 SMALL_GEMM_M = 16    # x rows up to which the tiled path's GEMMs run on one BLAS thread

@@ -25,10 +25,10 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from kazeia.backends.cpu.kernels.gemv import quantize_activations
+from kazeia.backends.cpu.kernels.gemv import quantize_activations, zmm
 from kazeia.gguf.quants import QK, block_bytes
 from kazeia.native.buffers import ptr as addr
-from kazeia.native.compile import Library, f32_lanes, host_has
+from kazeia.native.compile import Library
 from kazeia.native.idioms import transpose8
 from kazeia.native.irkit import (
     F32,
@@ -51,7 +51,7 @@ def lanes() -> int:
     """int32 / float32 lanes of the kernel's vectors on this host: 16 (zmm: AVX-512 F and BW, whose pmaddwd takes
     32 int16) or 8 (ymm). A panel is two vectors of weight rows. Which outputs sit side by side only: each
     output's operations and their order are the same at either width."""
-    return 16 if f32_lanes() == 16 and host_has("avx512bw") else 8
+    return 16 if zmm() else 8
 
 
 def rows_per_tile() -> int:

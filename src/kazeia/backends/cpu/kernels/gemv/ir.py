@@ -1,31 +1,15 @@
-"""The `cpu` backend's GEMV family: the decode matmul on the quantized bytes, and the activation quantization it
-reads: AVX2 IR (compiled by native/compile.py), its front, and its portable numba twin.
-
-GEMV (x rows quantized by quantize.py's `quantize_x` to int16 per 32-element block, one float32 scale d_x = amax/32767):
-per block and weight row, the 32 codes are widened to int16 and multiplied with the activations by pmaddwd
-(exact int32 pair sums in 8 lanes). Weight rows in whole groups of 8 (from the weight's row 0: claimed chunks are
-multiples of 8) sum those lanes to one exact int32 a block and accumulate it with d_w*d_x by one FMA a block, in
-block order, each row in its own lane of one vector (_emit_rows8); the last N % 8 rows keep the 8 lanes, each
-accumulated by its own FMA chain, summed at the end in a fixed tree (irkit.Kernel.hsum8). Q4_0 and Q4_1 add a
-second chain (the -8 bias, or m_w, times d_x * sum(x_q)). Every output is computed by one call in one fixed
-order: bitwise the same at any thread count, and whatever the host's vector width.
-
-The portable twin (numba, `gemv_exact_portable`) runs those operations in that order, the FMAs emulated exactly
-(`fma32`): its outputs are the native kernel's bits (tests/test_isa_variants.py). The activations are int16 (scale
-amax/32767), which keeps the GEMV within ~1e-9 NMSE of the float product. Blocks: native/idioms.py.
-"""
+"""The GEMV family's IR (see the family's __init__ for the operations and their order): `matvec_<kind>_m<m>`,
+the ymm row kernels (`_emit_rows`, `_emit_rows8`) and, where the host has AVX-512 F and BW, the zmm group kernel
+(`_emit_rows16`)."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 from gguf import GGMLQuantizationType
 from llvmlite import ir
 
-from kazeia.backends.cpu.kernels.quantize import emit_quantize_x, quantize_activations
+from kazeia.backends.cpu.kernels.quantize import emit_quantize_x
 from kazeia.gguf.quants import QK, block_bytes
-from kazeia.native.compile import Library
+from kazeia.native.compile import f32_lanes, host_has
 from kazeia.native.idioms import codes_i16, tree8
 from kazeia.native.irkit import (
     F32,
@@ -35,15 +19,16 @@ from kazeia.native.irkit import (
     I64,
     V8F32,
     V8I32,
+    V16I8,
     V16I16,
     Kernel,
     chunked,
     f32,
     i64,
     ptr,
+    splat,
     vec,
 )
-from kazeia.native.portable import jit, prange
 
 T = GGMLQuantizationType
 KINDS = ("q4_0", "q4_1", "q8_0")
@@ -155,16 +140,112 @@ def _emit_rows8(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
         k.store_vec(s, a.y, b.add(b.mul(i64(mi), a.ystride), n))
 
 
+V16F32, V16I32, V32I16 = vec(F32, 16), vec(I32, 16), vec(I16, 32)
+
+
+def zmm() -> bool:
+    """Whether the kernels take zmm registers here: AVX-512 F and BW (pmaddwd on 32 int16)."""
+    return f32_lanes() == 16 and host_has("avx512bw")
+
+
+def _pair_codes(k: Kernel, kind: str, base_a: ir.Value, base_b: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """The codes of one block of two rows a and b as two <32 x i16>: (a's elements 0..15 | b's 0..15) and
+    (a's 16..31 | b's 16..31), the values `codes_i16` gives."""
+    b = k.b
+    if kind == "q8_0":
+        def half(o):
+            both = k.shuffle(k.load_vec(base_a, V16I8, o), k.load_vec(base_b, V16I8, o), list(range(32)))
+            return b.sext(both, V32I16)
+        return half(2), half(18)
+    o = 4 if kind == "q4_1" else 2
+    q = k.shuffle(k.load_vec(base_a, V16I8, o), k.load_vec(base_b, V16I8, o), list(range(32)))
+    z = k.opaque(b.zext(q, V32I16))  # one vpmovzxbw, the nibbles in 16-bit lanes (see codes_i16)
+    return b.and_(z, splat(V32I16, 15)), b.lshr(z, splat(V32I16, 4))
+
+
+def _tree16(k: Kernel, ps: list[ir.Value]) -> ir.Value:
+    """8 x <16 x i32> (ps[p]: lanes 0..7 row 2p's pair sums, 8..15 row 2p+1's) -> <16 x i32> whose lane r is row
+    r's sum (integers: exact in any order). Three levels of two shuffles and an add: lanes of a row 8 -> 4 -> 2 -> 1."""
+    b = k.b
+
+    def level(vs, width):
+        # each input holds 16/width rows of `width` lanes; keep the first and second half of every row's lanes
+        h = width // 2
+        lo = [j * width + i for j in range(2 * 16 // width) for i in range(h)]
+        out = []
+        for u, v in zip(vs[0::2], vs[1::2]):
+            out.append(b.add(k.shuffle(u, v, lo), k.shuffle(u, v, [x + h for x in lo])))
+        return out
+    q = level(ps, 8)      # 4 vectors, 4 lanes a row
+    r = level(q, 4)       # 2 vectors, 2 lanes a row
+    return level(r, 2)[0]  # lane j: row j
+
+
+def _emit_rows16(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
+    """y[0..m, n..n+16]: `_emit_rows8`'s operations for 16 weight rows in zmm (lane r = row n+r): each row's
+    block dot the same exact int32, then the same FMA with d_w*d_x in block order (and the same second chain),
+    so every output has `_emit_rows8`'s bits. Two rows share a zmm of codes against the block's activations
+    doubled, the 16 rows' pair sums are reduced by `_tree16`. With the weights in L3 (Qwen3-4B's 4096 x 2560
+    and 9728 x 2560 Q4_0 at M = 1, one thread, a Zen 5) 34-36 GB/s where two 8-row groups in ymm gave 25-26;
+    from DRAM both read at the streaming rate."""
+    b, a = k.b, k.a
+    bb = BLOCK_BYTES[kind]
+    zero = ir.Constant(V16F32, [0.0] * 16)
+    acc = [k.var(V16F32, zero) for _ in range(m)]
+    cm = [k.var(V16F32, zero) for _ in range(m)] if kind != "q8_0" else None
+    row_base = [k.gep(a.w, b.mul(b.add(n, i64(r)), a.wstride)) for r in range(16)]
+    xrow = b.mul(a.nb, i64(QK))
+    nxt = k.gep(a.w, b.mul(b.add(n, i64(16)), a.wstride))
+    with k.loop(0, a.nb, name="blk") as blk:
+        off = b.mul(blk, i64(bb))
+        pf = k.gep(nxt, b.mul(blk, i64(16 * bb)))
+        for j in range(-(-16 * bb // 64)):
+            k.prefetch(k.gep(pf, 64 * j), 2)
+        bases = [k.gep(row_base[r], off) for r in range(16)]
+        codes = [_pair_codes(k, kind, bases[2 * p], bases[2 * p + 1]) for p in range(8)]
+
+        def gather(byte_off):
+            v = ir.Constant(vec(I16, 16), ir.Undefined)
+            for r in range(16):
+                v = b.insert_element(v, k.load_as(bases[r], I16, byte_off), ir.Constant(I32, r))
+            return b.fpext(b.bitcast(v, vec(ir.HalfType(), 16)), V16F32)
+        dw = gather(0)
+        mw = gather(2) if kind == "q4_1" else None
+        for mi in range(m):
+            xlo, xhi, bi, dx = _x_block(k, xrow, blk, mi)
+            x2lo, x2hi = (k.shuffle(h, h, list(range(16)) * 2) for h in (xlo, xhi))
+            ps = [b.add(k.call("llvm.x86.avx512.pmaddw.d.512", V16I32, lo, x2lo),
+                        k.call("llvm.x86.avx512.pmaddw.d.512", V16I32, hi, x2hi)) for lo, hi in codes]
+            sc = b.fmul(dw, k.broadcast(dx, 16))
+            b.store(k.fma(b.sitofp(_tree16(k, ps), V16F32), sc, b.load(acc[mi])), acc[mi])
+            if kind != "q8_0":
+                dxs = b.fmul(dx, b.sitofp(k.load(a.xs, bi), F32))
+                if kind == "q4_0":
+                    dxs = b.fmul(dxs, f32(-8.0))
+                b.store(k.fma(mw if kind == "q4_1" else dw, k.broadcast(dxs, 16), b.load(cm[mi])), cm[mi])
+    for mi in range(m):
+        s = b.load(acc[mi])
+        if kind != "q8_0":
+            s = b.fadd(s, b.load(cm[mi]))
+        k.store_vec(s, a.y, b.add(b.mul(i64(mi), a.ystride), n))
+
+
 def _gemv(module: ir.Module, kind: str, m: int) -> ir.Function:
     """gemv_<kind>_m<m>(w, wstride, nb, xq, xd, xs, y, ystride, r0, r1): y[0..m, r0..r1] from quantized x."""
     k = Kernel(module, f"gemv_{kind}_m{m}", GEMV_ARGS)
     k.fn.linkage = "internal"
     b, a = k.b, k.a
-    # whole groups of 8 weight rows, then the rest one by one
-    ngroups = b.sdiv(b.sub(a.r1, a.r0), i64(8))
+    # whole groups of 16 weight rows in zmm where the host has them, of 8, then the rest one by one
+    r0 = a.r0
+    if zmm():
+        n16 = b.sdiv(b.sub(a.r1, a.r0), i64(16))
+        with k.loop(0, n16, name="grp16") as g:
+            _emit_rows16(k, kind, m, b.add(a.r0, b.mul(g, i64(16))))
+        r0 = b.add(a.r0, b.mul(n16, i64(16)))
+    ngroups = b.sdiv(b.sub(a.r1, r0), i64(8))
     with k.loop(0, ngroups, name="grp") as g:
-        _emit_rows8(k, kind, m, b.add(a.r0, b.mul(g, i64(8))))
-    with k.loop(b.add(a.r0, b.mul(ngroups, i64(8))), a.r1, name="tail") as n:
+        _emit_rows8(k, kind, m, b.add(r0, b.mul(g, i64(8))))
+    with k.loop(b.add(r0, b.mul(ngroups, i64(8))), a.r1, name="tail") as n:
         _emit_rows(k, kind, m, 1, n)
     k.ret()
     return k.fn
@@ -201,123 +282,8 @@ def _matvec(module: ir.Module, kind: str, m: int, gemv: ir.Function, quantize: i
     return name
 
 
-def _emit_matvec(module: ir.Module, kind: str, m: int) -> str:
+def emit_matvec(module: ir.Module, kind: str, m: int) -> str:
     """matvec_<kind>_m<m>, with the activation quantizer it calls (quantize.py's IR, emitted into this library
     once: the call stays inside the object file, as the kernel is tuned for)."""
     quantize = module.globals.get("quantize_x") or emit_quantize_x(module)
     return _matvec(module, kind, m, _gemv(module, kind, m), quantize)
-
-
-LIB = Library(__name__, "kazeia_simd_cpu")
-MATVEC = {(kind, m): LIB.kernel(f"matvec_{kind}_m{m}", _emit_matvec, kind, m) for kind in KINDS for m in GEMV_M}
-
-
-# --- front -----------------------------------------------------------------------------------------------------
-
-_F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)  # fp16 bits -> value
-
-
-def blocks(raw: np.ndarray, qtype: T, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(N, row_bytes) uint8 rows -> (uint8 (N, nb, type_size), uint16 (N, nb, type_size/2)) views, no copy."""
-    ts = BLOCK_BYTES[T(qtype).name.lower()]
-    n = raw.shape[0]
-    return raw.reshape(n, k // QK, ts), raw.view(np.uint16).reshape(n, k // QK, ts // 2)
-
-
-def gemv_portable(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndarray) -> None:
-    """out (M, N) = x @ W^T by the numba twin (Q4_0 / Q4_1 / Q8_0 rows `raw`): the native kernel's bits."""
-    xq, xd, xs = quantize_activations(x)
-    b8, b16 = blocks(raw, qtype, k)
-    y = out if out.flags.c_contiguous else np.empty(out.shape, dtype=np.float32)
-    kind = {T.Q4_0: KIND_Q4_0, T.Q4_1: KIND_Q4_1, T.Q8_0: KIND_Q8_0}[T(qtype)]
-    gemv_exact_portable(b8, b16, xq, xd, xs, y, _F16_LUT, kind)
-    if y is not out:
-        out[...] = y
-
-
-# --- portable twin (numba) -------------------------------------------------------------------------------------
-
-_i16, _i32, _f32 = np.int16, np.int32, np.float32
-U15, U4 = np.uint8(15), np.uint8(4)
-ROW_CHUNK = 32
-
-
-KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 = 0, 1, 2
-GROUP = 8  # weight rows the native kernel transposes into the lanes of one vector (_emit_rows8)
-
-
-@jit(cache=True, inline="always")
-def fma32(a, b, c):
-    """fl32(a * b + c), rounded once, as vfmadd: the float64 product of two float32 is exact; the float64 sum is
-    made round-to-odd (TwoSum's error decides the last bit), and rounding that to float32 is then the correctly
-    rounded result (53 >= 24 + 2 bits)."""
-    p = np.float64(a) * np.float64(b)
-    cc = np.float64(c)
-    s = p + cc
-    bp = s - p
-    e = (p - (s - bp)) + (cc - bp)
-    if e != 0.0 and np.isfinite(s):
-        m, ex = math.frexp(s)
-        ulp = math.ldexp(1.0, ex - 53)
-        if np.int64(abs(s) / ulp) % 2 == 0:  # even: the odd neighbour on e's side
-            up = (e > 0.0) == (s > 0.0)      # away from zero
-            step = ulp if up or abs(m) != 0.5 else ulp * 0.5
-            s = s + step if e > 0.0 else s - step
-    return np.float32(s)
-
-
-@jit(cache=True, inline="always")
-def _code(w, n, b, j, kind):
-    """Element j of block b of row n as the kernel widens it: Q4 nibbles raw (0..15), Q8_0 the int8 value."""
-    if kind == KIND_Q8_0:
-        return np.int32(np.int8(w[n, b, 2 + j]))
-    q = w[n, b, (4 if kind == KIND_Q4_1 else 2) + (j & 15)]
-    return np.int32(q >> np.uint8(4)) if j >= 16 else np.int32(q & np.uint8(15))
-
-
-@jit(cache=True, inline="always")
-def _lane(w, xq, n, b, m, lane, kind):
-    """pmaddwd(lo) + pmaddwd(hi), lane `lane`: codes 2l, 2l+1, 16+2l, 17+2l times their activations (exact)."""
-    t = np.int32(0)
-    for j in (2 * lane, 2 * lane + 1, 16 + 2 * lane, 17 + 2 * lane):
-        t += _code(w, n, b, j, kind) * np.int32(xq[m, b, j])
-    return t
-
-
-@jit(parallel=True, cache=True)
-def gemv_exact_portable(w, d, xq, xd, xs, y, lut, kind):
-    """y (M, N) = x @ W^T in the native GEMV's operations and order (kernels above): rows in whole groups of 8
-    (from row 0) take each block's exact int32 dot, then acc = fma(dot, d_w*d_x, acc) in block order; the last
-    N % 8 rows keep 8 lanes (pmaddwd's pair sums, one fma chain each) summed at the end by hsum8's tree; Q4_0 and
-    Q4_1 add their own chain cm = fma(d_w (Q4_0) or m_w (Q4_1), d_x*sum(x_q) (*-8 for Q4_0), cm)."""
-    n_rows, nb = w.shape[0], w.shape[1]
-    m_rows = xq.shape[0]
-    n_grouped = n_rows - n_rows % GROUP
-    for n in prange(n_rows):
-        lanes = np.empty(8, np.float32)
-        for m in range(m_rows):
-            acc = np.float32(0)
-            cm = np.float32(0)
-            lanes[:] = 0
-            for b in range(nb):
-                dw = lut[d[n, b, 0]]
-                dx = xd[m, b]
-                sc = np.float32(dw * dx)
-                if n < n_grouped:
-                    dot = np.int32(0)
-                    for lane in range(8):
-                        dot += _lane(w, xq, n, b, m, lane, kind)
-                    acc = fma32(np.float32(dot), sc, acc)
-                else:
-                    for lane in range(8):
-                        lanes[lane] = fma32(np.float32(_lane(w, xq, n, b, m, lane, kind)), sc, lanes[lane])
-                if kind != KIND_Q8_0:
-                    dxs = np.float32(dx * np.float32(xs[m, b]))
-                    if kind == KIND_Q4_0:
-                        cm = fma32(dw, np.float32(dxs * np.float32(-8.0)), cm)
-                    else:
-                        cm = fma32(lut[d[n, b, 1]], dxs, cm)
-            if n >= n_grouped:
-                acc = np.float32(np.float32(np.float32(lanes[0] + lanes[4]) + np.float32(lanes[2] + lanes[6]))
-                                 + np.float32(np.float32(lanes[1] + lanes[5]) + np.float32(lanes[3] + lanes[7])))
-            y[m, n] = np.float32(acc + cm) if kind != KIND_Q8_0 else acc
