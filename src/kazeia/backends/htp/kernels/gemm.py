@@ -158,10 +158,29 @@ def _hmx_gemm(module: ir.Module, src: str) -> None:
                     _micro(k, vt, nv, rows, apan, kc, cps, first, last)
 
             with k.loop(0, npan, name="p") as p:
+                if deq is not None:
+                    _prefetch_next_tile(k, src, nr, s0, s1, k0, b.add(s0, b.mul(p, i64(nr))))
                 tile(b.mul(p, i64(nr)), nr)
             with k.loop(b.mul(npan, i64(nr)), b.sub(s1, s0), name="t") as t:
                 tile(t, 1)
     k.ret()
+
+
+def _prefetch_next_tile(k: Kernel, src: str, nr: int, s0: ir.Value, s1: ir.Value, k0: ir.Value, n0: ir.Value) -> None:
+    """Prefetch the ggml bytes the next micro-tile will dequantize (rows n0+nr.. of this K block, or the claim's
+    first rows of the next K block after its last tile): a K block of 8 rows is 8 short runs of blocks from
+    DRAM, which the hardware prefetchers do not see coming; a tile's products give the lines time to arrive."""
+    b, a = k.b, k.a
+    nxt = b.add(n0, i64(nr))
+    wrap = b.icmp_signed(">=", nxt, s1)
+    row = b.select(wrap, s0, nxt)
+    kn = b.select(wrap, b.add(k0, i64(KC)), k0)
+    with k.if_(b.icmp_signed("<", kn, a.k)):
+        base = k.gep(a.w, b.mul(b.sdiv(kn, i64(QK)), i64(BLOCK_BYTES[src])))
+        for j in range(nr):
+            rp = k.gep(base, b.mul(b.add(row, i64(j)), a.wstride))
+            for line in range(-(-(KC // QK * BLOCK_BYTES[src]) // 64) + 1):  # (+1: the run need not start a line)
+                k.prefetch(k.gep(rp, 64 * line))
 
 
 def _pack(module: ir.Module) -> None:
