@@ -91,48 +91,47 @@ def _emit_rows(k: Kernel, kind: str, m: int, rows: int, n: ir.Value) -> None:
             k.store(s, a.y, b.add(b.mul(i64(mi), a.ystride), b.add(n, i64(r))))
 
 
-def _emit_rows8(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
-    """y[0..m, n..n+8]: 8 weight rows, whose per-block integer dots are transposed into the 8 lanes of one
-    vector (lane r = row n+r): one convert and one FMA per block for all 8 rows, and no reduction at the end
-    (each lane accumulates its row's blocks in order)."""
+def _emit_group(k: Kernel, kind: str, m: int, n: ir.Value, rows: int, codes_of, dots_of) -> None:
+    """y[0..m, n..n+rows]: `rows` weight rows whose per-block integer dots land in the lanes of one vector (lane r =
+    row n+r): one convert and one FMA per block for all the rows, and no reduction at the end (each lane accumulates
+    its row's blocks in order). `codes_of(bases)` reads the rows' codes of a block, `dots_of(codes, xlo, xhi)` gives
+    the <rows x i32> of their exact block dots with one activation row's block."""
     b, a = k.b, k.a
     bb = BLOCK_BYTES[kind]
-    zero = ir.Constant(V8F32, [0.0] * 8)
-    acc = [k.var(V8F32, zero) for _ in range(m)]
-    cm = [k.var(V8F32, zero) for _ in range(m)] if kind != "q8_0" else None
-    row_base = [k.gep(a.w, b.mul(b.add(n, i64(r)), a.wstride)) for r in range(8)]
+    vf = vec(F32, rows)
+    zero = ir.Constant(vf, [0.0] * rows)
+    acc = [k.var(vf, zero) for _ in range(m)]
+    cm = [k.var(vf, zero) for _ in range(m)] if kind != "q8_0" else None
+    row_base = [k.gep(a.w, b.mul(b.add(n, i64(r)), a.wstride)) for r in range(rows)]
     xrow = b.mul(a.nb, i64(QK))
-    v8i16 = vec(I16, 8)
-    # the next 8 rows' bytes, 8 blocks' worth per block step: the hardware prefetchers lose track of 8
+    # the next group's bytes, a group's worth per block step: the hardware prefetchers lose track of 8
     # interleaved short rows (K=576: 7 GB/s from DRAM without this). Into L2 (prefetcht1): a whole group ahead is
     # more than L1 holds for long rows (K=9728: 44 KB); ~1.5 % faster over the 36 layers (4 interleaved pairs)
-    nxt = k.gep(a.w, b.mul(b.add(n, i64(8)), a.wstride))
+    nxt = k.gep(a.w, b.mul(b.add(n, i64(rows)), a.wstride))
     with k.loop(0, a.nb, name="blk") as blk:
         off = b.mul(blk, i64(bb))
-        pf = k.gep(nxt, b.mul(blk, i64(8 * bb)))
-        for j in range(-(-8 * bb // 64)):
+        pf = k.gep(nxt, b.mul(blk, i64(rows * bb)))
+        for j in range(-(-rows * bb // 64)):
             k.prefetch(k.gep(pf, 64 * j), 2)
-        bases = [k.gep(row_base[r], off) for r in range(8)]
-        codes = [codes_i16(k, kind, base) for base in bases]
+        bases = [k.gep(row_base[r], off) for r in range(rows)]
+        codes = codes_of(bases)
 
         def gather(byte_off):
-            v = ir.Constant(v8i16, ir.Undefined)
-            for r in range(8):
+            v = ir.Constant(vec(I16, rows), ir.Undefined)
+            for r in range(rows):
                 v = b.insert_element(v, k.load_as(bases[r], I16, byte_off), ir.Constant(I32, r))
-            return b.fpext(b.bitcast(v, vec(ir.HalfType(), 8)), V8F32)
+            return b.fpext(b.bitcast(v, vec(ir.HalfType(), rows)), vf)
         dw = gather(0)
         mw = gather(2) if kind == "q4_1" else None
         for mi in range(m):
             xlo, xhi, bi, dx = _x_block(k, xrow, blk, mi)
-            ps = [b.add(k.call("llvm.x86.avx2.pmadd.wd", V8I32, lo, xlo),
-                        k.call("llvm.x86.avx2.pmadd.wd", V8I32, hi, xhi)) for lo, hi in codes]
-            sc = b.fmul(dw, k.broadcast(dx, 8))
-            b.store(k.fma(b.sitofp(tree8(k, ps), V8F32), sc, b.load(acc[mi])), acc[mi])
+            sc = b.fmul(dw, k.broadcast(dx, rows))
+            b.store(k.fma(b.sitofp(dots_of(codes, xlo, xhi), vf), sc, b.load(acc[mi])), acc[mi])
             if kind != "q8_0":
                 dxs = b.fmul(dx, b.sitofp(k.load(a.xs, bi), F32))
                 if kind == "q4_0":
                     dxs = b.fmul(dxs, f32(-8.0))
-                b.store(k.fma(mw if kind == "q4_1" else dw, k.broadcast(dxs, 8), b.load(cm[mi])), cm[mi])
+                b.store(k.fma(mw if kind == "q4_1" else dw, k.broadcast(dxs, rows), b.load(cm[mi])), cm[mi])
     for mi in range(m):
         s = b.load(acc[mi])
         if kind != "q8_0":
@@ -140,7 +139,18 @@ def _emit_rows8(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
         k.store_vec(s, a.y, b.add(b.mul(i64(mi), a.ystride), n))
 
 
-V16F32, V16I32, V32I16 = vec(F32, 16), vec(I32, 16), vec(I16, 32)
+def _emit_rows8(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
+    """y[0..m, n..n+8] in ymm: each row's block codes widened (codes_i16), two pmaddwd against the activations'
+    halves, the 8 rows' pair sums transposed into one vector (tree8)."""
+    b = k.b
+
+    def dots(codes, xlo, xhi):
+        return tree8(k, [b.add(k.call("llvm.x86.avx2.pmadd.wd", V8I32, lo, xlo),
+                               k.call("llvm.x86.avx2.pmadd.wd", V8I32, hi, xhi)) for lo, hi in codes])
+    _emit_group(k, kind, m, n, 8, lambda bases: [codes_i16(k, kind, base) for base in bases], dots)
+
+
+V16I32, V32I16 = vec(I32, 16), vec(I16, 32)
 
 
 def zmm() -> bool:
@@ -182,52 +192,21 @@ def _tree16(k: Kernel, ps: list[ir.Value]) -> ir.Value:
 
 
 def _emit_rows16(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
-    """y[0..m, n..n+16]: `_emit_rows8`'s operations for 16 weight rows in zmm (lane r = row n+r): each row's
-    block dot the same exact int32, then the same FMA with d_w*d_x in block order (and the same second chain),
-    so every output has `_emit_rows8`'s bits. Two rows share a zmm of codes against the block's activations
-    doubled, the 16 rows' pair sums are reduced by `_tree16`. With the weights in L3 (Qwen3-4B's 4096 x 2560
-    and 9728 x 2560 Q4_0 at M = 1, one thread, a Zen 5) 34-36 GB/s where two 8-row groups in ymm gave 25-26;
-    from DRAM both read at the streaming rate."""
-    b, a = k.b, k.a
-    bb = BLOCK_BYTES[kind]
-    zero = ir.Constant(V16F32, [0.0] * 16)
-    acc = [k.var(V16F32, zero) for _ in range(m)]
-    cm = [k.var(V16F32, zero) for _ in range(m)] if kind != "q8_0" else None
-    row_base = [k.gep(a.w, b.mul(b.add(n, i64(r)), a.wstride)) for r in range(16)]
-    xrow = b.mul(a.nb, i64(QK))
-    nxt = k.gep(a.w, b.mul(b.add(n, i64(16)), a.wstride))
-    with k.loop(0, a.nb, name="blk") as blk:
-        off = b.mul(blk, i64(bb))
-        pf = k.gep(nxt, b.mul(blk, i64(16 * bb)))
-        for j in range(-(-16 * bb // 64)):
-            k.prefetch(k.gep(pf, 64 * j), 2)
-        bases = [k.gep(row_base[r], off) for r in range(16)]
-        codes = [_pair_codes(k, kind, bases[2 * p], bases[2 * p + 1]) for p in range(8)]
+    """y[0..m, n..n+16] in zmm, `_emit_rows8`'s operations for 16 rows (each row's block dot the same exact int32,
+    then the same FMAs in block order), so every output has its bits: two rows share a zmm of codes against the
+    block's activations doubled, the 16 rows' pair sums are reduced by `_tree16`. With the weights in L3 (Qwen3-4B's
+    4096 x 2560 and 9728 x 2560 Q4_0 at M = 1, one thread, a Zen 5) 34-37 GB/s where the ymm groups gave 23-26;
+    from DRAM 41-42 against 35-37 GB/s while a streaming read reached 64-69 GB/s, equal while it reached 44."""
+    b = k.b
 
-        def gather(byte_off):
-            v = ir.Constant(vec(I16, 16), ir.Undefined)
-            for r in range(16):
-                v = b.insert_element(v, k.load_as(bases[r], I16, byte_off), ir.Constant(I32, r))
-            return b.fpext(b.bitcast(v, vec(ir.HalfType(), 16)), V16F32)
-        dw = gather(0)
-        mw = gather(2) if kind == "q4_1" else None
-        for mi in range(m):
-            xlo, xhi, bi, dx = _x_block(k, xrow, blk, mi)
-            x2lo, x2hi = (k.shuffle(h, h, list(range(16)) * 2) for h in (xlo, xhi))
-            ps = [b.add(k.call("llvm.x86.avx512.pmaddw.d.512", V16I32, lo, x2lo),
-                        k.call("llvm.x86.avx512.pmaddw.d.512", V16I32, hi, x2hi)) for lo, hi in codes]
-            sc = b.fmul(dw, k.broadcast(dx, 16))
-            b.store(k.fma(b.sitofp(_tree16(k, ps), V16F32), sc, b.load(acc[mi])), acc[mi])
-            if kind != "q8_0":
-                dxs = b.fmul(dx, b.sitofp(k.load(a.xs, bi), F32))
-                if kind == "q4_0":
-                    dxs = b.fmul(dxs, f32(-8.0))
-                b.store(k.fma(mw if kind == "q4_1" else dw, k.broadcast(dxs, 16), b.load(cm[mi])), cm[mi])
-    for mi in range(m):
-        s = b.load(acc[mi])
-        if kind != "q8_0":
-            s = b.fadd(s, b.load(cm[mi]))
-        k.store_vec(s, a.y, b.add(b.mul(i64(mi), a.ystride), n))
+    def codes(bases):
+        return [_pair_codes(k, kind, bases[2 * p], bases[2 * p + 1]) for p in range(8)]
+
+    def dots(pairs, xlo, xhi):
+        x2lo, x2hi = (k.shuffle(h, h, list(range(16)) * 2) for h in (xlo, xhi))
+        return _tree16(k, [b.add(k.call("llvm.x86.avx512.pmaddw.d.512", V16I32, lo, x2lo),
+                                 k.call("llvm.x86.avx512.pmaddw.d.512", V16I32, hi, x2hi)) for lo, hi in pairs])
+    _emit_group(k, kind, m, n, 16, codes, dots)
 
 
 def _gemv(module: ir.Module, kind: str, m: int) -> ir.Function:
