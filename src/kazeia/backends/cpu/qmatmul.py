@@ -20,9 +20,9 @@
 - F32 weights are multiplied in place (BLAS on the mapped rows); F16 / BF16 are converted per tile like the
   block formats, the other block formats per tile by numpy (gguf.quants.dequantize).
 
-Kernels: the families of kernels/ (quantize, gemv, gemm, dequant: AVX2 IR compiled by native/compile.py) when the
-host has AVX2/FMA/F16C and KAZEIA_SIMD is not 0, else their portable numba twins. Both are tested against the same
-oracles.
+Kernels: the families of kernels/ (quantize, gemv, gemm, dequant: AVX2 IR compiled by native/compile.py, the GEMV
+and the GEMM in zmm where the host also has AVX-512 F and BW) when the host has AVX2/FMA/F16C and KAZEIA_SIMD is not
+0, else their portable numba twins. Both are tested against the same oracles.
 """
 
 from __future__ import annotations
