@@ -82,10 +82,12 @@ def test_a_bound_mul_mat_nx_quantizes_its_src1_once(tiny_qwen3_q4, monkeypatch):
     from kazeia.backends.htp.hvx import bound as hb
 
     groups, members_alone = [], []
-    run_group, run = hb.BoundHvxHostPlan.run_group, hb.BoundHvxHostPlan.run
-    monkeypatch.setattr(hb.BoundHvxHostPlan, "run_group",
-                        lambda self, ms: groups.append(len(ms)) or run_group(self, ms))
-    monkeypatch.setattr(hb.BoundHvxHostPlan, "run", lambda self: members_alone.append(1) or run(self))
+    run = hb.BoundHvxHostPlan.run
+
+    def counted(self, ms=()):
+        (groups if ms else members_alone).append(len(ms))
+        return run(self, ms)
+    monkeypatch.setattr(hb.BoundHvxHostPlan, "run", counted)
     spec = RunSpec(model=tiny_qwen3_q4, n_prompt=40, ctx=256, ubatch=64, **CASES["htp-2026-10"])
     _run(spec, monkeypatch, True)
     assert groups and all(n >= 1 for n in groups)

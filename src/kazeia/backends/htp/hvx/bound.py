@@ -154,21 +154,13 @@ class BoundHvxHostPlan:
     def matches(self, node: Tensor, placement: object) -> bool:
         return placement is self.placement and node.src is self.src and node.route_path == self.route_path
 
-    def run(self) -> OpRecord | None:
+    def run(self, members: tuple[BoundHvxHostPlan, ...] | list[BoundHvxHostPlan] = ()) -> OpRecord | None:
+        """This node's dot, and with `members` (the other bound nodes of its MUL_MAT_NX, the same src1) theirs
+        too from the one image, as the fused op does on the DSP (the image is a function of src1 alone, so each
+        dst gets the bits of its own run). None, with nothing written, where the quantizer declines."""
         if not self.quant():
             return None
-        self.dot.run(self.img, self.pimg, self.stride, self.pdst)
-        return self.ok()
-
-    def run_group(self, members: list[BoundHvxHostPlan]) -> OpRecord | None:
-        """This node and the `members` of its MUL_MAT_NX (the same src1, each bound): src1 quantized once, then
-        each weight's dot from that image into its own dst, as the fused op does on the DSP (the image is a
-        function of src1 alone, so each dst gets the bits of its own run). None, with nothing written, where the
-        quantizer declines."""
-        if not self.quant():
-            return None
-        self.dot.run(self.img, self.pimg, self.stride, self.pdst)
-        for b in members:
+        for b in (self, *members):
             b.dot.run(self.img, self.pimg, self.stride, b.pdst)
         return self.ok()
 

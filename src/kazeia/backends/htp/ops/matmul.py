@@ -153,7 +153,7 @@ class MatmulUnit:
             if done is not None and done[0] is batch and done[1] == batch.seq:
                 return bound.ok()  # a member of the MUL_MAT_NX whose head ran it just before (_nx_members)
             members = self._nx_members(op, bound) if op.fused and op.name == "MUL_MAT_NX" else None
-            rec = bound.run_group(members) if members else bound.run()
+            rec = bound.run(members or ())
             if rec is not None and members:
                 for b in members:
                     b.done = (batch, batch.seq)
