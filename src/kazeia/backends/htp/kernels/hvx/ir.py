@@ -100,6 +100,18 @@ def _tree4(k: Kernel, ps: list[ir.Value]) -> ir.Value:
     return hadd(hadd(ps[0], ps[1]), hadd(ps[2], ps[3]))
 
 
+def _prefetch_groups(k: Kernel, kind: str, rowp: ir.Value, g: ir.Value, count: int) -> None:
+    """Prefetch the weight bytes of `count` groups of 8 blocks from group g of the row at rowp, PREFETCH bytes
+    ahead of them (the stream the dots read in memory order)."""
+    if not PREFETCH:
+        return
+    b = k.b
+    nbytes = 8 * count * BLOCK_BYTES[kind]
+    pf = k.gep(rowp, b.add(b.mul(g, i64(8 * BLOCK_BYTES[kind])), i64(PREFETCH)))
+    for j in range(-(-nbytes // 64)):
+        k.prefetch(k.gep(pf, 64 * j))
+
+
 def _group(k: Kernel, kind: str, rowp: ir.Value, xrow: ir.Value, xsrow: ir.Value, x8row: ir.Value, irow: ir.Value,
            g: ir.Value, tail: bool) -> ir.Value:
     """The fp32 contributions of the 8 sub-blocks of group g (lane j = sub-block 8g+j): fp32(ia * (d_x*d_w))
@@ -215,10 +227,7 @@ def emit_dot(module: ir.Module, kind: str) -> str:
             for j in range(4):
                 b.store(zero8, acc[j])
             with k.loop(0, nfull, name="chunk") as c:
-                if PREFETCH:
-                    pf = k.gep(rowp, b.add(b.mul(c, i64(32 * BLOCK_BYTES[kind])), i64(PREFETCH)))
-                    for j in range(-(-32 * BLOCK_BYTES[kind] // 64)):
-                        k.prefetch(k.gep(pf, 64 * j))
+                _prefetch_groups(k, kind, rowp, b.mul(c, i64(4)), 4)
                 for j in range(4):
                     g = b.add(b.mul(c, i64(4)), i64(j))
                     b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False)), acc[j])
@@ -228,11 +237,8 @@ def emit_dot(module: ir.Module, kind: str) -> str:
                 g = b.add(b.mul(nfull, i64(4)), i64(j))
                 live = b.icmp_signed(">", ntail, i64(j))
                 whole = b.icmp_signed("<=", b.mul(b.add(g, i64(1)), i64(8)), a.nb)
-                if PREFETCH:  # the tail's stream too (K = 2560: a fifth of every row)
-                    with k.if_(live):
-                        pf = k.gep(rowp, b.add(b.mul(g, i64(8 * BLOCK_BYTES[kind])), i64(PREFETCH)))
-                        for q in range(-(-8 * BLOCK_BYTES[kind] // 64)):
-                            k.prefetch(k.gep(pf, 64 * q))
+                with k.if_(live):  # the tail's stream too (K = 2560: a fifth of every row)
+                    _prefetch_groups(k, kind, rowp, g, 1)
                 with k.if_(b.and_(live, whole)):
                     b.store(b.fadd(b.load(acc[j]), _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False)), acc[j])
                 with k.if_(b.and_(live, b.not_(whole))):
@@ -275,7 +281,6 @@ def emit_dot_seq(module: ir.Module, kind: str) -> str:
     nfull = b.sdiv(a.nb, i64(8))  # groups whose 8 sub-blocks are all in the row
     acc = k.var(V8F32, ir.Constant(V8F32, [0.0] * 8), name="acc")
     buf = b.alloca(V8F32, size=i64(ROWS_SEQ * SEQ_SLICE), name="products")  # [row][group of the slice]
-    bb = BLOCK_BYTES[kind]
 
     def fold(vs: list[ir.Value]) -> None:
         s = b.load(acc)
@@ -299,10 +304,7 @@ def emit_dot_seq(module: ir.Module, kind: str) -> str:
                 gfull = b.select(b.icmp_signed("<", g1, nfull), g1, nfull)  # whole groups of this slice end here
                 for r, rowp in enumerate(rows):
                     with k.loop(g0, gfull, name=f"p{r}") as g:
-                        if PREFETCH:  # the row's stream, PREFETCH bytes ahead (as May's chunk loop)
-                            pf = k.gep(rowp, b.add(b.mul(g, i64(8 * bb)), i64(PREFETCH)))
-                            for j in range(-(-8 * bb // 64)):
-                                k.prefetch(k.gep(pf, 64 * j))
+                        _prefetch_groups(k, kind, rowp, g, 1)  # the row's stream, as May's chunk loop
                         v = _group(k, kind, rowp, xrow, xsrow, x8row, irow, g, False)
                         k.store_vec(v, buf, b.add(i64(r * SEQ_SLICE), b.sub(g, g0)), align=32)
                     with k.if_(b.and_(b.icmp_signed(">", ngroups, nfull), b.icmp_signed("<", nfull, g1))):
