@@ -157,6 +157,7 @@ def _lut_block(k: Kernel, kind: str, base: ir.Value, outp: ir.Value, o: ir.Value
             v = b.fpext(b.bitcast(bits, vec(F16, 8)), V8F32)
             k.store_vec(v, outp, b.add(o, i64(16 * half + j)))
 
+
 def _lut_block_zmm(k: Kernel, kind: str, base: ir.Value, outp: ir.Value, o: ir.Value) -> None:
     """`_lut_block` where the host has AVX-512: the 16 table values widened once into one zmm, each half block's
     16 codes looked up by one vpermps (a float32 table of 16 entries indexed by the codes). The same table values

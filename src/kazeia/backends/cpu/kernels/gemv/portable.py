@@ -9,9 +9,6 @@ import numpy as np
 
 from kazeia.native.portable import jit, prange
 
-U15, U4 = np.uint8(15), np.uint8(4)
-
-
 KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 = 0, 1, 2
 GROUP = 8  # weight rows the native kernel transposes into the lanes of one vector (_emit_rows8)
 
