@@ -5,9 +5,10 @@
 - read: every byte of a buffer far larger than the caches read once by T threads (a native kernel sums it as
   <4 x i64> lanes, so no load can be dropped), best of R passes: the rate a decode's weight stream cannot beat;
 - copy: numpy's copyto of the same buffer (one thread; read plus write bytes);
-- GEMV: with -m, the CPU device's decode GEMV (`backends/cpu/qmatmul.weight_matmul`, M = 1, its activation
-  quantization included) over every layer weight of the model, in file order, at T threads: the weight bytes it
-  streams per second, and that as a share of the read rate.
+- GEMV: with -m, the CPU device's decode GEMV (`backends/cpu/qmatmul.WeightSet`, M = 1, its activation
+  quantization included) over every layer weight of the model, in file order, at T threads, reading the weights'
+  packed copies as a run does (backends/cpu/packs.py: made now if the cache has none): the weight bytes it streams
+  per second, and that as a share of the read rate; then the same from the file's rows (no packed copies).
 
 It also prints the vector extensions the CPU has and those the native kernels are compiled for (the host's LLVM
 features). Timings on a shared machine move between runs: the ratios are those of this run.
@@ -55,26 +56,30 @@ def copy_gbs(buf: np.ndarray, reps: int) -> float:
 LAYER_WEIGHT = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
 
 
-def gemv_gbs(model: str, reps: int) -> tuple[float, int, float]:
-    """(GB/s, bytes, seconds a pass) of the CPU device's M = 1 GEMV over every layer weight of `model`."""
-    from kazeia.backends.cpu.qmatmul import weight_matmul
+def gemv_gbs(model: str, reps: int, packed: bool = True) -> tuple[float, int, float]:
+    """(GB/s, bytes, seconds a pass) of the CPU device's M = 1 GEMV over every layer weight of `model`: from their
+    packed copies as a run reads them (backends/cpu/packs.py, packed now if need be), or from the file's rows."""
+    from kazeia.backends.cpu.packs import packed_copy
+    from kazeia.backends.cpu.qmatmul import WeightSet
     from kazeia.gguf.reader import load_gguf
 
     f = load_gguf(model)
-    ws = []
+    sets = []
     for name, t in f.tensors.items():
         if LAYER_WEIGHT.search(name):
             k, n = t.ne[0], t.ne[1]
-            ws.append((f.data[t.offset:t.offset + t.nbytes].reshape(n, -1), t.type, k))
+            s = WeightSet([(f.data[t.offset:t.offset + t.nbytes].reshape(n, -1), t.type, k)])
+            if packed and s.kind is not None:
+                s.use_packed([packed_copy(s.weights[0][0], s.kind, f.path, t.offset)])
+            sets.append(s)
     rng = np.random.default_rng(0)
-    xs = {k: rng.standard_normal((1, k)).astype(np.float32) for _, _, k in ws}
-    outs = {id(raw): np.empty((1, raw.shape[0]), dtype=np.float32) for raw, _, _ in ws}
-    total = sum(raw.nbytes for raw, _, _ in ws)
+    xs = {s.k: rng.standard_normal((1, s.k)).astype(np.float32) for s in sets}
+    total = sum(raw.nbytes for s in sets for raw, _, _ in s.weights)
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
-        for raw, qtype, k in ws:
-            weight_matmul(raw, qtype, k, xs[k], outs[id(raw)])
+        for s in sets:
+            s.matmul(xs[s.k])
         best = min(best, time.perf_counter() - t)
     return total / best / 1e9, total, best
 
@@ -98,9 +103,11 @@ def main() -> None:
     print(f"stream copy  {copy_gbs(buf, args.reps):6.1f} GB/s  (numpy copyto, one thread, read + write)")
     del buf
     if args.model:
+        rows, _, _ = gemv_gbs(args.model, args.reps, packed=False)
         gbs, total, sec = gemv_gbs(args.model, args.reps)
         print(f"CPU GEMV     {gbs:6.1f} GB/s  ({total / 1e9:.2f} GB of layer weights in {sec * 1e3:.1f} ms, M = 1, "
               f"{threads()} threads): {gbs / read:.0%} of the read rate")
+        print(f"  (from the file's rows, without the packed copies: {rows:.1f} GB/s, {rows / read:.0%})")
 
 
 if __name__ == "__main__":

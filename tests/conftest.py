@@ -29,15 +29,24 @@ from kazeia.gguf.writer import preset, write_model  # noqa: E402
 HARNESS_VARS = ("KAZEIA_TEST_THREADS",)  # the test runner's own knobs, not switches of the code under test
 
 
+@pytest.fixture(scope="session")
+def _pack_dir(tmp_path_factory) -> str:
+    """The session's KAZEIA_PACK_DIR: the packed GEMV weights of the models the tests write into temporary
+    directories are kept (and pruned) there, not in the user's cache."""
+    return str(tmp_path_factory.mktemp("packed"))
+
+
 @pytest.fixture(autouse=True)
-def _no_switches_from_the_caller(monkeypatch):
+def _no_switches_from_the_caller(monkeypatch, _pack_dir):
     """Every test starts without the caller's GGML_HEXAGON_* and KAZEIA_* variables: the HTP settings, profiles,
-    VTCM size, faults, caches and node ranges a test sees are the ones it sets (subprocesses inherit this)."""
+    VTCM size, faults, caches and node ranges a test sees are the ones it sets (subprocesses inherit this), and
+    KAZEIA_PACK_DIR is the session's."""
     from kazeia import settings
 
     for name in list(os.environ):
         if name.startswith(("GGML_HEXAGON_", "KAZEIA_")) and name not in HARNESS_VARS:
             monkeypatch.delenv(name)
+    monkeypatch.setenv("KAZEIA_PACK_DIR", _pack_dir)
     settings.reload()
     yield
     monkeypatch.undo()

@@ -10,6 +10,7 @@ same for the GGML_HEXAGON_* switches of one HTP session).
 | KAZEIA_CPU_NODE_RANGE | default of --cpu-node-range (set by `bisect ops` for its --check commands) | none |
 | KAZEIA_NO_BIND | 1: every "bind once, replay" layer runs its general path (the oracle of the bound ones) | 0 |
 | KAZEIA_ISA | what the native kernels are compiled for: `native` (the host's) or `avx2` (AVX-512 off) | native |
+| KAZEIA_PACK_DIR | where the CPU keeps packed copies of GEMV weights (`off`: none) | ~/.cache/kazeia/packed |
 
 A bad value is one line naming the variable. `get()` reads the environment on first use (inside the command's
 error handling, so a bad value never becomes a traceback) and keeps it; `reload()` reads it again (tests).
@@ -33,6 +34,7 @@ class Settings:
     cpu_node_range: str | None = None
     no_bind: bool = False
     isa: str = "native"
+    pack_dir: str | None = None  # None: the default place; "off": no packed copies
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -41,7 +43,8 @@ class Settings:
                    weight_cache_mb=_mib(env, "KAZEIA_WEIGHT_CACHE_MB", 768.0),
                    gate_cache=env.get("KAZEIA_GATE_CACHE") or None,
                    cpu_node_range=env.get("KAZEIA_CPU_NODE_RANGE") or None,
-                   no_bind=_flag(env, "KAZEIA_NO_BIND", False), isa=_choice(env, "KAZEIA_ISA", ISAS))
+                   no_bind=_flag(env, "KAZEIA_NO_BIND", False), isa=_choice(env, "KAZEIA_ISA", ISAS),
+                   pack_dir=env.get("KAZEIA_PACK_DIR") or None)
 
 
 ISAS = ("native", "avx2")  # the first: the default

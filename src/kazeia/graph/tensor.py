@@ -78,12 +78,14 @@ class Buffer:
 
     ALIGN = 128  # HVX vector size; every allocation is aligned to it
 
-    def __init__(self, name: str, data: np.ndarray, usage: BufferUsage = BufferUsage.ANY):
+    def __init__(self, name: str, data: np.ndarray, usage: BufferUsage = BufferUsage.ANY, source: str | None = None):
+        """`source`: the file `data` maps from its first byte (a model's weights), if any."""
         if data.dtype != np.uint8 or data.ndim != 1:
             raise ValueError("buffer data must be a 1-D uint8 array")
         self.name = name
         self.data = data
         self.usage = usage
+        self.source = source
         self.version = 0  # bumped by host-side writes outside the graph (KV cache clear): backends' copies expire
         # 4 GiB apart, 1 MiB aligned: distinct, readable, deterministic per process start order
         self.base_addr = 0x1_0000_0000 * next(_next_address)

@@ -179,7 +179,7 @@ def weight_tensor(name: str, info) -> Tensor:
 
 def weight_tensors(f: GGUFFile) -> tuple[Buffer, dict[str, Tensor]]:
     """Every GGUF tensor as a Tensor over the memory-mapped file (zero-copy)."""
-    buf = Buffer(f"weights:{f.path}", f.data, BufferUsage.WEIGHTS)
+    buf = Buffer(f"weights:{f.path}", f.data, BufferUsage.WEIGHTS, source=f.path)
     out: dict[str, Tensor] = {}
     for name, info in f.tensors.items():
         t = weight_tensor(name, info)

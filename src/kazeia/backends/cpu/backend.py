@@ -14,6 +14,7 @@ from kazeia.backends.base import Backend
 from kazeia.backends.cpu import bind
 from kazeia.backends.cpu.f32_ops import F32_KERNELS
 from kazeia.backends.cpu.kernels import program
+from kazeia.backends.cpu.packs import packed_copy
 from kazeia.backends.cpu.qmatmul import WeightSet, dequantize_rows
 from kazeia.backends.numpy_ops import KERNELS, NumpyOps, scatter_rows
 from kazeia.errors import UnsupportedError
@@ -250,9 +251,25 @@ class CpuBackend(NumpyBackend):
         return self.weight_set(ws).matmul(y)
 
     def weight_set(self, ws: tuple[Tensor, ...]) -> WeightSet:
-        """The qmatmul.WeightSet of these weights (their GEMV descriptors: addresses of the mapped rows), kept by the
-        weight tensors: weights are placed once, when the model is loaded, and never move."""
-        return self._sets.get(ws, lambda: WeightSet([(rows(w)[0, 0], w.type, w.ne[0]) for w in ws]))
+        """The qmatmul.WeightSet of these weights (their GEMV descriptors: addresses of the mapped rows and of
+        their packed copies, packs.py), kept by the weight tensors: weights are placed once, when the model is
+        loaded, and never move."""
+        return self._sets.get(ws, lambda: _weight_set(ws))
+
+
+def _weight_set(ws: tuple[Tensor, ...]) -> WeightSet:
+    s = WeightSet([(rows(w)[0, 0], w.type, w.ne[0]) for w in ws])
+    if s.kind is not None:
+        s.use_packed([_packed_copy(w, raw, s.kind) for w, (raw, _, _) in zip(ws, s.weights)])
+    return s
+
+
+def _packed_copy(w: Tensor, raw: np.ndarray, kind: str) -> np.ndarray | None:
+    """The packed copy of a weight read from a mapped model file (packs.py), or None."""
+    buf = w.buffer
+    if buf is None or buf.source is None or buf.usage != BufferUsage.WEIGHTS:
+        return None
+    return packed_copy(raw, kind, buf.source, raw.ctypes.data - buf.data.ctypes.data)
 
 
 class _GraphBind:

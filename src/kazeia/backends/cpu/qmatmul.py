@@ -35,6 +35,7 @@ from gguf import GGMLQuantizationType
 from kazeia.backends.cpu.kernels import gemm as G
 from kazeia.backends.cpu.kernels.dequant import PARALLEL_MIN_BYTES, dequantize_rows
 from kazeia.backends.cpu.kernels.gemv import MATVEC, gemv_portable
+from kazeia.backends.cpu.kernels.gemv.pack import packed_nbytes
 from kazeia.gguf.quants import QK
 from kazeia.native.buffers import GrowingScratch
 from kazeia.native.buffers import ptr as addr
@@ -66,11 +67,13 @@ def tile_rows(k: int) -> int:
 class WeightSet:
     """Weights multiplied by the same x (Q/K/V, gate/up, or one weight), each product written into its own
     columns of one (M, sum N) output: `WeightSet([(raw, qtype, k), ...]).matmul(x)`. Built once per group (the
-    GEMV descriptors: addresses of the mapped rows, strides, row counts, first columns) and kept by the
-    backend, so a decode step costs one native call per group. The rows (`raw`) are referenced, not copied."""
+    GEMV descriptors: addresses of the mapped rows and of their packed copies, strides, row counts, first columns)
+    and kept by the backend, so a decode step costs one native call per group. The rows (`raw`) are referenced,
+    not copied."""
 
     def __init__(self, weights: list[tuple[np.ndarray, T, int]]) -> None:
         self.weights = [(raw, T(qt), int(k)) for raw, qt, k in weights]
+        self.packed: list[np.ndarray | None] = [None] * len(self.weights)
         self.k = self.weights[0][2]
         self.cols = np.cumsum([0] + [raw.shape[0] for raw, _, _ in self.weights])
         self.n = int(self.cols[-1])
@@ -79,9 +82,24 @@ class WeightSet:
         if len(qts) == 1 and (qt := qts.pop()) in GEMV_TYPES and self.k <= GEMV_MAX_K and all(
                 k == self.k and raw.strides[1] == 1 for raw, _, k in self.weights):
             self.kind = KIND[qt]
-            self.desc = np.array([(addr(raw), raw.strides[0], raw.shape[0], c0)
-                                  for (raw, _, _), c0 in zip(self.weights, self.cols)], dtype=np.int64)
+            self._describe()
             self.parallel = sum(raw.nbytes for raw, _, _ in self.weights) >= PARALLEL_MIN_BYTES
+
+    def _describe(self) -> None:
+        self.desc = np.array([(addr(raw), raw.strides[0], raw.shape[0], c0, 0 if pk is None else addr(pk))
+                              for (raw, _, _), c0, pk in zip(self.weights, self.cols, self.packed)], dtype=np.int64)
+
+    def use_packed(self, packed: list[np.ndarray | None]) -> None:
+        """Let the GEMV read these packed copies of the weights' rows (kernels/gemv/pack.py's layout; None: the
+        mapped rows): the same bits, one sequential stream. Kept referenced here."""
+        if self.kind is None or len(packed) != len(self.weights):
+            return
+        for (raw, _, k), pk in zip(self.weights, packed):
+            want = packed_nbytes(self.kind, raw.shape[0], k // QK)
+            if pk is not None and (pk.nbytes != want or pk.dtype != np.uint8):
+                raise ValueError(f"a packed copy of {pk.nbytes} bytes for rows that pack into {want}")
+        self.packed = list(packed)
+        self._describe()
 
     def matmul(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)

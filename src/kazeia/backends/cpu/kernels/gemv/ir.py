@@ -35,7 +35,7 @@ KINDS = ("q4_0", "q4_1", "q8_0")
 BLOCK_BYTES = block_bytes(KINDS)
 GEMV_M = (1, 2, 3, 4)          # activation rows per kernel call (compile-time)
 
-GEMV_ARGS = [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("xq", ptr(I16)), ("xd", ptr(F32)),
+GEMV_ARGS = [("w", ptr(I8)), ("pk", ptr(I8)), ("wstride", I64), ("nb", I64), ("xq", ptr(I16)), ("xd", ptr(F32)),
              ("xs", ptr(I32)), ("y", ptr(F32)), ("ystride", I64), ("r0", I64), ("r1", I64)]
 
 
@@ -91,38 +91,21 @@ def _emit_rows(k: Kernel, kind: str, m: int, rows: int, n: ir.Value) -> None:
             k.store(s, a.y, b.add(b.mul(i64(mi), a.ystride), b.add(n, i64(r))))
 
 
-def _emit_group(k: Kernel, kind: str, m: int, n: ir.Value, rows: int, codes_of, dots_of) -> None:
+def _emit_group(k: Kernel, kind: str, m: int, n: ir.Value, rows: int, read_block, prefetch) -> None:
     """y[0..m, n..n+rows]: `rows` weight rows whose per-block integer dots land in the lanes of one vector (lane r =
     row n+r): one convert and one FMA per block for all the rows, and no reduction at the end (each lane accumulates
-    its row's blocks in order). `codes_of(bases)` reads the rows' codes of a block, `dots_of(codes, xlo, xhi)` gives
-    the <rows x i32> of their exact block dots with one activation row's block."""
+    its row's blocks in order). `read_block(blk)` gives (codes, d_w, m_w or None) of the rows' block `blk` and
+    the function computing their exact <rows x i32> block dots with one activation row's block (codes, xlo, xhi);
+    `prefetch(blk)` asks for the bytes to come."""
     b, a = k.b, k.a
-    bb = BLOCK_BYTES[kind]
     vf = vec(F32, rows)
     zero = ir.Constant(vf, [0.0] * rows)
     acc = [k.var(vf, zero) for _ in range(m)]
     cm = [k.var(vf, zero) for _ in range(m)] if kind != "q8_0" else None
-    row_base = [k.gep(a.w, b.mul(b.add(n, i64(r)), a.wstride)) for r in range(rows)]
     xrow = b.mul(a.nb, i64(QK))
-    # the next group's bytes, a group's worth per block step: the hardware prefetchers lose track of 8
-    # interleaved short rows (K=576: 7 GB/s from DRAM without this). Into L2 (prefetcht1): a whole group ahead is
-    # more than L1 holds for long rows (K=9728: 44 KB); ~1.5 % faster over the 36 layers (4 interleaved pairs)
-    nxt = k.gep(a.w, b.mul(b.add(n, i64(rows)), a.wstride))
     with k.loop(0, a.nb, name="blk") as blk:
-        off = b.mul(blk, i64(bb))
-        pf = k.gep(nxt, b.mul(blk, i64(rows * bb)))
-        for j in range(-(-rows * bb // 64)):
-            k.prefetch(k.gep(pf, 64 * j), 2)
-        bases = [k.gep(row_base[r], off) for r in range(rows)]
-        codes = codes_of(bases)
-
-        def gather(byte_off):
-            v = ir.Constant(vec(I16, rows), ir.Undefined)
-            for r in range(rows):
-                v = b.insert_element(v, k.load_as(bases[r], I16, byte_off), ir.Constant(I32, r))
-            return b.fpext(b.bitcast(v, vec(ir.HalfType(), rows)), vf)
-        dw = gather(0)
-        mw = gather(2) if kind == "q4_1" else None
+        prefetch(blk)
+        codes, dw, mw, dots_of = read_block(blk)
         for mi in range(m):
             xlo, xhi, bi, dx = _x_block(k, xrow, blk, mi)
             sc = b.fmul(dw, k.broadcast(dx, rows))
@@ -139,6 +122,36 @@ def _emit_group(k: Kernel, kind: str, m: int, n: ir.Value, rows: int, codes_of, 
         k.store_vec(s, a.y, b.add(b.mul(i64(mi), a.ystride), n))
 
 
+def _emit_rows_mapped(k: Kernel, kind: str, m: int, n: ir.Value, rows: int, codes_of, dots_of) -> None:
+    """`_emit_group` on the file's own rows (row n + r at w + (n + r) * wstride): `codes_of(bases)` reads the
+    rows' codes of a block, their d_w (and m_w) are gathered lane by lane."""
+    b, a = k.b, k.a
+    bb = BLOCK_BYTES[kind]
+    vf = vec(F32, rows)
+    row_base = [k.gep(a.w, b.mul(b.add(n, i64(r)), a.wstride)) for r in range(rows)]
+    # the next group's bytes, a group's worth per block step: the hardware prefetchers lose track of 8
+    # interleaved short rows (K=576: 7 GB/s from DRAM without this). Into L2 (prefetcht1): a whole group ahead is
+    # more than L1 holds for long rows (K=9728: 44 KB); ~1.5 % faster over the 36 layers (4 interleaved pairs)
+    nxt = k.gep(a.w, b.mul(b.add(n, i64(rows)), a.wstride))
+
+    def prefetch(blk):
+        pf = k.gep(nxt, b.mul(blk, i64(rows * bb)))
+        for j in range(-(-rows * bb // 64)):
+            k.prefetch(k.gep(pf, 64 * j), 2)
+
+    def read_block(blk):
+        off = b.mul(blk, i64(bb))
+        bases = [k.gep(row_base[r], off) for r in range(rows)]
+
+        def gather(byte_off):
+            v = ir.Constant(vec(I16, rows), ir.Undefined)
+            for r in range(rows):
+                v = b.insert_element(v, k.load_as(bases[r], I16, byte_off), ir.Constant(I32, r))
+            return b.fpext(b.bitcast(v, vec(ir.HalfType(), rows)), vf)
+        return codes_of(bases), gather(0), gather(2) if kind == "q4_1" else None, dots_of
+    _emit_group(k, kind, m, n, rows, read_block, prefetch)
+
+
 def _emit_rows8(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
     """y[0..m, n..n+8] in ymm: each row's block codes widened (codes_i16), two pmaddwd against the activations'
     halves, the 8 rows' pair sums transposed into one vector (tree8)."""
@@ -147,15 +160,25 @@ def _emit_rows8(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
     def dots(codes, xlo, xhi):
         return tree8(k, [b.add(k.call("llvm.x86.avx2.pmadd.wd", V8I32, lo, xlo),
                                k.call("llvm.x86.avx2.pmadd.wd", V8I32, hi, xhi)) for lo, hi in codes])
-    _emit_group(k, kind, m, n, 8, lambda bases: [codes_i16(k, kind, base) for base in bases], dots)
+    _emit_rows_mapped(k, kind, m, n, 8, lambda bases: [codes_i16(k, kind, base) for base in bases], dots)
 
 
-V16I32, V32I16 = vec(I32, 16), vec(I16, 32)
+V16I32, V32I16, V32I8 = vec(I32, 16), vec(I16, 32), vec(I8, 32)
+# block groups the packed kernel prefetches ahead (into L1; 3.4 KB for Q4_0): 96-98 % of a streaming read of the
+# mapped file over the 36 layers against 88-90 % at 4 and 81-88 % without (2 threads, AVX-512 EPYC)
+PACKED_AHEAD = 12
 
 
 def zmm() -> bool:
     """Whether the kernels take zmm registers here: AVX-512 F and BW (pmaddwd on 32 int16)."""
     return f32_lanes() == 16 and host_has("avx512bw")
+
+
+def _nibble_halves(k: Kernel, q: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """<32 x i8> of packed nibbles -> (low nibbles, high nibbles) as two <32 x i16>."""
+    b = k.b
+    z = k.opaque(b.zext(q, V32I16))  # one vpmovzxbw, the nibbles in 16-bit lanes (see codes_i16)
+    return b.and_(z, splat(V32I16, 15)), b.lshr(z, splat(V32I16, 4))
 
 
 def _pair_codes(k: Kernel, kind: str, base_a: ir.Value, base_b: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -168,9 +191,7 @@ def _pair_codes(k: Kernel, kind: str, base_a: ir.Value, base_b: ir.Value) -> tup
             return b.sext(both, V32I16)
         return half(2), half(18)
     o = 4 if kind == "q4_1" else 2
-    q = k.shuffle(k.load_vec(base_a, V16I8, o), k.load_vec(base_b, V16I8, o), list(range(32)))
-    z = k.opaque(b.zext(q, V32I16))  # one vpmovzxbw, the nibbles in 16-bit lanes (see codes_i16)
-    return b.and_(z, splat(V32I16, 15)), b.lshr(z, splat(V32I16, 4))
+    return _nibble_halves(k, k.shuffle(k.load_vec(base_a, V16I8, o), k.load_vec(base_b, V16I8, o), list(range(32))))
 
 
 def _tree16(k: Kernel, ps: list[ir.Value]) -> ir.Value:
@@ -197,20 +218,63 @@ def _emit_rows16(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
     block's activations doubled, the 16 rows' pair sums are reduced by `_tree16`. With the weights in L3 (Qwen3-4B's
     4096 x 2560 and 9728 x 2560 Q4_0 at M = 1, one thread, a Zen 5) 34-37 GB/s where the ymm groups gave 23-26;
     from DRAM 41-42 against 35-37 GB/s while a streaming read reached 64-69 GB/s, equal while it reached 44."""
-    b = k.b
-
     def codes(bases):
         return [_pair_codes(k, kind, bases[2 * p], bases[2 * p + 1]) for p in range(8)]
+    _emit_rows_mapped(k, kind, m, n, 16, codes, _dots16(k))
+
+
+def _dots16(k: Kernel):
+    """(pairs, xlo, xhi) -> the 16 rows' exact block dots (<16 x i32>, lane r: row r): each pair's two zmm of
+    codes against the block's activation halves doubled, the pair sums reduced by `_tree16`."""
+    b = k.b
 
     def dots(pairs, xlo, xhi):
         x2lo, x2hi = (k.shuffle(h, h, list(range(16)) * 2) for h in (xlo, xhi))
         return _tree16(k, [b.add(k.call("llvm.x86.avx512.pmaddw.d.512", V16I32, lo, x2lo),
                                  k.call("llvm.x86.avx512.pmaddw.d.512", V16I32, hi, x2hi)) for lo, hi in pairs])
-    _emit_group(k, kind, m, n, 16, codes, dots)
+    return dots
+
+
+PACK_ROWS = 16  # rows per group of the packed layout (the zmm group kernel's)
+
+
+def packed_header(kind: str) -> int:
+    """Bytes before the codes in one block of a packed group: the 16 rows' d_w (fp16), and m_w for Q4_1."""
+    return 4 * PACK_ROWS if kind == "q4_1" else 2 * PACK_ROWS
+
+
+def _emit_rows16_packed(k: Kernel, kind: str, m: int, n: ir.Value, group: ir.Value) -> None:
+    """y[0..m, n..n+16] from the packed copy of the rows (pack.py's layout: group `group`, its blocks in order, each
+    16 * block_bytes: the rows' d_w, m_w for Q4_1, then the codes pair by pair, every half `_pair_codes` takes one
+    contiguous 32 bytes). The same operations as `_emit_rows16` on the same values: the same bits, with the
+    scales read by one load instead of gathered, and one sequential stream."""
+    b, a = k.b, k.a
+    gb = PACK_ROWS * BLOCK_BYTES[kind]
+    hdr = packed_header(kind)
+    start = k.gep(a.pk, b.mul(b.mul(group, a.nb), i64(gb)))
+    vf, vh = vec(F32, 16), vec(ir.HalfType(), 16)
+
+    def prefetch(blk):
+        pf = k.gep(start, b.mul(b.add(blk, i64(PACKED_AHEAD)), i64(gb)))
+        for j in range(-(-gb // 64)):
+            k.prefetch(k.gep(pf, 64 * j), 3)
+
+    def read_block(blk):
+        base = k.gep(start, b.mul(blk, i64(gb)))
+        dw = b.fpext(b.bitcast(k.load_vec(base, V16I16, 0), vh), vf)
+        mw = b.fpext(b.bitcast(k.load_vec(base, V16I16, 2 * PACK_ROWS), vh), vf) if kind == "q4_1" else None
+        if kind == "q8_0":
+            pairs = [tuple(b.sext(k.load_vec(base, V32I8, hdr + 64 * p + 32 * h), V32I16) for h in (0, 1))
+                     for p in range(8)]
+        else:
+            pairs = [_nibble_halves(k, k.load_vec(base, V32I8, hdr + 32 * p)) for p in range(8)]
+        return pairs, dw, mw, _dots16(k)
+    _emit_group(k, kind, m, n, 16, read_block, prefetch)
 
 
 def _gemv(module: ir.Module, kind: str, m: int) -> ir.Function:
-    """gemv_<kind>_m<m>(w, wstride, nb, xq, xd, xs, y, ystride, r0, r1): y[0..m, r0..r1] from quantized x."""
+    """gemv_<kind>_m<m>(w, pk, wstride, nb, xq, xd, xs, y, ystride, r0, r1): y[0..m, r0..r1] from quantized x;
+    pk: the packed copy of the rows' whole 16-row groups (pack.py), or null. r0 is a multiple of 16."""
     k = Kernel(module, f"gemv_{kind}_m{m}", GEMV_ARGS)
     k.fn.linkage = "internal"
     b, a = k.b, k.a
@@ -218,8 +282,14 @@ def _gemv(module: ir.Module, kind: str, m: int) -> ir.Function:
     r0 = a.r0
     if zmm():
         n16 = b.sdiv(b.sub(a.r1, a.r0), i64(16))
-        with k.loop(0, n16, name="grp16") as g:
-            _emit_rows16(k, kind, m, b.add(a.r0, b.mul(g, i64(16))))
+        g0 = b.sdiv(a.r0, i64(PACK_ROWS))
+        with b.if_else(b.icmp_unsigned("!=", b.ptrtoint(a.pk, I64), i64(0))) as (packed, mapped):
+            with packed:
+                with k.loop(0, n16, name="pgrp16") as g:
+                    _emit_rows16_packed(k, kind, m, b.add(a.r0, b.mul(g, i64(16))), b.add(g0, g))
+            with mapped:
+                with k.loop(0, n16, name="grp16") as g:
+                    _emit_rows16(k, kind, m, b.add(a.r0, b.mul(g, i64(16))))
         r0 = b.add(a.r0, b.mul(n16, i64(16)))
     ngroups = b.sdiv(b.sub(a.r1, r0), i64(8))
     with k.loop(0, ngroups, name="grp") as g:
@@ -230,13 +300,15 @@ def _gemv(module: ir.Module, kind: str, m: int) -> ir.Function:
     return k.fn
 
 
+DESC = 5  # int64 fields a weight's descriptor has (see _matvec)
 GROUP_ARGS = [("desc", ptr(I64)), ("nw", I64), ("nb", I64), ("x", ptr(F32)), ("xstride", I64), ("y", ptr(F32)),
               ("ystride", I64), ("ctr", ptr(I64)), ("chunk", I64)]
 
 
 def _matvec(module: ir.Module, kind: str, m: int, gemv: ir.Function, quantize: ir.Function) -> str:
     """matvec_<kind>_m<m>(desc, nw, nb, x, xstride, y, ystride, ctr, chunk): for each of the nw weights
-    described by desc[4g..4g+4) = (address, row stride in bytes, rows n, first output column c0), y[:, c0 + r]
+    described by desc[5g..5g+5) = (address, row stride in bytes, rows n, first output column c0, address of the
+    rows' packed copy or 0), y[:, c0 + r]
     = x @ W_g^T for its rows r < n, with x (m rows of nb*32 float32, stride xstride) and y (stride ystride).
     x is quantized on this thread's stack (each thread does it: the same codes); then each weight's rows are
     claimed in chunks of `chunk` from its counter ctr[g] (irkit.chunked's protocol) until none is left."""
@@ -254,9 +326,9 @@ def _matvec(module: ir.Module, kind: str, m: int, gemv: ir.Function, quantize: i
     inner = chunked(module, gemv, f"{name}.chunks")
     inner.linkage = "internal"
     with k.loop(0, a.nw, name="wt") as g:
-        d = [k.load(a.desc, b.add(b.mul(g, i64(4)), i64(j))) for j in range(4)]
-        wp = b.inttoptr(d[0], ptr(I8))
-        b.call(inner, [wp, d[1], a.nb, xq, xd, xs, k.gep(a.y, d[3]), a.ystride, k.gep(a.ctr, g), d[2], a.chunk])
+        d = [k.load(a.desc, b.add(b.mul(g, i64(DESC)), i64(j))) for j in range(DESC)]
+        wp, pk = (b.inttoptr(d[j], ptr(I8)) for j in (0, 4))
+        b.call(inner, [wp, pk, d[1], a.nb, xq, xd, xs, k.gep(a.y, d[3]), a.ystride, k.gep(a.ctr, g), d[2], a.chunk])
     k.ret()
     return name
 
