@@ -72,6 +72,28 @@ def test_the_gemv_gives_the_same_bits_from_the_packed_copy(kind):
         set_threads(before)
 
 
+@needs_zmm
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_gemm_gives_the_same_bits_from_the_packed_copy(kind):
+    """The prefill GEMM (M > 4) unpacks its panels from the packed copy where one is whole, from the file's rows
+    elsewhere (a tail past the last 16-row group, the last partial panel)."""
+    rng = np.random.default_rng(39)
+    before = threads()
+    try:
+        for nthreads in (1, 2):
+            set_threads(nthreads)
+            for k, n in ((256, 72), (2560, 1136), (512, 29), (4096, 48), (96, 16)):
+                raw = quantize(rng.standard_normal((n, k)).astype(np.float32), KINDS[kind])
+                packed = WeightSet([(raw, KINDS[kind], k)])
+                packed.use_packed([pack_rows(raw, kind)])
+                for m in (5, 37):
+                    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10)).astype(np.float32)
+                    want = WeightSet([(raw, KINDS[kind], k)]).matmul(x)
+                    assert packed.matmul(x).tobytes() == want.tobytes(), (kind, k, n, m, nthreads)
+    finally:
+        set_threads(before)
+
+
 def test_a_packed_copy_of_the_wrong_size_is_refused():
     raw = quantize(np.ones((32, 64), dtype=np.float32), T.Q4_0)
     s = WeightSet([(raw, T.Q4_0, 64)])
@@ -146,7 +168,7 @@ def test_no_copy_where_the_store_is_off_or_unwritable(model_file, tmp_path, monk
 @needs_zmm
 def test_a_decode_gives_the_same_logits_with_and_without_packed_weights(q4b2, tmp_path, monkeypatch):
     """The CPU device packs the weights of a mapped model (the 2-layer Qwen3-4B-shaped Q4_0: every weight over
-    packs.MIN_BYTES) and the logits of a prompt token and of two decoded ones keep their bits."""
+    packs.MIN_BYTES) and the logits of a prompt (the GEMM) and of two decoded tokens (the GEMV) keep their bits."""
     from kazeia.engine.session import RunSpec, build_context  # the engine sits above the backends
 
     out = {}
@@ -154,7 +176,7 @@ def test_a_decode_gives_the_same_logits_with_and_without_packed_weights(q4b2, tm
         monkeypatch.setenv("KAZEIA_PACK_DIR", where)
         settings.reload()
         ctx = build_context(RunSpec(model=q4b2, device="CPU", n_prompt=1))
-        logits = [ctx.decode([7])[-1]]
+        logits = [ctx.decode(list(range(7, 20)))[-1]]
         for _ in range(2):
             logits.append(ctx.decode([int(np.argmax(logits[-1]))])[-1])
         out[name] = [x.tobytes() for x in logits]

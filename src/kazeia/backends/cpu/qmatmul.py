@@ -107,8 +107,8 @@ class WeightSet:
         if out is None:
             out = np.empty((m, self.n), dtype=np.float32)
         if self.kind is not None and m > GEMV_MAX_M and available():
-            G.gemm(self.kind, [(raw, c0) for (raw, _, _), c0 in zip(self.weights, self.cols)], self.k, x, out,
-                   threads() > 1, 4 * PARALLEL_MIN_BYTES)
+            G.gemm(self.kind, [(raw, c0, pk) for (raw, _, _), c0, pk in zip(self.weights, self.cols, self.packed)],
+                   self.k, x, out, threads() > 1, 4 * PARALLEL_MIN_BYTES)
             return out
         if self.kind is None or not available():
             for (raw, qt, k), c0, c1 in zip(self.weights, self.cols[:-1], self.cols[1:]):

@@ -22,10 +22,13 @@ resumes the float32 sums the earlier chunks stored in y, so the bits are those o
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 from llvmlite import ir
 
 from kazeia.backends.cpu.kernels.gemv import quantize_activations, zmm
+from kazeia.backends.cpu.kernels.gemv.ir import PACK_ROWS, packed_header
 from kazeia.gguf.quants import QK, block_bytes
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library
@@ -61,54 +64,107 @@ def rows_per_tile() -> int:
     return 4 if lanes() == 16 else 3
 KINDS = ("q4_0", "q4_1", "q8_0")
 BLOCK_BYTES = block_bytes(KINDS)
-GEMM_ARGS = [("w", ptr(I8)), ("wstride", I64), ("nb", I64), ("xq", ptr(I16)), ("xd", ptr(F32)), ("xs", ptr(I32)),
-             ("m", I64), ("y", ptr(F32)), ("ystride", I64), ("kc", I64), ("r0", I64), ("r1", I64)]
+GEMM_ARGS = [("w", ptr(I8)), ("pk", ptr(I8)), ("wstride", I64), ("nb", I64), ("xq", ptr(I16)), ("xd", ptr(F32)),
+             ("xs", ptr(I32)), ("m", I64), ("y", ptr(F32)), ("ystride", I64), ("kc", I64), ("r0", I64), ("r1", I64)]
 
 
-def _row_pairs(k: Kernel, kind: str, base: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """A block's codes as 16 int16 pairs (2 x <8 x i32>: element pairs 0..7 and 8..15). Q4_0: q - 8."""
+def _row_pairs(k: Kernel, kind: str, lo_codes: ir.Value, hi_codes: ir.Value | None) -> tuple[ir.Value, ir.Value]:
+    """A block's codes as 16 int16 pairs (2 x <8 x i32>: element pairs 0..7 and 8..15). Q4_0: q - 8. `lo_codes`:
+    the block's 16 code bytes (Q8_0: its first 16 codes, `hi_codes` the last 16)."""
     b = k.b
     if kind == "q8_0":
-        lo, hi = b.sext(k.load_vec(base, V16I8, 2), V16I16), b.sext(k.load_vec(base, V16I8, 18), V16I16)
+        lo, hi = b.sext(k.load_vec(lo_codes, V16I8, 0), V16I16), b.sext(k.load_vec(hi_codes, V16I8, 0), V16I16)
     else:
-        q = k.opaque(b.zext(k.load_vec(base, V16I8, 4 if kind == "q4_1" else 2), V16I16))
+        q = k.opaque(b.zext(k.load_vec(lo_codes, V16I8, 0), V16I16))
         lo, hi = b.and_(q, splat(V16I16, 15)), b.lshr(q, splat(V16I16, 4))
         if kind == "q4_0":
             lo, hi = b.sub(lo, splat(V16I16, 8)), b.sub(hi, splat(V16I16, 8))
     return b.bitcast(lo, V8I32), b.bitcast(hi, V8I32)
 
 
-def _pack(k: Kernel, kind: str, n0: ir.Value, nrows: ir.Value, kb0: ir.Value, nkb: ir.Value, panel, dpan,
-          mpan) -> None:
-    """Unpack blocks kb0 .. kb0+nkb of the panel's rows n0 .. n0+2L (rows at or past `nrows` read as zero) into
+class _Mapped:
+    """Where `_pack` finds row n0 + r's block: the file's rows (row n at w + n * wstride), prefetching the same
+    row of the next panel; rows at or past nrows read as zero."""
+
+    def __init__(self, k: Kernel, kind: str, n0: ir.Value, nrows: ir.Value, npanel: int) -> None:
+        b, a = k.b, k.a
+        self.k, self.kind, self.npanel = k, kind, npanel
+        self.bases = [k.gep(a.w, b.mul(b.add(n0, i64(r)), a.wstride)) for r in range(npanel)]
+        self.live = [b.icmp_signed("<", b.add(n0, i64(r)), nrows) for r in range(npanel)]
+
+    def block(self, r: int, jb: ir.Value) -> tuple[ir.Value, ir.Value | None, ir.Value, ir.Value]:
+        """(its codes, Q8_0's last 16 codes, its d, its m) as I8 pointers; prefetches the next panel's."""
+        k, b = self.k, self.k.b
+        base = k.gep(self.bases[r], b.mul(jb, i64(BLOCK_BYTES[self.kind])))
+        k.prefetch(k.gep(base, b.mul(k.a.wstride, i64(self.npanel))))
+        o = 4 if self.kind == "q4_1" else 2
+        return k.gep(base, o), k.gep(base, 18) if self.kind == "q8_0" else None, base, k.gep(base, 2)
+
+    def step(self, jb: ir.Value) -> None:
+        pass
+
+
+class _Packed:
+    """Where `_pack` finds row n0 + r's block in the rows' packed copy (gemv/pack.py: 16-row groups, block by
+    block; only whole panels of whole groups read it, so every row is live); the next panel's groups are
+    prefetched block by block."""
+
+    def __init__(self, k: Kernel, kind: str, n0: ir.Value, npanel: int) -> None:
+        b = k.b
+        self.k, self.kind, self.npanel = k, kind, npanel
+        self.gb = PACK_ROWS * BLOCK_BYTES[kind]
+        self.hdr = packed_header(kind)
+        self.group = b.sdiv(n0, i64(PACK_ROWS))
+        self.live = [None] * npanel
+
+    def _at(self, g: int, jb: ir.Value) -> ir.Value:
+        k, b = self.k, self.k.b
+        return k.gep(k.a.pk, b.mul(b.add(b.mul(b.add(self.group, i64(g)), k.a.nb), jb), i64(self.gb)))
+
+    def block(self, r: int, jb: ir.Value) -> tuple[ir.Value, ir.Value | None, ir.Value, ir.Value]:
+        k = self.k
+        base = self._at(r // PACK_ROWS, jb)
+        rr = r % PACK_ROWS
+        if self.kind == "q8_0":  # pair rr // 2: a's first 16, b's first 16, a's last 16, b's last 16
+            lo = k.gep(base, self.hdr + 64 * (rr // 2) + 16 * (rr % 2))
+            return lo, k.gep(lo, 32), k.gep(base, 2 * rr), None
+        return k.gep(base, self.hdr + 16 * rr), None, k.gep(base, 2 * rr), k.gep(base, 2 * PACK_ROWS + 2 * rr)
+
+    def step(self, jb: ir.Value) -> None:
+        k = self.k
+        for g in range(self.npanel // PACK_ROWS):
+            nxt = self._at(self.npanel // PACK_ROWS + g, jb)
+            for j in range(-(-self.gb // 64)):
+                k.prefetch(k.gep(nxt, 64 * j))
+
+
+def _pack(k: Kernel, kind: str, n0: ir.Value, kb0: ir.Value, nkb: ir.Value, panel, dpan, mpan, rows) -> None:
+    """Unpack blocks kb0 .. kb0+nkb of the panel's rows n0 .. n0+2L (found by `rows`, _Mapped or _Packed) into
     panel[b][pair][half] (<L x i32> = the pair of L rows; L = lanes(); b counted from kb0) and dpan/mpan[b][row]
     (float32 d, m): 8 rows at a time through a register transpose, two such groups joined into one zmm. The next
     panel's bytes are prefetched on the way (a panel's micro-kernels take long enough for them to arrive)."""
-    b, a = k.b, k.a
+    b = k.b
     nl = lanes()
     npanel = 2 * nl
-    bb = BLOCK_BYTES[kind]
     zero = ir.Constant(V8I32, [0] * 8)
-    bases = [k.gep(a.w, b.mul(b.add(n0, i64(r)), a.wstride)) for r in range(npanel)]
-    live = [b.icmp_signed("<", b.add(n0, i64(r)), nrows) for r in range(npanel)]
     with k.loop(0, nkb, name="pk") as blk:
-        off = b.mul(b.add(kb0, blk), i64(bb))
+        jb = b.add(kb0, blk)
+        rows.step(jb)
         for h in range(2):
             groups = []  # per 8 rows of the half: the 16 pairs, each <8 x i32> of the 8 rows
             for r0 in range(nl * h, nl * h + nl, 8):
                 los, his = [], []
                 for r in range(r0, r0 + 8):
-                    base = k.gep(bases[r], off)
-                    k.prefetch(k.gep(base, b.mul(a.wstride, i64(npanel))))
+                    codes, codes_hi, d_at, m_at = rows.block(r, jb)
                     lo_s, hi_s = k.var(V8I32, zero), k.var(V8I32, zero)
                     d_s, m_s = k.var(F32, 0.0), k.var(F32, 0.0)
-                    with k.if_(live[r]):
-                        lo, hi = _row_pairs(k, kind, base)
+                    with k.if_(rows.live[r]) if rows.live[r] is not None else nullcontext():
+                        lo, hi = _row_pairs(k, kind, codes, codes_hi)
                         b.store(lo, lo_s)
                         b.store(hi, hi_s)
-                        b.store(k.half_to_f32(k.load_as(base, I16, 0)), d_s)
+                        b.store(k.half_to_f32(k.load_as(d_at, I16, 0)), d_s)
                         if kind == "q4_1":
-                            b.store(k.half_to_f32(k.load_as(base, I16, 2)), m_s)
+                            b.store(k.half_to_f32(k.load_as(m_at, I16, 0)), m_s)
                     los.append(b.load(lo_s))
                     his.append(b.load(hi_s))
                     k.store(b.load(d_s), dpan, b.add(b.mul(blk, i64(npanel)), i64(r)))
@@ -198,7 +254,8 @@ def _micro(k: Kernel, kind: str, m0: ir.Value, mr: int, n0: ir.Value, nrows: ir.
 
 
 def _gemm(module: ir.Module, kind: str) -> str:
-    """gemm_<kind>(w, wstride, nb, xq, xd, xs, m, y, ystride, kc, r0, r1): y[0..m, r0..r1]; r0 a multiple of the
+    """gemm_<kind>(w, pk, wstride, nb, xq, xd, xs, m, y, ystride, kc, r0, r1): y[0..m, r0..r1] (pk: the rows'
+    packed copy, gemv/pack.py, or null); r0 a multiple of the
     panel's 2L rows (r1 = N or such a multiple: chunks are whole panels). K runs in chunks of kc blocks, each over
     every panel of r0..r1 (BLIS's order: a chunk of x stays in the core's L2 while the panels pass through it)."""
     name = f"gemm_{kind}"
@@ -216,7 +273,14 @@ def _gemm(module: ir.Module, kind: str) -> str:
         nkb = b.select(b.icmp_signed("<", left, a.kc), left, a.kc)
         with k.loop(0, npanels, name="pan") as p:
             n0 = b.add(a.r0, b.mul(p, i64(npanel)))
-            _pack(k, kind, n0, a.r1, kb0, nkb, panel, dpan, mpan)
+            # the rows' packed copy where there is one and the panel is whole (then its groups are too)
+            packed = b.and_(b.icmp_unsigned("!=", b.ptrtoint(a.pk, I64), i64(0)),
+                            b.icmp_signed("<=", b.add(n0, i64(npanel)), a.r1))
+            with b.if_else(packed) as (from_pack, from_file):
+                with from_pack:
+                    _pack(k, kind, n0, kb0, nkb, panel, dpan, mpan, _Packed(k, kind, n0, npanel))
+                with from_file:
+                    _pack(k, kind, n0, kb0, nkb, panel, dpan, mpan, _Mapped(k, kind, n0, a.r1, npanel))
             mr = rows_per_tile()
             nm = b.sdiv(a.m, i64(mr))
             with k.loop(0, nm, name="mt") as mt:
@@ -249,7 +313,8 @@ def k_chunk(m: int, nb: int) -> int:
 
 
 def gemm(kind: str, weights, k: int, x: np.ndarray, out: np.ndarray, parallel: bool, parallel_min_bytes: int) -> None:
-    """out[:, c0 + r] = x @ W^T for each (raw rows (N, row_bytes), first column c0) of `weights`, one parallel
+    """out[:, c0 + r] = x @ W^T for each (raw rows (N, row_bytes), first column c0, their packed copy or None) of
+    `weights`, one parallel
     call a weight (`parallel`: the pool's threads may join, for weights of at least `parallel_min_bytes` x M)."""
     from kazeia.native.pool import run
 
@@ -257,9 +322,9 @@ def gemm(kind: str, weights, k: int, x: np.ndarray, out: np.ndarray, parallel: b
     xq, xd, xs = quantize_activations(x)
     y = out if out.strides[1] == 4 else np.empty(out.shape, dtype=np.float32)
     fn = GEMM[kind].par
-    for raw, c0 in weights:
+    for raw, c0, pk in weights:
         ctr = np.zeros(1, dtype=np.int64)
-        args = (addr(raw), raw.strides[0], k // QK, addr(xq), addr(xd), addr(xs), m,
+        args = (addr(raw), 0 if pk is None else addr(pk), raw.strides[0], k // QK, addr(xq), addr(xd), addr(xs), m,
                 addr(y) + 4 * int(c0), y.strides[0] // 4, k_chunk(m, k // QK), addr(ctr), raw.shape[0], CHUNK)
         run(fn, args, parallel and m * raw.nbytes >= parallel_min_bytes)
     if y is not out:

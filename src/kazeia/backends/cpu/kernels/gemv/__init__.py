@@ -1,13 +1,15 @@
 """The `cpu` backend's GEMV family: the decode matmul on the quantized bytes, and the activation quantization it
 reads: IR for ymm (AVX2) with a zmm group kernel where the host has AVX-512 F and BW (ir.py, compiled by
-native/compile.py), its front (here), and its portable numba twin (portable.py).
+native/compile.py), the packed layout the zmm kernel also reads (pack.py), its front (here), and its portable
+numba twin (portable.py).
 
 GEMV (x rows quantized by quantize.py's `quantize_x` to int16 per 32-element block, one float32 scale d_x = amax/32767):
 per block and weight row, the 32 codes are widened to int16 and multiplied with the activations by pmaddwd
 (exact int32 pair sums in 8 lanes). Weight rows in whole groups of 8 (from the weight's row 0: claimed chunks are
 multiples of 8) sum those lanes to one exact int32 a block and accumulate it with d_w*d_x by one FMA a block, in
 block order, each row in its own lane of one vector (_emit_rows8; with zmm, 16 rows at a time by the same
-operations, _emit_rows16); the last N % 8 rows keep the 8 lanes, each
+operations, _emit_rows16, or _emit_rows16_packed from a packed copy of the rows, pack.py); the last N % 8 rows
+keep the 8 lanes, each
 accumulated by its own FMA chain, summed at the end in a fixed tree (irkit.Kernel.hsum8). Q4_0 and Q4_1 add a
 second chain (the -8 bias, or m_w, times d_x * sum(x_q)). Every output is computed by one call in one fixed
 order: bitwise the same at any thread count, and whatever the host's vector width.
