@@ -52,32 +52,10 @@ def test_the_packed_layout_is_the_one_its_docstring_describes(kind):
     assert pk.tobytes() == _pack_by_loop(raw, kind)
 
 
-@needs_zmm
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_the_gemv_gives_the_same_bits_from_the_packed_copy(kind):
-    rng = np.random.default_rng(38)
-    before = threads()
-    try:
-        for nthreads in (1, 2):
-            set_threads(nthreads)
-            for k, n in ((256, 72), (2560, 1136), (512, 29), (4096, 48), (96, 8)):  # tails of 8 and 5 rows, none
-                raw = quantize(rng.standard_normal((n, k)).astype(np.float32), KINDS[kind])
-                packed = WeightSet([(raw, KINDS[kind], k)])
-                packed.use_packed([pack_rows(raw, kind)])
-                for m in (1, 2, 3, 4):
-                    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10)).astype(np.float32)
-                    want = WeightSet([(raw, KINDS[kind], k)]).matmul(x)
-                    assert packed.matmul(x).tobytes() == want.tobytes(), (kind, k, n, m, nthreads)
-    finally:
-        set_threads(before)
-
-
-@needs_zmm
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_the_gemm_gives_the_same_bits_from_the_packed_copy(kind):
-    """The prefill GEMM (M > 4) unpacks its panels from the packed copy where one is whole, from the file's rows
-    elsewhere (a tail past the last 16-row group, the last partial panel)."""
-    rng = np.random.default_rng(39)
+def _same_bits_from_the_pack(kind: str, ms: tuple[int, ...], seed: int) -> None:
+    """WeightSet.matmul with the packed copy gives the bits it gives from the file's rows, at 1 and 2 threads, for
+    shapes with tails of 8 and 5 rows past the last 16-row group, and none."""
+    rng = np.random.default_rng(seed)
     before = threads()
     try:
         for nthreads in (1, 2):
@@ -86,12 +64,26 @@ def test_the_gemm_gives_the_same_bits_from_the_packed_copy(kind):
                 raw = quantize(rng.standard_normal((n, k)).astype(np.float32), KINDS[kind])
                 packed = WeightSet([(raw, KINDS[kind], k)])
                 packed.use_packed([pack_rows(raw, kind)])
-                for m in (5, 37):
+                for m in ms:
                     x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10)).astype(np.float32)
                     want = WeightSet([(raw, KINDS[kind], k)]).matmul(x)
                     assert packed.matmul(x).tobytes() == want.tobytes(), (kind, k, n, m, nthreads)
     finally:
         set_threads(before)
+
+
+@needs_zmm
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_gemv_gives_the_same_bits_from_the_packed_copy(kind):
+    _same_bits_from_the_pack(kind, (1, 2, 3, 4), 38)
+
+
+@needs_zmm
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_gemm_gives_the_same_bits_from_the_packed_copy(kind):
+    """The prefill GEMM (M > 4) unpacks its panels from the packed copy where one is whole, from the file's rows
+    elsewhere (rows past the last 16-row group, the last partial panel)."""
+    _same_bits_from_the_pack(kind, (5, 37), 39)
 
 
 def test_a_packed_copy_of_the_wrong_size_is_refused():
@@ -117,12 +109,18 @@ def _rows(path, shape):
     return np.memmap(path, dtype=np.uint8, mode="r", offset=4096, shape=shape)
 
 
-@needs_zmm
-def test_the_store_packs_once_reuses_and_repacks_a_changed_model(model_file, tmp_path, monkeypatch):
-    path, shape = model_file
-    store = tmp_path / "packs"
-    monkeypatch.setenv("KAZEIA_PACK_DIR", str(store))
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """An empty KAZEIA_PACK_DIR of the test's own."""
+    d = tmp_path / "packs"
+    monkeypatch.setenv("KAZEIA_PACK_DIR", str(d))
     settings.reload()
+    return d
+
+
+@needs_zmm
+def test_the_store_packs_once_reuses_and_repacks_a_changed_model(model_file, store):
+    path, shape = model_file
     first = packs.packed_copy(_rows(path, shape), "q4_0", str(path), 4096)
     assert first is not None and first.tobytes() == pack_rows(np.asarray(_rows(path, shape)), "q4_0").tobytes()
     (f,) = store.glob("*" + packs.SUFFIX)
@@ -139,14 +137,9 @@ def test_the_store_packs_once_reuses_and_repacks_a_changed_model(model_file, tmp
 
 
 @needs_zmm
-def test_the_store_deletes_the_copies_of_gone_models(model_file, tmp_path, monkeypatch):
+def test_the_store_deletes_the_copies_of_gone_models(model_file, store):
     path, shape = model_file
-    store = tmp_path / "packs"
-    monkeypatch.setenv("KAZEIA_PACK_DIR", str(store))
-    settings.reload()
     assert packs.packed_copy(_rows(path, shape), "q4_0", str(path), 4096) is not None
-    other = tmp_path / "other.gguf"
-    other.write_bytes(path.read_bytes())
     path.unlink()
     (store / ("0" * 32 + packs.SUFFIX)).write_bytes(b"not a pack")
     assert packs.prune(store) == 2  # the gone model's copy and the unreadable file
