@@ -7,6 +7,8 @@ write. A whole decode with and without packed copies gives the same logits."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -142,11 +144,14 @@ def test_the_store_deletes_the_copies_of_gone_models(model_file, store):
     assert packs.packed_copy(_rows(path, shape), "q4_0", str(path), 4096) is not None
     path.unlink()
     (store / ("0" * 32 + packs.SUFFIX)).write_bytes(b"not a pack")
-    assert packs.prune(store) == 2  # the gone model's copy and the unreadable file
-    assert list(store.iterdir()) == []
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (store / f".{'1' * 32}{packs.SUFFIX}.{int(dead.stdout)}{packs.TMP}").write_bytes(b"half written")
+    (store / f".{'2' * 32}{packs.SUFFIX}.{os.getpid()}{packs.TMP}").write_bytes(b"being written")  # a live writer
+    assert packs.prune(store) == 3  # the gone model's copy, the unreadable file, the dead writer's leftover
+    assert [f.name for f in store.iterdir()] == [f".{'2' * 32}{packs.SUFFIX}.{os.getpid()}{packs.TMP}"]
 
 
-def test_no_copy_where_the_store_is_off_or_unwritable(model_file, tmp_path, monkeypatch):
+def test_no_copy_where_the_store_is_off_unwritable_or_full(model_file, tmp_path, monkeypatch):
     path, shape = model_file
     monkeypatch.setenv("KAZEIA_PACK_DIR", "off")
     settings.reload()
@@ -156,6 +161,11 @@ def test_no_copy_where_the_store_is_off_or_unwritable(model_file, tmp_path, monk
     monkeypatch.setenv("KAZEIA_PACK_DIR", str(blocked / "packs"))  # under a regular file: cannot be made
     settings.reload()
     assert packs.packed_copy(_rows(path, shape), "q4_0", str(path), 4096) is None
+    monkeypatch.setenv("KAZEIA_PACK_DIR", str(tmp_path / "packs"))
+    settings.reload()
+    monkeypatch.setattr(packs, "KEEP_FREE", 1 << 62)  # a disk that would be left too full
+    assert packs.packed_copy(_rows(path, shape), "q4_0", str(path), 4096) is None
+    assert not list((tmp_path / "packs").iterdir())
 
 
 @needs_zmm

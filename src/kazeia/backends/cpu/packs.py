@@ -10,8 +10,9 @@ a file in the cache, mapped like the model, so the weights stay memory-mapped an
   layout version. Its 4 KiB header records the model file's size, mtime and inode: a changed or replaced model
   makes the copy stale, and it is packed again.
 - Written to a temporary name and renamed (another process may be packing the same weight).
-- When a copy is written, the copies whose model file is gone or has changed are deleted: the store holds at most
-  one copy of the weights of the model files that exist.
+- When a process writes its first copy, the copies whose model file is gone or has changed are deleted (and the
+  temporary files of writers that died): the store holds at most one copy of the weights of the model files that
+  exist. A copy is never written where it would leave less than 1 GiB of the disk free.
 - Only weights of at least MIN_BYTES on a host whose GEMV takes zmm (the packed kernel is the zmm group kernel);
   any failure (no space, a read-only cache, KAZEIA_PACK_DIR=off) leaves the GEMV on the file's rows: same bits.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +38,8 @@ HEADER = 4096          # bytes before the packed rows (page-aligned rows)
 MAGIC = b"KAZEIA-PACK\n"
 MIN_BYTES = 1 << 20    # smaller weights stay in the caches across tokens: no stream to straighten
 SUFFIX = ".pk16"
+TMP = ".tmp"           # a copy being written: .<name>.<pid>.tmp
+KEEP_FREE = 1 << 30    # disk space a copy never takes
 
 
 def pack_dir() -> Path | None:
@@ -99,12 +103,16 @@ def _write(d: Path, f: Path, raw: np.ndarray, kind: str, header: dict, nbytes: i
     head = MAGIC + json.dumps(header).encode()
     if len(head) > HEADER:
         raise ValueError("pack header too long")
-    tmp = d / f".{f.name}.{os.getpid()}.tmp"
+    if shutil.disk_usage(d).free < nbytes + KEEP_FREE:
+        raise OSError("no room for a packed copy")
+    tmp = d / f".{f.name}.{os.getpid()}{TMP}"
     try:
-        out = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=(HEADER + nbytes,))
+        with open(tmp, "wb") as fh:  # the blocks reserved first: a full disk is an OSError here, not a SIGBUS later
+            os.posix_fallocate(fh.fileno(), 0, HEADER + nbytes)
+        out = np.memmap(tmp, dtype=np.uint8, mode="r+", shape=(HEADER + nbytes,))
         out[:len(head)] = np.frombuffer(head, dtype=np.uint8)
         pack_rows(raw, kind, out[HEADER:])
-        out.flush()
+        out.flush()  # on the disk before its name is: a crash never leaves a named copy with a valid header only
         del out
         os.replace(tmp, f)
     finally:
@@ -121,14 +129,32 @@ def prune(d: Path) -> int:
     """Delete the copies in `d` whose model file is gone or has changed (and leftovers of interrupted writes);
     returns how many went."""
     gone = 0
-    for f in d.glob("*" + SUFFIX):
-        h = _read_header(f)
-        if h is not None and h.get("layout") == LAYOUT and \
-                _source_stat(h.get("source", "")) == {k: h.get(k) for k in ("size", "mtime_ns", "ino")}:
-            continue
+    for f in list(d.glob("*" + SUFFIX)) + list(d.glob(".*" + TMP)):
+        if f.name.endswith(TMP):
+            if _writer_alive(f.name):
+                continue
+        else:
+            h = _read_header(f)
+            if h is not None and h.get("layout") == LAYOUT and \
+                    _source_stat(h.get("source", "")) == {k: h.get(k) for k in ("size", "mtime_ns", "ino")}:
+                continue
         try:
             f.unlink()
             gone += 1
         except OSError:
             pass
     return gone
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the process that is writing the temporary copy `name` (.<copy>.<pid>.tmp) still runs."""
+    try:
+        pid = int(name[:-len(TMP)].rsplit(".", 1)[1])
+        if pid <= 0:
+            return False
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
