@@ -1,8 +1,8 @@
 """The CPU GEMV's packed weights (issue 38): kernels/gemv/pack.py's layout, checked against a loop that writes it
-byte by byte from its description; the zmm GEMV reading the packed copy gives the bits it gives from the file's
-rows (and so the portable twin's: test_isa_variants); packs.py keeps the copies as files, reuses them, packs again
-when the model file changes, deletes the copies of gone files, and leaves the GEMV on the file where it cannot
-write. A whole decode with and without packed copies gives the same logits."""
+byte by byte from its description; the GEMV and the GEMM reading the packed copy give the bits they give from the
+file's rows (in zmm or ymm: test_isa_variants compares those and the portable twin); packs.py keeps the copies as
+files, reuses them, packs again when the model file changes, deletes the copies of gone files, and leaves the GEMV
+on the file where it cannot write. A whole decode with and without packed copies gives the same logits."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from gguf.quants import quantize
 
 from kazeia import settings
 from kazeia.backends.cpu import packs
-from kazeia.backends.cpu.kernels.gemv import zmm
 from kazeia.backends.cpu.kernels.gemv.ir import BLOCK_BYTES, PACK_ROWS
 from kazeia.backends.cpu.kernels.gemv.pack import pack_rows, packed_nbytes
 from kazeia.backends.cpu.qmatmul import WeightSet
@@ -25,7 +24,7 @@ from kazeia.native.compile import available
 from kazeia.native.threads import set_threads, threads
 
 KINDS = {"q4_0": T.Q4_0, "q4_1": T.Q4_1, "q8_0": T.Q8_0}
-needs_zmm = pytest.mark.skipif(not (available() and zmm()), reason="the packed GEMV is the zmm group kernel")
+needs_native = pytest.mark.skipif(not available(), reason="the packed copies are read by the native kernels")
 
 
 def _pack_by_loop(raw: np.ndarray, kind: str) -> bytes:
@@ -74,13 +73,13 @@ def _same_bits_from_the_pack(kind: str, ms: tuple[int, ...], seed: int) -> None:
         set_threads(before)
 
 
-@needs_zmm
+@needs_native
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_the_gemv_gives_the_same_bits_from_the_packed_copy(kind):
     _same_bits_from_the_pack(kind, (1, 2, 3, 4), 38)
 
 
-@needs_zmm
+@needs_native
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_the_gemm_gives_the_same_bits_from_the_packed_copy(kind):
     """The prefill GEMM (M > 4) unpacks its panels from the packed copy where one is whole, from the file's rows
@@ -120,7 +119,7 @@ def store(tmp_path, monkeypatch):
     return d
 
 
-@needs_zmm
+@needs_native
 def test_the_store_packs_once_reuses_and_repacks_a_changed_model(model_file, store):
     path, shape = model_file
     first = packs.packed_copy(_rows(path, shape), "q4_0", str(path), 4096)
@@ -138,7 +137,7 @@ def test_the_store_packs_once_reuses_and_repacks_a_changed_model(model_file, sto
     assert fresh.tobytes() == pack_rows(np.asarray(_rows(path, shape)), "q4_0").tobytes() != first.tobytes()
 
 
-@needs_zmm
+@needs_native
 def test_the_store_deletes_the_copies_of_gone_models(model_file, store):
     path, shape = model_file
     assert packs.packed_copy(_rows(path, shape), "q4_0", str(path), 4096) is not None
@@ -168,7 +167,7 @@ def test_no_copy_where_the_store_is_off_unwritable_or_full(model_file, tmp_path,
     assert not list((tmp_path / "packs").iterdir())
 
 
-@needs_zmm
+@needs_native
 def test_a_decode_gives_the_same_logits_with_and_without_packed_weights(q4b2, tmp_path, monkeypatch):
     """The CPU device packs the weights of a mapped model (the 2-layer Qwen3-4B-shaped Q4_0: every weight over
     packs.MIN_BYTES) and the logits of a prompt (the GEMM) and of two decoded tokens (the GEMV) keep their bits."""

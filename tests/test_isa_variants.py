@@ -3,7 +3,8 @@ kernels for this host (AVX-512 where it has it), the same kernels compiled as fo
 (KAZEIA_ISA=avx2), and the portable twins (KAZEIA_SIMD=0, the oracle). The quantized dots are exact integer sums
 and their float parts run in one order, so the outputs must agree bit for bit; each variant runs in its own
 process (the switches are read once). The CPU's f32 BLAS paths are not held to this (they follow the host).
-The GEMV (M <= 4, the decode) agrees across all three: the portable twin runs the native kernel's operations in
+Each process also reads the weights from their packed copy (gemv/pack.py), which must give its bits. The GEMV
+(M <= 4, the decode) agrees across all three: the portable twin runs the native kernel's operations in
 its order, FMAs included (kernels/gemv/portable.py: gemv_exact_portable). The GEMM (prefill) agrees between the native
 variants only (the last test, a strict xfail, says why)."""
 
@@ -21,7 +22,8 @@ MS = tuple(int(v) for v in sys.argv[1].split(","))
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
-from kazeia.backends.cpu.qmatmul import weight_matmul
+from kazeia.backends.cpu.kernels.gemv.pack import pack_rows
+from kazeia.backends.cpu.qmatmul import WeightSet, weight_matmul
 from kazeia.native.threads import set_threads
 
 set_threads(2)
@@ -30,9 +32,13 @@ h = hashlib.sha256()
 for qtype in (T.Q4_0, T.Q4_1, T.Q8_0):
     for k, n in ((256, 72), (2560, 136), (4096, 40), (512, 29)):  # (zmm: groups of 16 rows, of 8, and 29's 5 tail rows)
         raw = quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+        packed = WeightSet([(raw, qtype, k)])  # the same rows read from their packed copy (gemv/pack.py)
+        packed.use_packed([pack_rows(raw, qtype.name.lower())])
         for m in MS:  # the GEMV (M <= 4) or the GEMM
             x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10)).astype(np.float32)
-            h.update(np.ascontiguousarray(weight_matmul(raw, qtype, k, x)).tobytes())
+            y = np.ascontiguousarray(weight_matmul(raw, qtype, k, x))
+            assert packed.matmul(x).tobytes() == y.tobytes(), ("packed", qtype.name, k, n, m)
+            h.update(y.tobytes())
 print(h.hexdigest())
 """
 

@@ -13,8 +13,8 @@ a file in the cache, mapped like the model, so the weights stay memory-mapped an
 - When a process writes its first copy, the copies whose model file is gone or has changed are deleted (and the
   temporary files of writers that died): the store holds at most one copy of the weights of the model files that
   exist. A copy is never written where it would leave less than 1 GiB of the disk free.
-- Only weights of at least MIN_BYTES on a host whose GEMV takes zmm (the packed kernel is the zmm group kernel);
-  any failure (no space, a read-only cache, KAZEIA_PACK_DIR=off) leaves the GEMV on the file's rows: same bits.
+- Only weights of at least MIN_BYTES, where the native kernels run (in zmm or ymm: both read the layout); any
+  failure (no space, a read-only cache, KAZEIA_PACK_DIR=off) leaves the GEMV on the file's rows: same bits.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 
 from kazeia import settings
-from kazeia.backends.cpu.kernels.gemv import zmm
 from kazeia.backends.cpu.kernels.gemv.ir import BLOCK_BYTES, PACK_ROWS
 from kazeia.backends.cpu.kernels.gemv.pack import pack_rows, packed_nbytes
 from kazeia.native.compile import available
@@ -77,7 +76,7 @@ def _read_header(f: Path) -> dict | None:
 def packed_copy(raw: np.ndarray, kind: str, source: str, offset: int) -> np.ndarray | None:
     """The mapped packed copy of `raw` ((N, row_bytes) uint8 rows of `kind` blocks at byte `offset` of the model
     file `source`), packed now if there is none or it is stale; None where the GEMV reads the file's rows."""
-    if not (available() and zmm()) or kind not in BLOCK_BYTES or raw.nbytes < MIN_BYTES \
+    if not available() or kind not in BLOCK_BYTES or raw.nbytes < MIN_BYTES \
             or raw.shape[0] < PACK_ROWS or raw.strides != (raw.shape[1], 1):
         return None
     d = pack_dir()

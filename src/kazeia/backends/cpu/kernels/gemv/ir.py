@@ -155,12 +155,8 @@ def _emit_rows_mapped(k: Kernel, kind: str, m: int, n: ir.Value, rows: int, code
 def _emit_rows8(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
     """y[0..m, n..n+8] in ymm: each row's block codes widened (codes_i16), two pmaddwd against the activations'
     halves, the 8 rows' pair sums transposed into one vector (tree8)."""
-    b = k.b
-
-    def dots(codes, xlo, xhi):
-        return tree8(k, [b.add(k.call("llvm.x86.avx2.pmadd.wd", V8I32, lo, xlo),
-                               k.call("llvm.x86.avx2.pmadd.wd", V8I32, hi, xhi)) for lo, hi in codes])
-    _emit_rows_mapped(k, kind, m, n, 8, lambda bases: [codes_i16(k, kind, base) for base in bases], dots)
+    _emit_rows_mapped(k, kind, m, n, 8, lambda bases: [codes_i16(k, kind, base) for base in bases],
+                      lambda codes, xlo, xhi: _dots8(k, codes, xlo, xhi))
 
 
 V16I32, V32I16, V32I8 = vec(I32, 16), vec(I16, 32), vec(I8, 32)
@@ -247,7 +243,9 @@ def _emit_rows16_packed(k: Kernel, kind: str, m: int, n: ir.Value, group: ir.Val
     """y[0..m, n..n+16] from the packed copy of the rows (pack.py's layout: group `group`, its blocks in order, each
     16 * block_bytes: the rows' d_w, m_w for Q4_1, then the codes pair by pair, every half `_pair_codes` takes one
     contiguous 32 bytes). The same operations as `_emit_rows16` on the same values: the same bits, with the
-    scales read by one load instead of gathered, and one sequential stream."""
+    scales read by one load instead of gathered, and one sequential stream. In ymm (AVX2), each row's codes as
+    `codes_i16` gives them and the dots of `_emit_rows8`, the 16 lanes two vectors (LLVM splits them): the same
+    integers and FMAs, so the same bits again."""
     b, a = k.b, k.a
     gb = PACK_ROWS * BLOCK_BYTES[kind]
     hdr = packed_header(kind)
@@ -263,6 +261,8 @@ def _emit_rows16_packed(k: Kernel, kind: str, m: int, n: ir.Value, group: ir.Val
         base = k.gep(start, b.mul(blk, i64(gb)))
         dw = b.fpext(b.bitcast(k.load_vec(base, V16I16, 0), vh), vf)
         mw = b.fpext(b.bitcast(k.load_vec(base, V16I16, 2 * PACK_ROWS), vh), vf) if kind == "q4_1" else None
+        if not zmm():
+            return [_packed_row_codes(k, kind, base, hdr, r) for r in range(PACK_ROWS)], dw, mw, _dots16_ymm(k)
         if kind == "q8_0":
             pairs = [tuple(b.sext(k.load_vec(base, V32I8, hdr + 64 * p + 32 * h), V32I16) for h in (0, 1))
                      for p in range(8)]
@@ -272,25 +272,51 @@ def _emit_rows16_packed(k: Kernel, kind: str, m: int, n: ir.Value, group: ir.Val
     _emit_group(k, kind, m, n, 16, read_block, prefetch)
 
 
+def _packed_row_codes(k: Kernel, kind: str, base: ir.Value, hdr: int, r: int) -> tuple[ir.Value, ir.Value]:
+    """Row r's codes of a packed block as two <16 x i16> (elements 0..15, 16..31), the values `codes_i16` gives."""
+    b = k.b
+    if kind == "q8_0":  # pair r // 2: a's first 16, b's first 16, a's last 16, b's last 16
+        o = hdr + 64 * (r // 2) + 16 * (r % 2)
+        return b.sext(k.load_vec(base, V16I8, o), V16I16), b.sext(k.load_vec(base, V16I8, o + 32), V16I16)
+    q = k.opaque(b.zext(k.load_vec(base, V16I8, hdr + 16 * r), V16I16))
+    return b.and_(q, splat(V16I16, 15)), b.lshr(q, splat(V16I16, 4))
+
+
+def _dots8(k: Kernel, codes, xlo: ir.Value, xhi: ir.Value) -> ir.Value:
+    """8 rows' exact block dots (<8 x i32>) in ymm: each row's two pmaddwd, the rows' pair sums by tree8."""
+    b = k.b
+    return tree8(k, [b.add(k.call("llvm.x86.avx2.pmadd.wd", V8I32, lo, xlo),
+                           k.call("llvm.x86.avx2.pmadd.wd", V8I32, hi, xhi)) for lo, hi in codes])
+
+
+def _dots16_ymm(k: Kernel):
+    """(16 rows' codes, xlo, xhi) -> their exact block dots (<16 x i32>), two `_dots8` joined."""
+    def dots(codes, xlo, xhi):
+        return k.shuffle(_dots8(k, codes[:8], xlo, xhi), _dots8(k, codes[8:], xlo, xhi), list(range(16)))
+    return dots
+
+
 def _gemv(module: ir.Module, kind: str, m: int) -> ir.Function:
     """gemv_<kind>_m<m>(w, pk, wstride, nb, xq, xd, xs, y, ystride, r0, r1): y[0..m, r0..r1] from quantized x;
     pk: the packed copy of the rows' whole 16-row groups (pack.py), or null. r0 is a multiple of 16."""
     k = Kernel(module, f"gemv_{kind}_m{m}", GEMV_ARGS)
     k.fn.linkage = "internal"
     b, a = k.b, k.a
-    # whole groups of 16 weight rows in zmm where the host has them, of 8, then the rest one by one
-    r0 = a.r0
-    if zmm():
-        n16 = b.sdiv(b.sub(a.r1, a.r0), i64(16))
-        g0 = b.sdiv(a.r0, i64(PACK_ROWS))
-        with b.if_else(b.icmp_unsigned("!=", b.ptrtoint(a.pk, I64), i64(0))) as (packed, mapped):
-            with packed:
-                with k.loop(0, n16, name="pgrp16") as g:
-                    _emit_rows16_packed(k, kind, m, b.add(a.r0, b.mul(g, i64(16))), b.add(g0, g))
-            with mapped:
+    # whole groups of 16 weight rows from the packed copy where there is one, else in zmm where the host has them;
+    # then groups of 8 and the rest one by one from the file's rows
+    n16 = b.sdiv(b.sub(a.r1, a.r0), i64(PACK_ROWS))
+    has_pack = b.icmp_unsigned("!=", b.ptrtoint(a.pk, I64), i64(0))
+    with b.if_else(has_pack) as (packed, mapped):
+        with packed:
+            g0 = b.sdiv(a.r0, i64(PACK_ROWS))
+            with k.loop(0, n16, name="pgrp16") as g:
+                _emit_rows16_packed(k, kind, m, b.add(a.r0, b.mul(g, i64(16))), b.add(g0, g))
+        with mapped:
+            if zmm():
                 with k.loop(0, n16, name="grp16") as g:
                     _emit_rows16(k, kind, m, b.add(a.r0, b.mul(g, i64(16))))
-        r0 = b.add(a.r0, b.mul(n16, i64(16)))
+    done16 = b.mul(n16, i64(16)) if zmm() else b.select(has_pack, b.mul(n16, i64(16)), i64(0))
+    r0 = b.add(a.r0, done16)
     ngroups = b.sdiv(b.sub(a.r1, r0), i64(8))
     with k.loop(0, ngroups, name="grp") as g:
         _emit_rows8(k, kind, m, b.add(r0, b.mul(g, i64(8))))
