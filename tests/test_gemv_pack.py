@@ -38,9 +38,8 @@ def _pack_by_loop(raw: np.ndarray, kind: str) -> bytes:
             blk = [bytes(raw[PACK_ROWS * g + r, j * bb:(j + 1) * bb]) for r in range(PACK_ROWS)]
             for s in range(0, scale_bytes, 2):  # d of the 16 rows, then m
                 out += b"".join(x[s:s + 2] for x in blk)
-            for p in range(PACK_ROWS // 2):
-                a, b = blk[2 * p][scale_bytes:], blk[2 * p + 1][scale_bytes:]
-                out += a[:16] + b[:16] + (a[16:] + b[16:] if kind == "q8_0" else b"")
+            for p in range((bb - scale_bytes) // 2):  # word p of every row
+                out += b"".join(x[scale_bytes + 2 * p:scale_bytes + 2 * p + 2] for x in blk)
     return bytes(out)
 
 

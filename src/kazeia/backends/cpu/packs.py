@@ -32,7 +32,7 @@ from kazeia.backends.cpu.kernels.gemv.ir import BLOCK_BYTES, PACK_ROWS
 from kazeia.backends.cpu.kernels.gemv.pack import pack_rows, packed_nbytes
 from kazeia.native.compile import available
 
-LAYOUT = "k16-v1"      # the layout's name in every key and header (bump when pack.py's layout changes)
+LAYOUT = "k16-v2"      # the layout's name in every key and header (bump when pack.py's layout changes)
 HEADER = 4096          # bytes before the packed rows (page-aligned rows)
 MAGIC = b"KAZEIA-PACK\n"
 MIN_BYTES = 1 << 20    # smaller weights stay in the caches across tokens: no stream to straighten

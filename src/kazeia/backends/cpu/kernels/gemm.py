@@ -22,8 +22,6 @@ resumes the float32 sums the earlier chunks stored in y, so the bits are those o
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import numpy as np
 from llvmlite import ir
 
@@ -68,103 +66,50 @@ GEMM_ARGS = [("w", ptr(I8)), ("pk", ptr(I8)), ("wstride", I64), ("nb", I64), ("x
              ("xs", ptr(I32)), ("m", I64), ("y", ptr(F32)), ("ystride", I64), ("kc", I64), ("r0", I64), ("r1", I64)]
 
 
-def _row_pairs(k: Kernel, kind: str, lo_codes: ir.Value, hi_codes: ir.Value | None) -> tuple[ir.Value, ir.Value]:
-    """A block's codes as 16 int16 pairs (2 x <8 x i32>: element pairs 0..7 and 8..15). Q4_0: q - 8. `lo_codes`:
-    the block's 16 code bytes (Q8_0: its first 16 codes, `hi_codes` the last 16)."""
+def _row_pairs(k: Kernel, kind: str, base: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """A block's codes as 16 int16 pairs (2 x <8 x i32>: element pairs 0..7 and 8..15). Q4_0: q - 8."""
     b = k.b
     if kind == "q8_0":
-        lo, hi = b.sext(k.load_vec(lo_codes, V16I8, 0), V16I16), b.sext(k.load_vec(hi_codes, V16I8, 0), V16I16)
+        lo, hi = b.sext(k.load_vec(base, V16I8, 2), V16I16), b.sext(k.load_vec(base, V16I8, 18), V16I16)
     else:
-        q = k.opaque(b.zext(k.load_vec(lo_codes, V16I8, 0), V16I16))
+        q = k.opaque(b.zext(k.load_vec(base, V16I8, 4 if kind == "q4_1" else 2), V16I16))
         lo, hi = b.and_(q, splat(V16I16, 15)), b.lshr(q, splat(V16I16, 4))
         if kind == "q4_0":
             lo, hi = b.sub(lo, splat(V16I16, 8)), b.sub(hi, splat(V16I16, 8))
     return b.bitcast(lo, V8I32), b.bitcast(hi, V8I32)
 
 
-class _Mapped:
-    """Where `_pack` finds row n0 + r's block: the file's rows (row n at w + n * wstride), prefetching the same
-    row of the next panel; rows at or past nrows read as zero."""
-
-    def __init__(self, k: Kernel, kind: str, n0: ir.Value, nrows: ir.Value, npanel: int) -> None:
-        b, a = k.b, k.a
-        self.k, self.kind, self.npanel = k, kind, npanel
-        self.bases = [k.gep(a.w, b.mul(b.add(n0, i64(r)), a.wstride)) for r in range(npanel)]
-        self.live = [b.icmp_signed("<", b.add(n0, i64(r)), nrows) for r in range(npanel)]
-
-    def block(self, r: int, jb: ir.Value) -> tuple[ir.Value, ir.Value | None, ir.Value, ir.Value]:
-        """(its codes, Q8_0's last 16 codes, its d, its m) as I8 pointers; prefetches the next panel's."""
-        k, b = self.k, self.k.b
-        base = k.gep(self.bases[r], b.mul(jb, i64(BLOCK_BYTES[self.kind])))
-        k.prefetch(k.gep(base, b.mul(k.a.wstride, i64(self.npanel))))
-        o = 4 if self.kind == "q4_1" else 2
-        return k.gep(base, o), k.gep(base, 18) if self.kind == "q8_0" else None, base, k.gep(base, 2)
-
-    def step(self, jb: ir.Value) -> None:
-        pass
-
-
-class _Packed:
-    """Where `_pack` finds row n0 + r's block in the rows' packed copy (gemv/pack.py: 16-row groups, block by
-    block; only whole panels of whole groups read it, so every row is live); the next panel's groups are
-    prefetched block by block."""
-
-    def __init__(self, k: Kernel, kind: str, n0: ir.Value, npanel: int) -> None:
-        b = k.b
-        self.k, self.kind, self.npanel = k, kind, npanel
-        self.gb = PACK_ROWS * BLOCK_BYTES[kind]
-        self.hdr = packed_header(kind)
-        self.group = b.sdiv(n0, i64(PACK_ROWS))
-        self.live = [None] * npanel
-
-    def _at(self, g: int, jb: ir.Value) -> ir.Value:
-        k, b = self.k, self.k.b
-        return k.gep(k.a.pk, b.mul(b.add(b.mul(b.add(self.group, i64(g)), k.a.nb), jb), i64(self.gb)))
-
-    def block(self, r: int, jb: ir.Value) -> tuple[ir.Value, ir.Value | None, ir.Value, ir.Value]:
-        k = self.k
-        base = self._at(r // PACK_ROWS, jb)
-        rr = r % PACK_ROWS
-        if self.kind == "q8_0":  # pair rr // 2: a's first 16, b's first 16, a's last 16, b's last 16
-            lo = k.gep(base, self.hdr + 64 * (rr // 2) + 16 * (rr % 2))
-            return lo, k.gep(lo, 32), k.gep(base, 2 * rr), None
-        return k.gep(base, self.hdr + 16 * rr), None, k.gep(base, 2 * rr), k.gep(base, 2 * PACK_ROWS + 2 * rr)
-
-    def step(self, jb: ir.Value) -> None:
-        k = self.k
-        for g in range(self.npanel // PACK_ROWS):
-            nxt = self._at(self.npanel // PACK_ROWS + g, jb)
-            for j in range(-(-self.gb // 64)):
-                k.prefetch(k.gep(nxt, 64 * j))
-
-
-def _pack(k: Kernel, kind: str, n0: ir.Value, kb0: ir.Value, nkb: ir.Value, panel, dpan, mpan, rows) -> None:
-    """Unpack blocks kb0 .. kb0+nkb of the panel's rows n0 .. n0+2L (found by `rows`, _Mapped or _Packed) into
+def _pack(k: Kernel, kind: str, n0: ir.Value, nrows: ir.Value, kb0: ir.Value, nkb: ir.Value, panel, dpan,
+          mpan) -> None:
+    """Unpack blocks kb0 .. kb0+nkb of the panel's rows n0 .. n0+2L (rows at or past `nrows` read as zero) into
     panel[b][pair][half] (<L x i32> = the pair of L rows; L = lanes(); b counted from kb0) and dpan/mpan[b][row]
     (float32 d, m): 8 rows at a time through a register transpose, two such groups joined into one zmm. The next
     panel's bytes are prefetched on the way (a panel's micro-kernels take long enough for them to arrive)."""
-    b = k.b
+    b, a = k.b, k.a
     nl = lanes()
     npanel = 2 * nl
+    bb = BLOCK_BYTES[kind]
     zero = ir.Constant(V8I32, [0] * 8)
+    bases = [k.gep(a.w, b.mul(b.add(n0, i64(r)), a.wstride)) for r in range(npanel)]
+    live = [b.icmp_signed("<", b.add(n0, i64(r)), nrows) for r in range(npanel)]
     with k.loop(0, nkb, name="pk") as blk:
-        jb = b.add(kb0, blk)
-        rows.step(jb)
+        off = b.mul(b.add(kb0, blk), i64(bb))
         for h in range(2):
             groups = []  # per 8 rows of the half: the 16 pairs, each <8 x i32> of the 8 rows
             for r0 in range(nl * h, nl * h + nl, 8):
                 los, his = [], []
                 for r in range(r0, r0 + 8):
-                    codes, codes_hi, d_at, m_at = rows.block(r, jb)
+                    base = k.gep(bases[r], off)
+                    k.prefetch(k.gep(base, b.mul(a.wstride, i64(npanel))))
                     lo_s, hi_s = k.var(V8I32, zero), k.var(V8I32, zero)
                     d_s, m_s = k.var(F32, 0.0), k.var(F32, 0.0)
-                    with k.if_(rows.live[r]) if rows.live[r] is not None else nullcontext():
-                        lo, hi = _row_pairs(k, kind, codes, codes_hi)
+                    with k.if_(live[r]):
+                        lo, hi = _row_pairs(k, kind, base)
                         b.store(lo, lo_s)
                         b.store(hi, hi_s)
-                        b.store(k.half_to_f32(k.load_as(d_at, I16, 0)), d_s)
+                        b.store(k.half_to_f32(k.load_as(base, I16, 0)), d_s)
                         if kind == "q4_1":
-                            b.store(k.half_to_f32(k.load_as(m_at, I16, 0)), m_s)
+                            b.store(k.half_to_f32(k.load_as(base, I16, 2)), m_s)
                     los.append(b.load(lo_s))
                     his.append(b.load(hi_s))
                     k.store(b.load(d_s), dpan, b.add(b.mul(blk, i64(npanel)), i64(r)))
@@ -174,6 +119,48 @@ def _pack(k: Kernel, kind: str, n0: ir.Value, kb0: ir.Value, nkb: ir.Value, pane
             for j in range(16):
                 v = groups[0][j] if nl == 8 else k.shuffle(groups[0][j], groups[1][j], list(range(16)))
                 k.store(v, panel, b.add(b.mul(blk, i64(32)), i64(2 * j + h)))
+
+
+def _pack_copy(k: Kernel, kind: str, n0: ir.Value, kb0: ir.Value, nkb: ir.Value, panel, dpan, mpan) -> None:
+    """`_pack`'s panel from the rows' packed copy (gemv/pack.py; a whole panel of whole 16-row groups): word p of
+    L rows' codes, widened, is already the panel's element pair of those rows (no transpose), and their d (m) one
+    load. The same values `_pack` stores. The next panel's groups are prefetched block by block."""
+    b, a = k.b, k.a
+    nl = lanes()
+    npanel = 2 * nl
+    gb = PACK_ROWS * BLOCK_BYTES[kind]
+    hdr = packed_header(kind)
+    group = b.sdiv(n0, i64(PACK_ROWS))
+    vi8, vi16, vh = vec(I8, 2 * nl), vec(I16, 2 * nl), vec(ir.HalfType(), nl)
+
+    def at(g: int, jb: ir.Value) -> ir.Value:  # group n0/16 + g's block jb
+        return k.gep(a.pk, b.mul(b.add(b.mul(b.add(group, i64(g)), a.nb), jb), i64(gb)))
+    with k.loop(0, nkb, name="pk") as blk:
+        jb = b.add(kb0, blk)
+        for g in range(npanel // PACK_ROWS):
+            nxt = at(npanel // PACK_ROWS + g, jb)
+            for j in range(-(-gb // 64)):
+                k.prefetch(k.gep(nxt, 64 * j))
+        for h in range(2):  # the panel's rows h*L .. h*L+L: group (h*L) // 16, from its row (h*L) % 16
+            base = at((h * nl) // PACK_ROWS, jb)
+            sub = (h * nl) % PACK_ROWS
+            slot = b.add(b.mul(blk, i64(npanel)), i64(nl * h))
+            k.store_vec(b.fpext(b.bitcast(k.load_vec(base, vec(I16, nl), 2 * sub), vh), vec(F32, nl)), dpan, slot)
+            if kind == "q4_1":
+                mw = k.load_vec(base, vec(I16, nl), 2 * PACK_ROWS + 2 * sub)
+                k.store_vec(b.fpext(b.bitcast(mw, vh), vec(F32, nl)), mpan, slot)
+            for p in range(16 if kind == "q8_0" else 8):
+                q = k.load_vec(base, vi8, hdr + 32 * p + 2 * sub)
+                if kind == "q8_0":
+                    pairs = [(p, b.sext(q, vi16))]
+                else:
+                    z = k.opaque(b.zext(q, vi16))
+                    lo, hi = b.and_(z, splat(vi16, 15)), b.lshr(z, splat(vi16, 4))
+                    if kind == "q4_0":
+                        lo, hi = b.sub(lo, splat(vi16, 8)), b.sub(hi, splat(vi16, 8))
+                    pairs = [(p, lo), (8 + p, hi)]
+                for j, v in pairs:
+                    k.store(b.bitcast(v, vec(I32, nl)), panel, b.add(b.mul(blk, i64(32)), i64(2 * j + h)))
 
 
 def _resume(k: Kernel, m0: ir.Value, mr: int, n0: ir.Value, nrows: ir.Value, kb0: ir.Value) -> list:
@@ -278,9 +265,9 @@ def _gemm(module: ir.Module, kind: str) -> str:
                             b.icmp_signed("<=", b.add(n0, i64(npanel)), a.r1))
             with b.if_else(packed) as (from_pack, from_file):
                 with from_pack:
-                    _pack(k, kind, n0, kb0, nkb, panel, dpan, mpan, _Packed(k, kind, n0, npanel))
+                    _pack_copy(k, kind, n0, kb0, nkb, panel, dpan, mpan)
                 with from_file:
-                    _pack(k, kind, n0, kb0, nkb, panel, dpan, mpan, _Mapped(k, kind, n0, a.r1, npanel))
+                    _pack(k, kind, n0, a.r1, kb0, nkb, panel, dpan, mpan)
             mr = rows_per_tile()
             nm = b.sdiv(a.m, i64(mr))
             with k.loop(0, nm, name="mt") as mt:

@@ -155,13 +155,18 @@ def _emit_rows_mapped(k: Kernel, kind: str, m: int, n: ir.Value, rows: int, code
 def _emit_rows8(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
     """y[0..m, n..n+8] in ymm: each row's block codes widened (codes_i16), two pmaddwd against the activations'
     halves, the 8 rows' pair sums transposed into one vector (tree8)."""
-    _emit_rows_mapped(k, kind, m, n, 8, lambda bases: [codes_i16(k, kind, base) for base in bases],
-                      lambda codes, xlo, xhi: _dots8(k, codes, xlo, xhi))
+    b = k.b
+
+    def dots(codes, xlo, xhi):
+        return tree8(k, [b.add(k.call("llvm.x86.avx2.pmadd.wd", V8I32, lo, xlo),
+                               k.call("llvm.x86.avx2.pmadd.wd", V8I32, hi, xhi)) for lo, hi in codes])
+    _emit_rows_mapped(k, kind, m, n, 8, lambda bases: [codes_i16(k, kind, base) for base in bases], dots)
 
 
 V16I32, V32I16, V32I8 = vec(I32, 16), vec(I16, 32), vec(I8, 32)
-# block groups the packed kernel prefetches ahead (into L1; 3.4 KB for Q4_0): 96-98 % of a streaming read of the
-# mapped file over the 36 layers against 88-90 % at 4 and 81-88 % without (2 threads, AVX-512 EPYC)
+# block groups the packed kernel prefetches ahead (into L1; 3.4 KB for Q4_0). Qwen3-4B's 36 layers, 2 threads, a
+# Zen 5, against a streaming read in the same process: 12 gave 88-90 % where 4 gave 81-88 % and none 81-88 %
+# (the read at 44-48 GB/s); 24, 48 and 96 no better at 44-50 GB/s nor at 60-72 GB/s (67-77 % for all)
 PACKED_AHEAD = 12
 
 
@@ -231,7 +236,7 @@ def _dots16(k: Kernel):
     return dots
 
 
-PACK_ROWS = 16  # rows per group of the packed layout (the zmm group kernel's)
+PACK_ROWS = 16  # rows per group of the packed layout
 
 
 def packed_header(kind: str) -> int:
@@ -241,11 +246,11 @@ def packed_header(kind: str) -> int:
 
 def _emit_rows16_packed(k: Kernel, kind: str, m: int, n: ir.Value, group: ir.Value) -> None:
     """y[0..m, n..n+16] from the packed copy of the rows (pack.py's layout: group `group`, its blocks in order, each
-    16 * block_bytes: the rows' d_w, m_w for Q4_1, then the codes pair by pair, every half `_pair_codes` takes one
-    contiguous 32 bytes). The same operations as `_emit_rows16` on the same values: the same bits, with the
-    scales read by one load instead of gathered, and one sequential stream. In ymm (AVX2), each row's codes as
-    `codes_i16` gives them and the dots of `_emit_rows8`, the 16 lanes two vectors (LLVM splits them): the same
-    integers and FMAs, so the same bits again."""
+    16 * block_bytes: the rows' d_w, m_w for Q4_1, then word p of every row's codes). A row's block dot is one
+    lane: pmaddwd of the 16 rows' word p (the codes of elements 2p, 2p+1 side by side) against those two
+    activations broadcast, summed over the words: the same exact integer as `_emit_rows16`'s, and the same FMAs
+    after it, so the same bits; with the scales read by one load, no reduction across lanes, one sequential stream.
+    In ymm (AVX2) the 16 lanes are two vectors of 8 rows."""
     b, a = k.b, k.a
     gb = PACK_ROWS * BLOCK_BYTES[kind]
     hdr = packed_header(kind)
@@ -261,38 +266,50 @@ def _emit_rows16_packed(k: Kernel, kind: str, m: int, n: ir.Value, group: ir.Val
         base = k.gep(start, b.mul(blk, i64(gb)))
         dw = b.fpext(b.bitcast(k.load_vec(base, V16I16, 0), vh), vf)
         mw = b.fpext(b.bitcast(k.load_vec(base, V16I16, 2 * PACK_ROWS), vh), vf) if kind == "q4_1" else None
-        if not zmm():
-            return [_packed_row_codes(k, kind, base, hdr, r) for r in range(PACK_ROWS)], dw, mw, _dots16_ymm(k)
-        if kind == "q8_0":
-            pairs = [tuple(b.sext(k.load_vec(base, V32I8, hdr + 64 * p + 32 * h), V32I16) for h in (0, 1))
-                     for p in range(8)]
-        else:
-            pairs = [_nibble_halves(k, k.load_vec(base, V32I8, hdr + 32 * p)) for p in range(8)]
-        return pairs, dw, mw, _dots16(k)
+        return _packed_words(k, kind, k.gep(base, hdr)), dw, mw, _word_dots(k, kind)
     _emit_group(k, kind, m, n, 16, read_block, prefetch)
 
 
-def _packed_row_codes(k: Kernel, kind: str, base: ir.Value, hdr: int, r: int) -> tuple[ir.Value, ir.Value]:
-    """Row r's codes of a packed block as two <16 x i16> (elements 0..15, 16..31), the values `codes_i16` gives."""
+def _packed_words(k: Kernel, kind: str, words: ir.Value) -> list[list[tuple[ir.Value, int]]]:
+    """The 16 rows' codes of a packed block as int16 pairs, per vector of rows (one in zmm, two in ymm): a list of
+    (<2L x i16>: lane pair i = row i's codes of elements e, e+1; e) over the element pairs."""
     b = k.b
-    if kind == "q8_0":  # pair r // 2: a's first 16, b's first 16, a's last 16, b's last 16
-        o = hdr + 64 * (r // 2) + 16 * (r % 2)
-        return b.sext(k.load_vec(base, V16I8, o), V16I16), b.sext(k.load_vec(base, V16I8, o + 32), V16I16)
-    q = k.opaque(b.zext(k.load_vec(base, V16I8, hdr + 16 * r), V16I16))
-    return b.and_(q, splat(V16I16, 15)), b.lshr(q, splat(V16I16, 4))
+    nl = 16 if zmm() else 8
+    vi8, vi16 = vec(I8, 2 * nl), vec(I16, 2 * nl)
+    halves = []
+    for h in range(PACK_ROWS // nl):
+        pairs = []
+        for p in range(16 if kind == "q8_0" else 8):
+            q = k.load_vec(words, vi8, 32 * p + 2 * nl * h)
+            if kind == "q8_0":
+                pairs.append((b.sext(q, vi16), 2 * p))
+            else:
+                z = k.opaque(b.zext(q, vi16))  # one vpmovzxbw (see codes_i16)
+                pairs += [(b.and_(z, splat(vi16, 15)), 2 * p), (b.lshr(z, splat(vi16, 4)), 16 + 2 * p)]
+        halves.append(pairs)
+    return halves
 
 
-def _dots8(k: Kernel, codes, xlo: ir.Value, xhi: ir.Value) -> ir.Value:
-    """8 rows' exact block dots (<8 x i32>) in ymm: each row's two pmaddwd, the rows' pair sums by tree8."""
+def _word_dots(k: Kernel, kind: str):
+    """(`_packed_words`' pairs, xlo, xhi) -> the 16 rows' exact block dots (<16 x i32>): each pair's pmaddwd
+    against activations e, e+1 broadcast to every lane, the products summed (integers: any order is exact)."""
     b = k.b
-    return tree8(k, [b.add(k.call("llvm.x86.avx2.pmadd.wd", V8I32, lo, xlo),
-                           k.call("llvm.x86.avx2.pmadd.wd", V8I32, hi, xhi)) for lo, hi in codes])
+    nl = 16 if zmm() else 8
+    pmadd = "llvm.x86.avx512.pmaddw.d.512" if nl == 16 else "llvm.x86.avx2.pmadd.wd"
+    vi = vec(I32, nl)
 
+    def dots(halves, xlo, xhi):
+        xw = [b.bitcast(xlo, V8I32), b.bitcast(xhi, V8I32)]  # activation pairs (e, e+1) as one int32 each
 
-def _dots16_ymm(k: Kernel):
-    """(16 rows' codes, xlo, xhi) -> their exact block dots (<16 x i32>), two `_dots8` joined."""
-    def dots(codes, xlo, xhi):
-        return k.shuffle(_dots8(k, codes[:8], xlo, xhi), _dots8(k, codes[8:], xlo, xhi), list(range(16)))
+        def xpair(e):
+            return b.bitcast(k.shuffle(xw[e // 16], None, [(e % 16) // 2] * nl), vec(I16, 2 * nl))
+        out = []
+        for pairs in halves:
+            prods = [k.call(pmadd, vi, codes, xpair(e)) for codes, e in pairs]
+            while len(prods) > 1:  # a balanced tree: short dependency chains
+                prods = [b.add(u, v) for u, v in zip(prods[0::2], prods[1::2])] + prods[len(prods) & ~1:]
+            out.append(prods[0])
+        return out[0] if nl == 16 else k.shuffle(out[0], out[1], list(range(16)))
     return dots
 
 

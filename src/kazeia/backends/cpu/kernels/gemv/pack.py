@@ -1,16 +1,18 @@
-"""The GEMV's packed layout: a weight's whole 16-row groups rearranged so that the zmm group kernel
-(`ir._emit_rows16_packed`) reads one sequential stream and loads each block's 16 scales at once.
+"""The GEMV's packed layout: a weight's whole 16-row groups rearranged so that the GEMV
+(`ir._emit_rows16_packed`) reads one sequential stream, loads each block's 16 scales at once, and finds the 16
+rows' codes of two neighbouring elements side by side (one pmaddwd lane a row: no reduction across lanes).
 
     packed[g, j] (16 * block_bytes bytes) = d_w of rows 16g..16g+15 at block j   (16 x fp16)
                                           | m_w of those rows (Q4_1 only)        (16 x fp16)
-                                          | their codes, pair p = rows 16g+2p, 16g+2p+1:
-                                              Q4_0 / Q4_1: a's 16 code bytes, b's 16 code bytes
-                                              Q8_0: a's codes 0..15, b's 0..15, a's 16..31, b's 16..31
+                                          | word p of the 16 rows' codes, p = 0, 1, ... (16 x 2 bytes each)
 
-The bytes are the file's, moved: the kernel computes every output from the same values in the same order as
-from the mapped rows (the same bits). Rows past the last whole group are not packed (the kernel reads them from
-the file). gguf-py's block layouts: Q4_0 = d (fp16) + 16 bytes of nibbles, Q4_1 = d + m + 16 bytes, Q8_0 = d +
-32 int8."""
+where word p is code bytes 2p and 2p+1 of a row: Q4_0 / Q4_1 (8 words) elements 2p, 2p+1 in the low nibbles and
+16+2p, 17+2p in the high ones; Q8_0 (16 words) elements 2p, 2p+1.
+
+The bytes are the file's, moved: the kernels compute every output from the same values, their block dots the same
+exact integers and the float operations the same, in the same order, as from the mapped rows (the same bits).
+Rows past the last whole group are not packed (the kernels read them from the file). gguf-py's block layouts:
+Q4_0 = d (fp16) + 16 bytes of nibbles, Q4_1 = d + m + 16 bytes, Q8_0 = d + 32 int8."""
 
 from __future__ import annotations
 
@@ -40,12 +42,8 @@ def pack_rows(raw: np.ndarray, kind: str, out: np.ndarray | None = None) -> np.n
     for s in range(0, scale_bytes, 2):  # d_w of the 16 rows, then m_w
         view[:, :, PACK_ROWS * s:PACK_ROWS * (s + 2)].reshape(groups, nb, PACK_ROWS, 2)[...] = blocks[..., s:s + 2]
     codes = blocks[..., scale_bytes:]  # (groups, nb, 16, cb)
-    cb = bb - scale_bytes
-    dst_codes = view[:, :, hdr:]
-    if kind == "q8_0":
-        # (pair, row-in-pair, half, 16) -> (pair, half, row-in-pair, 16)
-        dst_codes.reshape(groups, nb, PACK_ROWS // 2, 2, 2, 16)[...] = \
-            codes.reshape(groups, nb, PACK_ROWS // 2, 2, 2, 16).transpose(0, 1, 2, 4, 3, 5)
-    else:
-        dst_codes.reshape(groups, nb, PACK_ROWS, cb)[...] = codes
+    words = (bb - scale_bytes) // 2
+    # (row, word, byte) -> (word, row, byte)
+    view[:, :, hdr:].reshape(groups, nb, words, PACK_ROWS, 2)[...] = \
+        codes.reshape(groups, nb, PACK_ROWS, words, 2).transpose(0, 1, 3, 2, 4)
     return dst
