@@ -242,9 +242,9 @@ def _micro(k: Kernel, kind: str, m0: ir.Value, mr: int, n0: ir.Value, nrows: ir.
 
 def _gemm(module: ir.Module, kind: str) -> str:
     """gemm_<kind>(w, pk, wstride, nb, xq, xd, xs, m, y, ystride, kc, r0, r1): y[0..m, r0..r1] (pk: the rows'
-    packed copy, gemv/pack.py, or null); r0 a multiple of the
-    panel's 2L rows (r1 = N or such a multiple: chunks are whole panels). K runs in chunks of kc blocks, each over
-    every panel of r0..r1 (BLIS's order: a chunk of x stays in the core's L2 while the panels pass through it)."""
+    packed copy, gemv/pack.py, or null); r0 a multiple of the panel's 2L rows (r1 = N or such a multiple: chunks
+    are whole panels). K runs in chunks of kc blocks, each over every panel of r0..r1 (BLIS's order: a chunk of x
+    stays in the core's L2 while the panels pass through it)."""
     name = f"gemm_{kind}"
     k = Kernel(module, name, GEMM_ARGS)
     b, a = k.b, k.a
@@ -301,8 +301,8 @@ def k_chunk(m: int, nb: int) -> int:
 
 def gemm(kind: str, weights, k: int, x: np.ndarray, out: np.ndarray, parallel: bool, parallel_min_bytes: int) -> None:
     """out[:, c0 + r] = x @ W^T for each (raw rows (N, row_bytes), first column c0, their packed copy or None) of
-    `weights`, one parallel
-    call a weight (`parallel`: the pool's threads may join, for weights of at least `parallel_min_bytes` x M)."""
+    `weights`, one parallel call a weight (`parallel`: the pool's threads may join, for weights of at least
+    `parallel_min_bytes` x M)."""
     from kazeia.native.pool import run
 
     m = x.shape[0]

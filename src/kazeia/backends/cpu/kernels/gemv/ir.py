@@ -1,6 +1,7 @@
 """The GEMV family's IR (see the family's __init__ for the operations and their order): `matvec_<kind>_m<m>`,
-the ymm row kernels (`_emit_rows`, `_emit_rows8`) and, where the host has AVX-512 F and BW, the zmm group kernel
-(`_emit_rows16`)."""
+the ymm row kernels (`_emit_rows`, `_emit_rows8`), where the host has AVX-512 F and BW the zmm group kernel
+(`_emit_rows16`), and the group kernel on a packed copy of the rows (`_emit_rows16_packed`, pack.py's layout, in
+zmm or ymm)."""
 
 from __future__ import annotations
 
