@@ -4,9 +4,8 @@ kernels for this host (AVX-512 where it has it), the same kernels compiled as fo
 and their float parts run in one order, so the outputs must agree bit for bit; each variant runs in its own
 process (the switches are read once). The CPU's f32 BLAS paths are not held to this (they follow the host).
 Each process also reads the weights from their packed copy (gemv/pack.py), which must give its bits. The GEMV
-(M <= 4, the decode) agrees across all three: the portable twin runs the native kernel's operations in
-its order, FMAs included (kernels/gemv/portable.py: gemv_exact_portable). The GEMM (prefill) agrees between the native
-variants only (the last test, a strict xfail, says why)."""
+(M <= 4, the decode) and the GEMM (prefill) agree across all three: their portable twins run the native kernels'
+operations in their order, FMAs included (kernels/gemv/portable.py, kernels/gemm/portable.py)."""
 
 from __future__ import annotations
 
@@ -73,7 +72,5 @@ def test_the_portable_gemv_gives_the_native_bits(digests):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 38, open: past M = 4 the portable path multiplies dequantized tiles "
-                   "through BLAS, where the native GEMM sums int16 products in its own order")
 def test_the_portable_gemm_gives_the_native_bits(digests):
     assert digests["portable", "gemm"] == digests["native", "gemm"]

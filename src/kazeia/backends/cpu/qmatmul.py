@@ -9,7 +9,7 @@
   below test-backend-ops' 5e-4 and the 1e-5 the whole-model tests allow. Per block the dot of the 4/8-bit
   codes with the int16 activations is an exact int32, scaled by d_w * d_x into float32 accumulators. Each
   output is computed by one thread in one fixed order, so results do not depend on the thread count.
-- larger M on Q4_0 / Q4_1 / Q8_0 (prefill): the AVX2 GEMM (kernels/gemm.py) on the same int16 activations, per
+- larger M on Q4_0 / Q4_1 / Q8_0 (prefill): the AVX2 GEMM (kernels/gemm/) on the same int16 activations, per
   panel of 16 weight rows unpacked once into int16 pairs and multiplied by pmaddwd (16 multiply-adds per
   instruction where an fp32 FMA does 8): exact int32 block dots, each output's blocks summed in order by one
   thread, so the same at any thread count. Its threads claim panels from an atomic counter, where BLAS's
@@ -22,7 +22,9 @@
 
 Kernels: the families of kernels/ (quantize, gemv, gemm, dequant: AVX2 IR compiled by native/compile.py, the GEMV
 and the GEMM in zmm where the host also has AVX-512 F and BW) when the host has AVX2/FMA/F16C and KAZEIA_SIMD is not
-0, else their portable numba twins. Both are tested against the same oracles.
+0, else their portable numba twins, which give the native kernels' bits (tests/test_isa_variants.py; the GEMM's
+twin, an exact emulation of every FMA, runs a prefill several times slower than the BLAS tiles did). The packed
+copies of the weights (packs.py) are read by the native kernels only.
 """
 
 from __future__ import annotations
@@ -148,6 +150,9 @@ def weight_matmul(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndar
         return out
     if qtype in GEMV_TYPES and not native and m <= PORTABLE_GEMV_MAX_M:
         gemv_portable(raw, qtype, k, x, out)
+        return out
+    if qtype in GEMV_TYPES and not native and k <= GEMV_MAX_K and raw.strides[1] == 1:
+        G.gemm_portable(raw, qtype, k, x, out)  # the native GEMM's bits (gemm/portable.py)
         return out
     _tiled(raw, qtype, k, x, out)
     return out

@@ -29,7 +29,7 @@ from kazeia.backends.cpu.kernels.quantize import quantize_activations
 from kazeia.gguf.quants import QK
 from kazeia.native.compile import Library
 
-__all__ = ["GEMV_M", "KINDS", "MATVEC", "blocks", "gemv_portable", "quantize_activations", "zmm"]
+__all__ = ["F16_LUT", "GEMV_M", "KINDS", "MATVEC", "blocks", "gemv_portable", "quantize_activations", "zmm"]
 
 LIB = Library(__name__, "kazeia_simd_cpu")
 MATVEC = {(kind, m): LIB.kernel(f"matvec_{kind}_m{m}", emit_matvec, kind, m) for kind in KINDS for m in GEMV_M}
@@ -37,7 +37,7 @@ MATVEC = {(kind, m): LIB.kernel(f"matvec_{kind}_m{m}", emit_matvec, kind, m) for
 
 # --- front -----------------------------------------------------------------------------------------------------
 
-_F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)  # fp16 bits -> value
+F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)  # fp16 bits -> value
 
 
 def blocks(raw: np.ndarray, qtype: T, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,6 +53,6 @@ def gemv_portable(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndar
     b8, b16 = blocks(raw, qtype, k)
     y = out if out.flags.c_contiguous else np.empty(out.shape, dtype=np.float32)
     kind = {T.Q4_0: KIND_Q4_0, T.Q4_1: KIND_Q4_1, T.Q8_0: KIND_Q8_0}[T(qtype)]
-    gemv_exact_portable(b8, b16, xq, xd, xs, y, _F16_LUT, kind)
+    gemv_exact_portable(b8, b16, xq, xd, xs, y, F16_LUT, kind)
     if y is not out:
         out[...] = y
