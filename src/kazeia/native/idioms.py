@@ -18,6 +18,15 @@ from kazeia.native.portable import jit
 CODE_OFFSET = code_offsets(("q4_0", "q4_1", "q8_0", "iq4_nl"))
 
 
+def nibbles_i16(k: Kernel, q: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """<n x i8> of packed nibbles -> (low nibbles, high nibbles) as two <n x i16>: one vpmovzxbw, then the nibbles
+    in 16-bit lanes (opaque: LLVM would split the bytes first, 3 more ops)."""
+    b = k.b
+    t = ir.VectorType(ir.IntType(16), q.type.count)
+    z = k.opaque(b.zext(q, t))
+    return b.and_(z, splat(t, 15)), b.lshr(z, splat(t, 4))
+
+
 def codes_i16(k: Kernel, kind: str, base: ir.Value) -> tuple[ir.Value, ir.Value]:
     """The 32 codes of the block at `base` as two <16 x i16> (elements 0..15 and 16..31): Q8_0 its int8 values,
     Q4_0 / Q4_1 the raw nibbles (Q4_0's -8 is the caller's)."""
@@ -26,9 +35,7 @@ def codes_i16(k: Kernel, kind: str, base: ir.Value) -> tuple[ir.Value, ir.Value]
         lo = b.sext(k.load_vec(base, V16I8, 2), V16I16)
         hi = b.sext(k.load_vec(base, V16I8, 18), V16I16)
         return lo, hi
-    # one vpmovzxbw, then the nibbles in 16-bit lanes (opaque: LLVM would split the bytes first, 3 more ops)
-    q = k.opaque(b.zext(k.load_vec(base, V16I8, 4 if kind == "q4_1" else 2), V16I16))
-    return b.and_(q, splat(V16I16, 15)), b.lshr(q, splat(V16I16, 4))
+    return nibbles_i16(k, k.load_vec(base, V16I8, 4 if kind == "q4_1" else 2))
 
 
 def codes_i8(k: Kernel, kind: str, base: ir.Value) -> tuple[ir.Value, ir.Value]:

@@ -1,7 +1,7 @@
 """The `cpu` backend's GEMM family, its prefill matmuls: IR for ymm (AVX2) or zmm (AVX-512 F and BW) compiled by
 native/compile.py, and its front `gemm`. y (M, N) = x (M, K) @ W^T with W in Q4_0 / Q4_1 / Q8_0 blocks and x
-quantized to int16 per 32-element block (gemv.quantize_activations: scale d_x = amax/32767). It has no portable
-twin: without the native kernels qmatmul multiplies dequantized tiles with BLAS.
+quantized to int16 per 32-element block (gemv.quantize_activations: scale d_x = amax/32767). Its portable twin
+(portable.py, `gemm_portable`) gives its bits where the native kernels do not run.
 
 Per panel of 2L weight rows (L = 8 int32 lanes with ymm, 16 with zmm: `lanes`), the codes are unpacked once into
 int16 k-pairs interleaved by row (for each pair of elements, one vector holds the pair of each of L rows: register
@@ -31,7 +31,7 @@ from kazeia.backends.cpu.kernels.gemv.ir import PACK_ROWS, packed_header
 from kazeia.gguf.quants import QK, block_bytes
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library
-from kazeia.native.idioms import transpose8
+from kazeia.native.idioms import nibbles_i16, transpose8
 from kazeia.native.irkit import (
     F32,
     I8,
@@ -73,8 +73,7 @@ def _row_pairs(k: Kernel, kind: str, base: ir.Value) -> tuple[ir.Value, ir.Value
     if kind == "q8_0":
         lo, hi = b.sext(k.load_vec(base, V16I8, 2), V16I16), b.sext(k.load_vec(base, V16I8, 18), V16I16)
     else:
-        q = k.opaque(b.zext(k.load_vec(base, V16I8, 4 if kind == "q4_1" else 2), V16I16))
-        lo, hi = b.and_(q, splat(V16I16, 15)), b.lshr(q, splat(V16I16, 4))
+        lo, hi = nibbles_i16(k, k.load_vec(base, V16I8, 4 if kind == "q4_1" else 2))
         if kind == "q4_0":
             lo, hi = b.sub(lo, splat(V16I16, 8)), b.sub(hi, splat(V16I16, 8))
     return b.bitcast(lo, V8I32), b.bitcast(hi, V8I32)
@@ -155,8 +154,7 @@ def _pack_copy(k: Kernel, kind: str, n0: ir.Value, kb0: ir.Value, nkb: ir.Value,
                 if kind == "q8_0":
                     pairs = [(p, b.sext(q, vi16))]
                 else:
-                    z = k.opaque(b.zext(q, vi16))
-                    lo, hi = b.and_(z, splat(vi16, 15)), b.lshr(z, splat(vi16, 4))
+                    lo, hi = nibbles_i16(k, q)
                     if kind == "q4_0":
                         lo, hi = b.sub(lo, splat(vi16, 8)), b.sub(hi, splat(vi16, 8))
                     pairs = [(p, lo), (8 + p, hi)]

@@ -11,7 +11,7 @@ from llvmlite import ir
 from kazeia.backends.cpu.kernels.quantize import emit_quantize_x
 from kazeia.gguf.quants import QK, block_bytes
 from kazeia.native.compile import f32_lanes, host_has
-from kazeia.native.idioms import codes_i16, tree8
+from kazeia.native.idioms import codes_i16, nibbles_i16, tree8
 from kazeia.native.irkit import (
     F32,
     I8,
@@ -27,7 +27,6 @@ from kazeia.native.irkit import (
     f32,
     i64,
     ptr,
-    splat,
     vec,
 )
 
@@ -164,7 +163,7 @@ def _emit_rows8(k: Kernel, kind: str, m: int, n: ir.Value) -> None:
     _emit_rows_mapped(k, kind, m, n, 8, lambda bases: [codes_i16(k, kind, base) for base in bases], dots)
 
 
-V16I32, V32I16, V32I8 = vec(I32, 16), vec(I16, 32), vec(I8, 32)
+V16I32, V32I16 = vec(I32, 16), vec(I16, 32)
 # block groups the packed kernel prefetches ahead (into L1; 3.4 KB for Q4_0). Qwen3-4B's 36 layers, 2 threads, a
 # Zen 5, against a streaming read in the same process: 12 gave 88-90 % where 4 gave 81-88 % and none 81-88 %
 # (the read at 44-48 GB/s); 24, 48 and 96 no better at 44-50 GB/s nor at 60-72 GB/s (67-77 % for all)
@@ -174,13 +173,6 @@ PACKED_AHEAD = 12
 def zmm() -> bool:
     """Whether the kernels take zmm registers here: AVX-512 F and BW (pmaddwd on 32 int16)."""
     return f32_lanes() == 16 and host_has("avx512bw")
-
-
-def _nibble_halves(k: Kernel, q: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """<32 x i8> of packed nibbles -> (low nibbles, high nibbles) as two <32 x i16>."""
-    b = k.b
-    z = k.opaque(b.zext(q, V32I16))  # one vpmovzxbw, the nibbles in 16-bit lanes (see codes_i16)
-    return b.and_(z, splat(V32I16, 15)), b.lshr(z, splat(V32I16, 4))
 
 
 def _pair_codes(k: Kernel, kind: str, base_a: ir.Value, base_b: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -193,7 +185,7 @@ def _pair_codes(k: Kernel, kind: str, base_a: ir.Value, base_b: ir.Value) -> tup
             return b.sext(both, V32I16)
         return half(2), half(18)
     o = 4 if kind == "q4_1" else 2
-    return _nibble_halves(k, k.shuffle(k.load_vec(base_a, V16I8, o), k.load_vec(base_b, V16I8, o), list(range(32))))
+    return nibbles_i16(k, k.shuffle(k.load_vec(base_a, V16I8, o), k.load_vec(base_b, V16I8, o), list(range(32))))
 
 
 def _tree16(k: Kernel, ps: list[ir.Value]) -> ir.Value:
@@ -285,8 +277,8 @@ def _packed_words(k: Kernel, kind: str, words: ir.Value) -> list[list[tuple[ir.V
             if kind == "q8_0":
                 pairs.append((b.sext(q, vi16), 2 * p))
             else:
-                z = k.opaque(b.zext(q, vi16))  # one vpmovzxbw (see codes_i16)
-                pairs += [(b.and_(z, splat(vi16, 15)), 2 * p), (b.lshr(z, splat(vi16, 4)), 16 + 2 * p)]
+                lo, hi = nibbles_i16(k, q)
+                pairs += [(lo, 2 * p), (hi, 16 + 2 * p)]
         halves.append(pairs)
     return halves
 
