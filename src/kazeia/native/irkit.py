@@ -155,6 +155,12 @@ class Kernel:
         into L2 and below (prefetcht1). A prefetch never faults, so p may point past the end of a buffer."""
         self.call("llvm.prefetch.p0i8", VOID, p, ir.Constant(I32, 0), ir.Constant(I32, locality), ir.Constant(I32, 1))
 
+    def prefetch_bytes(self, p: ir.Value, nbytes: int, locality: int = 3) -> None:
+        """Prefetch every cache line of the `nbytes` (a compile-time count) from I8 pointer p, one prefetch per 64
+        bytes (p need not start a line: a run that does not may reach one more)."""
+        for j in range(-(-nbytes // 64)):
+            self.prefetch(self.gep(p, 64 * j), locality)
+
     def load(self, base: ir.Value, *offsets) -> ir.Value:
         return self.b.load(self.gep(base, *offsets))
 

@@ -179,8 +179,7 @@ def _prefetch_next_tile(k: Kernel, src: str, nr: int, s0: ir.Value, s1: ir.Value
         base = k.gep(a.w, b.mul(b.sdiv(kn, i64(QK)), i64(BLOCK_BYTES[src])))
         for j in range(nr):
             rp = k.gep(base, b.mul(b.add(row, i64(j)), a.wstride))
-            for line in range(-(-(KC // QK * BLOCK_BYTES[src]) // 64) + 1):  # (+1: the run need not start a line)
-                k.prefetch(k.gep(rp, 64 * line))
+            k.prefetch_bytes(rp, KC // QK * BLOCK_BYTES[src] + 64)  # (+64: the run need not start a line)
 
 
 def _pack(module: ir.Module) -> None:

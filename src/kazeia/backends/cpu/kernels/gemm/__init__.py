@@ -138,9 +138,7 @@ def _pack_copy(k: Kernel, kind: str, n0: ir.Value, kb0: ir.Value, nkb: ir.Value,
     with k.loop(0, nkb, name="pk") as blk:
         jb = b.add(kb0, blk)
         for g in range(npanel // PACK_ROWS):
-            nxt = at(npanel // PACK_ROWS + g, jb)
-            for j in range(-(-gb // 64)):
-                k.prefetch(k.gep(nxt, 64 * j))
+            k.prefetch_bytes(at(npanel // PACK_ROWS + g, jb), gb)
         for h in range(2):  # the panel's rows h*L .. h*L+L: group (h*L) // 16, from its row (h*L) % 16
             base = at((h * nl) // PACK_ROWS, jb)
             sub = (h * nl) % PACK_ROWS

@@ -135,9 +135,7 @@ def _emit_rows_mapped(k: Kernel, kind: str, m: int, n: ir.Value, rows: int, code
     nxt = k.gep(a.w, b.mul(b.add(n, i64(rows)), a.wstride))
 
     def prefetch(blk):
-        pf = k.gep(nxt, b.mul(blk, i64(rows * bb)))
-        for j in range(-(-rows * bb // 64)):
-            k.prefetch(k.gep(pf, 64 * j), 2)
+        k.prefetch_bytes(k.gep(nxt, b.mul(blk, i64(rows * bb))), rows * bb, 2)
 
     def read_block(blk):
         off = b.mul(blk, i64(bb))
@@ -251,9 +249,7 @@ def _emit_rows16_packed(k: Kernel, kind: str, m: int, n: ir.Value, group: ir.Val
     vf, vh = vec(F32, 16), vec(ir.HalfType(), 16)
 
     def prefetch(blk):
-        pf = k.gep(start, b.mul(b.add(blk, i64(PACKED_AHEAD)), i64(gb)))
-        for j in range(-(-gb // 64)):
-            k.prefetch(k.gep(pf, 64 * j), 3)
+        k.prefetch_bytes(k.gep(start, b.mul(b.add(blk, i64(PACKED_AHEAD)), i64(gb))), gb)
 
     def read_block(blk):
         base = k.gep(start, b.mul(blk, i64(gb)))

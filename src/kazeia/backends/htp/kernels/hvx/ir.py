@@ -106,10 +106,8 @@ def _prefetch_groups(k: Kernel, kind: str, rowp: ir.Value, g: ir.Value, count: i
     if not PREFETCH:
         return
     b = k.b
-    nbytes = 8 * count * BLOCK_BYTES[kind]
-    pf = k.gep(rowp, b.add(b.mul(g, i64(8 * BLOCK_BYTES[kind])), i64(PREFETCH)))
-    for j in range(-(-nbytes // 64)):
-        k.prefetch(k.gep(pf, 64 * j))
+    k.prefetch_bytes(k.gep(rowp, b.add(b.mul(g, i64(8 * BLOCK_BYTES[kind])), i64(PREFETCH))),
+                     8 * count * BLOCK_BYTES[kind])
 
 
 def _group(k: Kernel, kind: str, rowp: ir.Value, xrow: ir.Value, xsrow: ir.Value, x8row: ir.Value, irow: ir.Value,
