@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from kazeia.backends.cpu.kernels.gemm.portable import KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, gemm_exact_portable
-from kazeia.backends.cpu.kernels.gemv import F16_LUT, blocks, quantize_activations, zmm
+from kazeia.backends.cpu.kernels.gemm.portable import gemm_exact_portable
+from kazeia.backends.cpu.kernels.gemv import quantize_activations, run_portable, zmm
 from kazeia.backends.cpu.kernels.gemv.ir import PACK_ROWS, packed_header
 from kazeia.gguf.quants import QK, block_bytes
 from kazeia.native.buffers import ptr as addr
@@ -321,14 +321,8 @@ def k_chunk(m: int, nb: int) -> int:
 
 
 def gemm_portable(raw: np.ndarray, qtype, k: int, x: np.ndarray, out: np.ndarray) -> None:
-    """out (M, N) = x @ W^T by the numba twin (Q4_0 / Q4_1 / Q8_0 rows `raw`): the native GEMM's bits."""
-    xq, xd, xs = quantize_activations(x)
-    b8, b16 = blocks(raw, qtype, k)
-    y = out if out.flags.c_contiguous else np.empty(out.shape, dtype=np.float32)
-    kind = {"Q4_0": KIND_Q4_0, "Q4_1": KIND_Q4_1, "Q8_0": KIND_Q8_0}[qtype.name]
-    gemm_exact_portable(b8, b16, xq, xd, xs, y, F16_LUT, kind)
-    if y is not out:
-        out[...] = y
+    """out (M, N) = x @ W^T by the GEMM's numba twin (portable.py): the native GEMM's bits."""
+    run_portable(gemm_exact_portable, raw, qtype, k, x, out)
 
 
 def gemm(kind: str, weights, k: int, x: np.ndarray, out: np.ndarray, parallel: bool, parallel_min_bytes: int) -> None:

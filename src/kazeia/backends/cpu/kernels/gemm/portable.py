@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kazeia.backends.cpu.kernels.gemv.portable import KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, _code, fma32
+from kazeia.backends.cpu.kernels.gemv.portable import KIND_Q4_0, KIND_Q4_1, _code, fma32
 from kazeia.native.portable import jit, prange
 
-__all__ = ["KIND_Q4_0", "KIND_Q4_1", "KIND_Q8_0", "gemm_exact_portable"]
+__all__ = ["gemm_exact_portable"]
 
 
 @jit(parallel=True, cache=True)

@@ -29,7 +29,8 @@ from kazeia.backends.cpu.kernels.quantize import quantize_activations
 from kazeia.gguf.quants import QK
 from kazeia.native.compile import Library
 
-__all__ = ["F16_LUT", "GEMV_M", "KINDS", "MATVEC", "blocks", "gemv_portable", "quantize_activations", "zmm"]
+__all__ = ["F16_LUT", "GEMV_M", "KINDS", "MATVEC", "blocks", "gemv_portable", "quantize_activations", "run_portable",
+           "zmm"]
 
 LIB = Library(__name__, "kazeia_simd_cpu")
 MATVEC = {(kind, m): LIB.kernel(f"matvec_{kind}_m{m}", emit_matvec, kind, m) for kind in KINDS for m in GEMV_M}
@@ -47,12 +48,18 @@ def blocks(raw: np.ndarray, qtype: T, k: int) -> tuple[np.ndarray, np.ndarray]:
     return raw.reshape(n, k // QK, ts), raw.view(np.uint16).reshape(n, k // QK, ts // 2)
 
 
-def gemv_portable(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndarray) -> None:
-    """out (M, N) = x @ W^T by the numba twin (Q4_0 / Q4_1 / Q8_0 rows `raw`): the native kernel's bits."""
+def run_portable(twin, raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndarray) -> None:
+    """out (M, N) = x @ W^T by a numba twin (`twin(blocks, their uint16 view, xq, xd, xs, y, F16_LUT, kind)`: the
+    GEMV's or the GEMM's) on Q4_0 / Q4_1 / Q8_0 rows `raw`, from x quantized as the native kernels quantize it."""
     xq, xd, xs = quantize_activations(x)
     b8, b16 = blocks(raw, qtype, k)
     y = out if out.flags.c_contiguous else np.empty(out.shape, dtype=np.float32)
     kind = {T.Q4_0: KIND_Q4_0, T.Q4_1: KIND_Q4_1, T.Q8_0: KIND_Q8_0}[T(qtype)]
-    gemv_exact_portable(b8, b16, xq, xd, xs, y, F16_LUT, kind)
+    twin(b8, b16, xq, xd, xs, y, F16_LUT, kind)
     if y is not out:
         out[...] = y
+
+
+def gemv_portable(raw: np.ndarray, qtype: T, k: int, x: np.ndarray, out: np.ndarray) -> None:
+    """out (M, N) = x @ W^T by the GEMV's numba twin: the native GEMV's bits."""
+    run_portable(gemv_exact_portable, raw, qtype, k, x, out)
