@@ -85,7 +85,8 @@ class WeightSet:
                 k == self.k and raw.strides[1] == 1 for raw, _, k in self.weights):
             self.kind = KIND[qt]
             self._describe()
-            self.parallel = sum(raw.nbytes for raw, _, _ in self.weights) >= PARALLEL_MIN_BYTES
+            self.nbytes = sum(raw.nbytes for raw, _, _ in self.weights)
+            self.parallel = self.nbytes >= PARALLEL_MIN_BYTES
 
     def _describe(self) -> None:
         self.desc = np.array([(addr(raw), raw.strides[0], raw.shape[0], c0, 0 if pk is None else addr(pk))
@@ -109,8 +110,7 @@ class WeightSet:
         if out is None:
             out = np.empty((m, self.n), dtype=np.float32)
         if self.kind is not None and m > GEMV_MAX_M and available():
-            G.gemm(self.kind, [(raw, c0, pk) for (raw, _, _), c0, pk in zip(self.weights, self.cols, self.packed)],
-                   self.k, x, out, threads() > 1, 4 * PARALLEL_MIN_BYTES)
+            G.gemm(self.kind, self.desc, self.k, x, out, threads() > 1 and m * self.nbytes >= 4 * PARALLEL_MIN_BYTES)
             return out
         if self.kind is None or not available():
             for (raw, qt, k), c0, c1 in zip(self.weights, self.cols[:-1], self.cols[1:]):

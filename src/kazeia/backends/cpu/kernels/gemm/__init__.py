@@ -27,7 +27,7 @@ from llvmlite import ir
 
 from kazeia.backends.cpu.kernels.gemm.portable import gemm_exact_portable
 from kazeia.backends.cpu.kernels.gemv import quantize_activations, run_portable, zmm
-from kazeia.backends.cpu.kernels.gemv.ir import PACK_ROWS, packed_header
+from kazeia.backends.cpu.kernels.gemv.ir import DESC, PACK_ROWS, packed_header
 from kazeia.gguf.quants import QK, block_bytes
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library
@@ -277,12 +277,12 @@ def _gemm(module: ir.Module, kind: str) -> str:
 
 SET_ARGS = [("desc", ptr(I64)), ("nw", I64), ("nb", I64), ("xq", ptr(I16)), ("xd", ptr(F32)), ("xs", ptr(I32)),
             ("m", I64), ("y", ptr(F32)), ("ystride", I64), ("kc", I64), ("ctr", ptr(I64)), ("chunk", I64)]
-DESC = 5  # int64 fields of a weight's descriptor: rows' address, packed copy's address or 0, row stride, rows, c0
 
 
 def _gemm_set(module: ir.Module, kind: str) -> str:
     """gemm_set_<kind>(desc, nw, nb, xq, xd, xs, m, y, ystride, kc, ctr, chunk): for each of the nw weights of
-    desc, y[:, c0 + r] = x @ W^T by gemm_<kind>'s chunks claimed from the weight's own counter ctr[g]: a thread
+    desc (the GEMV's descriptors, gemv/ir.py `_matvec`: address, row stride, rows, first column c0, packed copy's
+    address or 0), y[:, c0 + r] = x @ W^T by gemm_<kind>'s chunks claimed from the weight's own counter ctr[g]: a thread
     that finds no chunk left in one weight goes on to the next instead of waiting for the others (one call, one
     wake of the pool, for Q/K/V or gate/up)."""
     name = f"gemm_set_{kind}"
@@ -291,9 +291,9 @@ def _gemm_set(module: ir.Module, kind: str) -> str:
     par = module.globals[f"gemm_{kind}_par"]  # (declared before: Library.build adds it right after gemm_<kind>)
     with k.loop(0, a.nw, name="wt") as g:
         d = [k.load(a.desc, b.add(b.mul(g, i64(DESC)), i64(j))) for j in range(DESC)]
-        w, pk = (b.inttoptr(d[j], ptr(I8)) for j in (0, 1))
-        b.call(par, [w, pk, d[2], a.nb, a.xq, a.xd, a.xs, a.m, k.gep(a.y, d[4]), a.ystride, a.kc,
-                     k.gep(a.ctr, g), d[3], a.chunk])
+        w, pk = (b.inttoptr(d[j], ptr(I8)) for j in (0, 4))
+        b.call(par, [w, pk, d[1], a.nb, a.xq, a.xd, a.xs, a.m, k.gep(a.y, d[3]), a.ystride, a.kc,
+                     k.gep(a.ctr, g), d[2], a.chunk])
     k.ret()
     return name
 
@@ -325,20 +325,17 @@ def gemm_portable(raw: np.ndarray, qtype, k: int, x: np.ndarray, out: np.ndarray
     run_portable(gemm_exact_portable, raw, qtype, k, x, out)
 
 
-def gemm(kind: str, weights, k: int, x: np.ndarray, out: np.ndarray, parallel: bool, parallel_min_bytes: int) -> None:
-    """out[:, c0 + r] = x @ W^T for each (raw rows (N, row_bytes), first column c0, their packed copy or None) of
-    `weights`, in one call (`parallel`: the pool's threads may join, for weights of at least `parallel_min_bytes`
-    x M in all)."""
+def gemm(kind: str, desc: np.ndarray, k: int, x: np.ndarray, out: np.ndarray, parallel: bool) -> None:
+    """out[:, c0 + r] = x @ W^T for each weight of `desc` (the GEMV's descriptors, qmatmul.WeightSet.desc), in one
+    call (`parallel`: the pool's threads may join)."""
     from kazeia.native.pool import run
 
     m = x.shape[0]
     xq, xd, xs = quantize_activations(x)
     y = out if out.strides[1] == 4 else np.empty(out.shape, dtype=np.float32)
-    desc = np.array([(addr(raw), 0 if pk is None else addr(pk), raw.strides[0], raw.shape[0], int(c0))
-                     for raw, c0, pk in weights], dtype=np.int64)
-    ctr = np.zeros(len(weights), dtype=np.int64)
-    args = (addr(desc), len(weights), k // QK, addr(xq), addr(xd), addr(xs), m, addr(y), y.strides[0] // 4,
+    ctr = np.zeros(desc.shape[0], dtype=np.int64)
+    args = (addr(desc), desc.shape[0], k // QK, addr(xq), addr(xd), addr(xs), m, addr(y), y.strides[0] // 4,
             k_chunk(m, k // QK), addr(ctr), CHUNK)
-    run(GEMM_SET[kind].fn, args, parallel and m * sum(raw.nbytes for raw, _, _ in weights) >= parallel_min_bytes)
+    run(GEMM_SET[kind].fn, args, parallel)
     if y is not out:
         out[...] = y
