@@ -27,7 +27,7 @@ from llvmlite import ir
 
 from kazeia.backends.cpu.kernels.gemm.portable import gemm_exact_portable
 from kazeia.backends.cpu.kernels.gemv import quantize_activations, run_portable, zmm
-from kazeia.backends.cpu.kernels.gemv.ir import DESC, PACK_ROWS, packed_header
+from kazeia.backends.cpu.kernels.gemv.ir import DESC, PACK_ROWS, packed_block, packed_header
 from kazeia.gguf.quants import QK, block_bytes
 from kazeia.native.buffers import ptr as addr
 from kazeia.native.compile import Library
@@ -125,7 +125,7 @@ def _pack_copy(k: Kernel, kind: str, n0: ir.Value, kb0: ir.Value, nkb: ir.Value,
     """`_pack`'s panel from the rows' packed copy (gemv/pack.py; a whole panel of whole 16-row groups): word p of
     L rows' codes, widened, is already the panel's element pair of those rows (no transpose), and their d (m) one
     load. The same values `_pack` stores. The next panel's groups are prefetched block by block."""
-    b, a = k.b, k.a
+    b = k.b
     nl = lanes()
     npanel = 2 * nl
     gb = PACK_ROWS * BLOCK_BYTES[kind]
@@ -134,7 +134,7 @@ def _pack_copy(k: Kernel, kind: str, n0: ir.Value, kb0: ir.Value, nkb: ir.Value,
     vi8, vi16, vh = vec(I8, 2 * nl), vec(I16, 2 * nl), vec(ir.HalfType(), nl)
 
     def at(g: int, jb: ir.Value) -> ir.Value:  # group n0/16 + g's block jb
-        return k.gep(a.pk, b.mul(b.add(b.mul(b.add(group, i64(g)), a.nb), jb), i64(gb)))
+        return packed_block(k, kind, b.add(group, i64(g)), jb)
     with k.loop(0, nkb, name="pk") as blk:
         jb = b.add(kb0, blk)
         for g in range(npanel // PACK_ROWS):

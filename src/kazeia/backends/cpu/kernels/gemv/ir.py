@@ -235,6 +235,12 @@ def packed_header(kind: str) -> int:
     return 4 * PACK_ROWS if kind == "q4_1" else 2 * PACK_ROWS
 
 
+def packed_block(k: Kernel, kind: str, group: ir.Value, blk: ir.Value) -> ir.Value:
+    """I8 pointer to block `blk` of 16-row group `group` in the kernel's packed copy `pk` (pack.py's layout)."""
+    b, a = k.b, k.a
+    return k.gep(a.pk, b.mul(b.add(b.mul(group, a.nb), blk), i64(PACK_ROWS * BLOCK_BYTES[kind])))
+
+
 def _emit_rows16_packed(k: Kernel, kind: str, m: int, n: ir.Value, group: ir.Value) -> None:
     """y[0..m, n..n+16] from the packed copy of the rows (pack.py's layout: group `group`, its blocks in order, each
     16 * block_bytes: the rows' d_w, m_w for Q4_1, then word p of every row's codes). A row's block dot is one
@@ -242,17 +248,15 @@ def _emit_rows16_packed(k: Kernel, kind: str, m: int, n: ir.Value, group: ir.Val
     activations broadcast, summed over the words: the same exact integer as `_emit_rows16`'s, and the same FMAs
     after it, so the same bits; with the scales read by one load, no reduction across lanes, one sequential stream.
     In ymm (AVX2) the 16 lanes are two vectors of 8 rows."""
-    b, a = k.b, k.a
-    gb = PACK_ROWS * BLOCK_BYTES[kind]
+    b = k.b
     hdr = packed_header(kind)
-    start = k.gep(a.pk, b.mul(b.mul(group, a.nb), i64(gb)))
     vf, vh = vec(F32, 16), vec(ir.HalfType(), 16)
 
     def prefetch(blk):
-        k.prefetch_bytes(k.gep(start, b.mul(b.add(blk, i64(PACKED_AHEAD)), i64(gb))), gb)
+        k.prefetch_bytes(packed_block(k, kind, group, b.add(blk, i64(PACKED_AHEAD))), PACK_ROWS * BLOCK_BYTES[kind])
 
     def read_block(blk):
-        base = k.gep(start, b.mul(blk, i64(gb)))
+        base = packed_block(k, kind, group, blk)
         dw = b.fpext(b.bitcast(k.load_vec(base, V16I16, 0), vh), vf)
         mw = b.fpext(b.bitcast(k.load_vec(base, V16I16, 2 * PACK_ROWS), vh), vf) if kind == "q4_1" else None
         return _packed_words(k, kind, k.gep(base, hdr)), dw, mw, _word_dots(k, kind)
